@@ -1,0 +1,1 @@
+"""Prefect flows (one stage per module, plus the whole pipeline) and the `meshplan` CLI."""

@@ -1,0 +1,88 @@
+"""The typer app and what every command shares: config loading, state paths, Prefect settings.
+
+Command modules (flows/commands/*.py) import only typer and this module at top level, so
+`meshplan --help` answers without importing torch, Prefect or DuckDB.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from planner.config import RunConfig
+
+app = typer.Typer(
+    name="meshplan",
+    help="Plan and run large-transformer training on the mixed GPUs you actually have.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@dataclass
+class Globals:
+    config_file: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    state_dir: Path | None = None
+    db: Path | None = None
+
+
+G = Globals()
+
+
+@app.callback()
+def _globals(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="meshplan TOML config file")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override a config field: section.key=value")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="state folder (DuckDB file, Prefect home, runs)")] = None,
+    db: Annotated[Path | None, typer.Option(help="DuckDB file (default <state-dir>/meshplan.duckdb)")] = None,
+) -> None:
+    G.config_file, G.overrides, G.state_dir, G.db = config, list(set_ or []), state_dir, db
+
+
+def load_settings(extra: list[str] | None = None) -> RunConfig:
+    """The RunConfig: embedded defaults < config file < --set < command options (`extra`)."""
+    from planner.config import load_config
+    from planner.errors import MeshplanError
+
+    text = None
+    if G.config_file is not None:
+        if not G.config_file.is_file():
+            raise MeshplanError("--config", str(G.config_file), "no such file; pass an existing meshplan TOML file")
+        text = G.config_file.read_text()
+    overrides = list(G.overrides) + list(extra or [])
+    if G.state_dir is not None:
+        overrides.append(f"state.dir={_toml_str(str(G.state_dir))}")
+    if G.db is not None:
+        overrides.append(f"state.db={_toml_str(str(G.db))}")
+    return load_config(text, overrides, origin=str(G.config_file or "defaults"))
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def db_path(cfg: RunConfig) -> Path:
+    return Path(cfg.state.db) if cfg.state.db else Path(cfg.state.dir) / "meshplan.duckdb"
+
+
+def prefect_env(cfg: RunConfig) -> None:
+    """Offline, private Prefect settings; call before the first `import prefect`.
+
+    Prefect's home (its SQLite DB and result storage, where task caches live) goes inside the state
+    folder unless the user already chose one; analytics are off so nothing leaves the machine.
+    """
+    home = Path(cfg.state.dir).resolve() / "prefect"
+    os.environ.setdefault("PREFECT_HOME", str(home))
+    os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(os.environ["PREFECT_HOME"]) / "storage"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")

@@ -1,0 +1,93 @@
+"""FLOP and byte counts per layer kind, derived from the model's matmuls.
+
+Conventions (Megatron-LM, Narayanan et al. SC'21, appendix; Korthikanti et al. 2022):
+- a matmul of (m×k)·(k×n) costs 2·m·k·n FLOPs; element-wise ops are ignored;
+- attention scores and the attention-weighted sum are counted over the full s×s matrix (no causal
+  halving), so a GPT block with ffn = 4h costs 24·b·s·h² + 4·b·s²·h forward FLOPs;
+- backward costs twice the forward; full recompute adds one more forward.
+Layer kinds: "embedding", "block", "head" (final norm + LM head + cross-entropy).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from planner.model import ModelSpec
+
+LayerKind = Literal["embedding", "block", "head"]
+LAYER_KINDS: tuple[LayerKind, ...] = ("embedding", "block", "head")
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def block_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """Forward FLOPs of one transformer block on one of `tp` tensor-parallel ranks.
+
+    QKV projection 2·b·s·h·(h + 2·kv), output projection 2·b·s·h², scores QKᵀ and A·V 2·2·b·s²·h,
+    MLP 2·b·s·h·f per matrix (2 matrices for GELU, 3 for SwiGLU). Every term splits evenly over tp.
+    With kv = h and f = 4h: 6bsh² + 2bsh² + 4bs²h + 16bsh² = 24bsh² + 4bs²h (Megatron).
+    """
+    b, s, h = batch, seq, m.hidden
+    kv = m.kv_heads * m.head_dim
+    mats = 2 if m.family == "gpt" else 3
+    flops = 2 * b * s * h * (h + 2 * kv) + 2 * b * s * h * h + 4 * b * s * s * h + mats * 2 * b * s * h * m.ffn
+    return flops / tp
+
+
+def head_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """LM head logits 2·b·s·h·V (V padded), split over tp (vocab-parallel)."""
+    return 2 * batch * seq * m.hidden * m.padded_vocab / tp
+
+
+def embedding_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """An embedding is a gather: no matmul FLOPs."""
+    return 0.0
+
+
+def forward_flops(kind: LayerKind, m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    return {"embedding": embedding_forward_flops, "block": block_forward_flops, "head": head_forward_flops}[kind](
+        m, batch, seq, tp
+    )
+
+
+def training_flops(kind: LayerKind, m: ModelSpec, batch: int, seq: int, tp: int = 1, recompute: bool = False) -> float:
+    """Forward + backward (2× forward) + a recomputed forward when activations are recomputed."""
+    return forward_flops(kind, m, batch, seq, tp) * (4 if recompute else 3)
+
+
+def model_flops_per_step(m: ModelSpec, global_batch: int, seq: int) -> float:
+    """Model FLOPs of one optimizer step (no recompute): the numerator of MFU (PaLM, Chowdhery et al.)."""
+    per_sample = m.num_layers * training_flops("block", m, 1, seq) + training_flops("head", m, 1, seq)
+    return per_sample * global_batch
+
+
+def layer_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
+    """Parameters one tp rank holds for a layer (norms replicated; counted once per rank)."""
+    if kind == "block":
+        return -(-m.block_params() // tp)
+    if kind == "embedding":
+        return -(-m.embedding_params() // tp)
+    return -(-m.head_params() // tp)
+
+
+def block_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtype: str = "bf16") -> float:
+    """Bytes one block keeps for backward, per tp rank, without recompute (analytic estimate).
+
+    Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence parallelism), with flash
+    attention (no s×s score matrix kept) and no dropout masks: the inputs of LayerNorms (2·sbh,
+    replicated), QKV input and output (sbh + sb(h+2kv)/t), attention output (sbh/t) and softmax
+    stats (negligible), output-projection input (sbh/t), MLP input (sbh, replicated) and hidden
+    activations (2 or 3 · sbf/t), all at `dtype` bytes per element.
+    """
+    e = DTYPE_BYTES[dtype]
+    b, s, h = batch, seq, m.hidden
+    kv = m.kv_heads * m.head_dim
+    replicated = 4 * s * b * h
+    mlp_hidden = (2 if m.family == "gpt" else 3) * s * b * m.ffn
+    split = s * b * (h + 2 * kv) + 2 * s * b * h + mlp_hidden
+    return e * (replicated + split / tp)
+
+
+def block_input_bytes(m: ModelSpec, batch: int, seq: int, dtype: str = "bf16") -> float:
+    """Bytes of the b×s×h hidden state passed between blocks/stages (the only thing full recompute keeps)."""
+    return DTYPE_BYTES[dtype] * batch * seq * m.hidden
