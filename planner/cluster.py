@@ -92,6 +92,7 @@ class NodeSpec(BaseModel):
     inter_link: LinkSpec
     device_memory_bytes: int | None = Field(default=None, gt=0, description="overrides the catalog (required for cpu)")
     device_peak_flop_per_s: float | None = Field(default=None, gt=0, description="overrides the catalog (required for cpu)")
+    device_memory_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, description="overrides the catalog")
     measured: bool = Field(default=False, description="figures come from discovery, not a datasheet")
 
     @field_validator("intra_link", "inter_link", mode="before")
@@ -126,6 +127,13 @@ class NodeSpec(BaseModel):
         gpu = self.gpu
         assert gpu is not None
         return gpu.memory_bytes
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        if self.device_memory_bandwidth_bytes_per_s is not None:
+            return self.device_memory_bandwidth_bytes_per_s
+        gpu = self.gpu
+        return 20e9 if gpu is None else gpu.memory_bandwidth_bytes_per_s  # cpu: one DDR4 channel pair
 
     def peak_flop_per_s(self, dtype: str = "bf16") -> float:
         if self.device_peak_flop_per_s is not None:

@@ -30,7 +30,9 @@ class ModelSpec(BaseModel):
     ffn_hidden: int | None = Field(default=None, gt=0, description="None = 4*hidden (GPT) or Llama's 8h/3 rounded")
     vocab_size: int = Field(gt=0, le=10_000_000)
     seq_len: int = Field(gt=0, le=10_000_000)
-    tie_embeddings: bool | None = None
+    tie_embeddings: bool = Field(
+        default=False, description="meshplan's runtime keeps the head untied (stages may differ); True only for counting"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -63,7 +65,7 @@ class ModelSpec(BaseModel):
 
     @property
     def tied(self) -> bool:
-        return self.family == "gpt" if self.tie_embeddings is None else self.tie_embeddings
+        return self.tie_embeddings
 
     @property
     def padded_vocab(self) -> int:

@@ -1,0 +1,166 @@
+"""Layer profiles the cost model prices plans from: measured rows, or catalog estimates when absent.
+
+A `LayerProfile` is one (device kind, layer kind, micro-batch size, seq, tp, dtype, recompute)
+measurement: forward and backward seconds, parameter bytes, the bytes a micro-batch keeps alive
+for backward, and the extra working bytes at the layer's peak. A `ProfileTable` answers lookups;
+measured rows always win over estimates. For device kinds never measured, `estimate_layer` derives
+a row from FLOP and byte counts against the device's datasheet peaks, scaled by an efficiency
+(achieved / peak) calibrated on measured devices where possible (`calibrate_efficiency`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from planner import flops
+from planner.flops import DTYPE_BYTES, LayerKind
+from planner.model import ModelSpec
+
+# Achieved/peak matmul efficiency when no device has been measured: ~0.5 of dense bf16 peak is what
+# Megatron-LM reports per GPU for GPT-3-class blocks on A100 (Narayanan et al. SC'21, Table 1: 44–52%
+# MFU incl. communication), so compute alone sits a little above that.
+DEFAULT_EFFICIENCY = 0.55
+# The embedding and head are memory-bound gathers/softmax on top of their matmuls; this factor of
+# extra time per byte moved is the conventional roofline treatment.
+MEMORY_EFFICIENCY = 0.7
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileKey:
+    device_kind: str
+    layer_kind: LayerKind
+    micro_batch_size: int
+    seq_len: int
+    tp: int
+    recompute: bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayerProfile:
+    key: ProfileKey
+    forward_s: float
+    backward_s: float
+    param_bytes: int
+    activation_bytes: int
+    workspace_bytes: int
+    estimated: bool
+    efficiency: float | None = None
+    forward_spread_s: float = 0.0
+    backward_spread_s: float = 0.0
+
+    @property
+    def train_s(self) -> float:
+        """Forward + backward (backward includes the recomputed forward when recompute is on)."""
+        return self.forward_s + self.backward_s
+
+
+class MissingProfileError(LookupError):
+    """No measured or estimable profile for a key."""
+
+
+class ProfileTable:
+    """Lookup of layer profiles by key; measured rows shadow estimated ones."""
+
+    def __init__(self, rows: Iterable[LayerProfile] = ()) -> None:
+        self._rows: dict[ProfileKey, LayerProfile] = {}
+        for r in rows:
+            self.add(r)
+
+    def add(self, row: LayerProfile) -> None:
+        old = self._rows.get(row.key)
+        if old is None or old.estimated or not row.estimated:
+            self._rows[row.key] = row
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self):
+        return iter(self._rows.values())
+
+    def device_kinds(self) -> set[str]:
+        return {k.device_kind for k in self._rows}
+
+    def get(self, key: ProfileKey) -> LayerProfile | None:
+        return self._rows.get(key)
+
+    def lookup(self, key: ProfileKey) -> LayerProfile:
+        """Exact row, else one scaled linearly in micro-batch size from the nearest measured mbs."""
+        row = self._rows.get(key)
+        if row is not None:
+            return row
+        near = [
+            r for k, r in self._rows.items()
+            if replace(k, micro_batch_size=key.micro_batch_size) == key
+        ]  # fmt: skip
+        if not near:
+            raise MissingProfileError(key)
+        best = min(near, key=lambda r: abs(r.key.micro_batch_size - key.micro_batch_size))
+        f = key.micro_batch_size / best.key.micro_batch_size
+        return replace(
+            best,
+            key=key,
+            forward_s=best.forward_s * f,
+            backward_s=best.backward_s * f,
+            activation_bytes=int(best.activation_bytes * f),
+            workspace_bytes=int(best.workspace_bytes * f),
+            estimated=True,
+        )
+
+
+def estimate_layer(
+    model: ModelSpec,
+    key: ProfileKey,
+    peak_flop_per_s: float,
+    memory_bandwidth_bytes_per_s: float,
+    efficiency: float = DEFAULT_EFFICIENCY,
+) -> LayerProfile:
+    """A roofline estimate: time = max(FLOPs / (peak × efficiency), bytes / (bandwidth × 0.7)).
+
+    Backward is 2× forward FLOPs (weight and input gradients); recompute adds one forward to the
+    backward pass. Activation bytes follow flops.block_activation_bytes; with full recompute a block
+    keeps only its input. Bytes moved per layer: its parameters once plus its activations twice.
+    """
+    b, s, t, e = key.micro_batch_size, key.seq_len, key.tp, DTYPE_BYTES[key.dtype]
+    fwd_flops = flops.forward_flops(key.layer_kind, model, b, s, t)
+    param_bytes = flops.layer_params(key.layer_kind, model, t) * e
+    if key.layer_kind == "block":
+        full_act = flops.block_activation_bytes(model, b, s, t, key.dtype)
+        act = flops.block_input_bytes(model, b, s, key.dtype) if key.recompute else full_act
+        work = full_act
+    elif key.layer_kind == "head":
+        logits = b * s * model.padded_vocab / t * 4  # fp32 logits for the loss
+        act = flops.block_input_bytes(model, b, s, key.dtype) + logits
+        work = 2 * logits
+    else:
+        act = flops.block_input_bytes(model, b, s, key.dtype)
+        work = act
+    moved = param_bytes + 2 * act
+    eff_rate = peak_flop_per_s * efficiency
+    fwd = max(fwd_flops / eff_rate, moved / (memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY))
+    bwd = 2 * fwd + (fwd if key.recompute else 0.0)
+    return LayerProfile(
+        key=key, forward_s=fwd, backward_s=bwd, param_bytes=int(param_bytes), activation_bytes=int(act),
+        workspace_bytes=int(work), estimated=True, efficiency=efficiency,
+    )  # fmt: skip
+
+
+def achieved_efficiency(model: ModelSpec, row: LayerProfile, peak_flop_per_s: float) -> float:
+    """Achieved / peak FLOP rate of a measured block row (forward + backward, no recompute)."""
+    k = row.key
+    work = flops.training_flops(k.layer_kind, model, k.micro_batch_size, k.seq_len, k.tp, k.recompute)
+    return work / row.train_s / peak_flop_per_s
+
+
+def calibrate_efficiency(model: ModelSpec, measured: Iterable[tuple[LayerProfile, float]]) -> float:
+    """Median achieved efficiency of measured block rows given (row, that device's peak FLOP/s).
+
+    Falls back to DEFAULT_EFFICIENCY when nothing was measured.
+    """
+    effs = sorted(
+        achieved_efficiency(model, r, peak) for r, peak in measured if r.key.layer_kind == "block" and not r.estimated
+    )
+    if not effs:
+        return DEFAULT_EFFICIENCY
+    return effs[len(effs) // 2]
