@@ -79,6 +79,7 @@ def prefect_env(cfg: RunConfig) -> None:
     folder unless the user already chose one; analytics are off so nothing leaves the machine.
     """
     home = Path(cfg.state.dir).resolve() / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(os.environ["PREFECT_HOME"]) / "storage"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -86,3 +87,9 @@ def prefect_env(cfg: RunConfig) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if "PREFECT_API_URL" not in os.environ:
+        from flows.server import running_api_url
+
+        url = running_api_url(cfg.state.dir)  # a `meshplan ui` server for this state folder
+        if url:
+            os.environ["PREFECT_API_URL"] = url

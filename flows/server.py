@@ -1,0 +1,93 @@
+"""A local Prefect server for the UI and schedules, bound to loopback, owned by the state folder.
+
+`meshplan ui` starts `prefect server start` with Prefect's home inside the state folder and
+records its address in `<state>/prefect-server.json`; later meshplan commands find that file,
+check the server answers, and send their flow runs there (PREFECT_API_URL) instead of an
+ephemeral server, so every run shows up in the UI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from planner.errors import MeshplanError
+
+
+def server_file(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "prefect-server.json"
+
+
+def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def running_api_url(state_dir: str | Path) -> str | None:
+    """The API URL of this state folder's server, if one is recorded and answers."""
+    f = server_file(state_dir)
+    if not f.is_file():
+        return None
+    try:
+        url = json.loads(f.read_text())["api_url"]
+    except (ValueError, KeyError):
+        return None
+    return url if healthy(url) else None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail fast, naming the fix, when something already listens on host:port."""
+    in_use = False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        in_use = s.connect_ex((host, port)) == 0
+    if not in_use:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                in_use = True
+    if in_use:
+        raise MeshplanError("--port", port, f"{host}:{port} is already in use; pass another --port")
+
+
+def start_server(state_dir: str | Path, host: str = "127.0.0.1", port: int = 4200, wait_s: float = 120.0) -> subprocess.Popen:
+    """Start `prefect server start` on host:port and wait until /api/health answers."""
+    check_port_free(host, port)
+    env = dict(os.environ)
+    env.pop("PREFECT_API_URL", None)
+    log = open(Path(state_dir) / "prefect-server.log", "ab")  # noqa: SIM115 - the server owns it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    api_url = f"http://{host}:{port}/api"
+    deadline = time.monotonic() + wait_s
+    while not healthy(api_url):
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {proc.returncode}; see {log.name}")
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise RuntimeError(f"prefect server did not answer on {api_url} within {wait_s:.0f} s; see {log.name}")
+        time.sleep(0.5)
+    server_file(state_dir).write_text(json.dumps({"api_url": api_url, "pid": proc.pid, "ui_url": f"http://{host}:{port}"}))
+    return proc
+
+
+def stop_server(proc: subprocess.Popen, state_dir: str | Path) -> None:
+    server_file(state_dir).unlink(missing_ok=True)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
