@@ -65,6 +65,8 @@ def start_server(state_dir: str | Path, host: str = "127.0.0.1", port: int = 420
     check_port_free(host, port)
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
+    # the browser UI asks /ui-settings where the API is; without this it says port 4200
+    env["PREFECT_UI_API_URL"] = f"http://{host}:{port}/api"
     log = open(Path(state_dir) / "prefect-server.log", "ab")  # noqa: SIM115 - the server owns it
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
