@@ -34,6 +34,8 @@ class DiscoverConfig(_Section):
         default=(1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22), description="bytes per message for the α–β fit"
     )
     refresh: bool = Field(default=False, description="re-measure even if a snapshot of this hardware exists")
+    repeats: int = Field(default=5, gt=0, description="timed repetitions per measurement (median reported)")
+    timeout_s: float = Field(default=300, gt=0, description="outer kill for the torchrun bench")
 
 
 class ProfileConfig(_Section):
@@ -43,6 +45,9 @@ class ProfileConfig(_Section):
     dtype: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="dtype on CPU (GPUs use bf16)")
     repeats: int = Field(default=5, gt=0, description="timed repetitions per measurement (median reported)")
     timeout_s: float = Field(default=600, gt=0)
+    recompute: tuple[bool, ...] = Field(default=(False, True), description="activation-recompute settings to profile")
+    min_block_s: float = Field(default=0.05, gt=0, description="minimum seconds of one timed block of iterations")
+    retries: int = Field(default=2, ge=0, description="profiler subprocess retries (a retry resumes its out file)")
 
 
 class SearchConfig(_Section):
@@ -60,6 +65,10 @@ class TrainConfig(_Section):
     lr: float = Field(default=3e-3, gt=0)
     seed: int = 0
     timeout_s: float = Field(default=900, gt=0)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    max_restarts: int = Field(default=0, ge=0, description="torchrun elastic restarts (resume from the latest checkpoint)")
+    collective_timeout_s: float = Field(default=300, gt=0, description="process-group / store timeout inside the ranks")
+    rdzv_endpoint: str = Field(default="127.0.0.1:29500", description="HOST:PORT of node 0 for multi-node runs")
 
 
 class ReplanConfig(_Section):

@@ -1,0 +1,113 @@
+"""`meshplan discover`: measure this machine (or record a cluster file) and show what was found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.app import app, db_path, load_settings, prefect_env
+
+
+@app.command()
+def discover(
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file instead of probing")] = None,
+    num_ranks: Annotated[int | None, typer.Option("--num-ranks", help="CPU ranks to probe (no GPU)")] = None,
+    refresh: Annotated[bool, typer.Option("--refresh", help="re-measure even if this hardware is stored")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Discover the hardware: probe compute, memory and network (torchrun), or record a cluster file."""
+    extra = []
+    if cluster is not None:
+        extra.append(f"discover.cluster={json.dumps(str(cluster))}")  # a JSON string is a TOML string
+    if num_ranks is not None:
+        extra.append(f"discover.num_ranks={num_ranks}")
+    if refresh:
+        extra.append("discover.refresh=true")
+    cfg = load_settings(extra)
+    if cfg.discover.cluster:
+        _check_cluster_file(Path(cfg.discover.cluster))
+    prefect_env(cfg)
+
+    from flows.discover import discover_flow
+    from storage.hardware import load_snapshot
+
+    d, path = cfg.discover, db_path(cfg)
+    summary = discover_flow(
+        db_path=str(path), cluster_file=d.cluster or None, num_ranks=d.num_ranks, refresh=d.refresh,
+        message_sizes=list(d.message_sizes), repeats=d.repeats, matmul_size=d.matmul_size, timeout_s=d.timeout_s,
+    )  # fmt: skip
+    snap = load_snapshot(path, summary["fingerprint"])
+    if as_json:
+        print(json.dumps({
+            **summary, "db": str(path), "cluster": snap.cluster.model_dump(mode="json"),
+            "devices": snap.devices.to_dicts(), "fits": snap.fits.to_dicts(),
+            "unsupported": snap.unsupported.to_dicts(),
+        }, default=str))  # fmt: skip
+        return
+    _print_tables(summary, snap, path)
+
+
+def _check_cluster_file(path: Path) -> None:
+    """Fail in milliseconds on a bad file, before Prefect's server starts (the flow's task parses it again)."""
+    from planner.cluster import parse_cluster_toml
+    from planner.errors import MeshplanError
+
+    if not path.is_file():
+        raise MeshplanError("--cluster", str(path), "no such file; pass a cluster TOML file (see examples/clusters/)")
+    parse_cluster_toml(path.read_text(), origin=path.name)
+
+
+def _gb(x: Any, scale: float = 1e9, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x / scale)
+
+
+def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
+    import polars as pl
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    devices = snap.devices.group_by("node", "kind", maintain_order=True).agg(
+        pl.len().alias("count"),
+        pl.col("memory_bytes").first(),
+        pl.col("peak_flop_per_s").first(),
+        pl.col("measured_flop_per_s").median(),
+        pl.col("matmul_dtype").first(),
+        pl.col("memory_bandwidth_bytes_per_s").median(),
+    )
+    t = Table(title=f"devices of {snap.name} ({snap.source})")
+    for col in ("node", "kind", "count", "memory GB", "planner GFLOP/s", "measured GFLOP/s", "dtype", "mem GB/s"):
+        t.add_column(col)
+    for r in devices.iter_rows(named=True):
+        t.add_row(
+            r["node"], r["kind"], str(r["count"]), _gb(r["memory_bytes"]), _gb(r["peak_flop_per_s"], fmt="{:,.1f}"),
+            _gb(r["measured_flop_per_s"], fmt="{:,.1f}"), r["matmul_dtype"] or "-",
+            _gb(r["memory_bandwidth_bytes_per_s"]),
+        )  # fmt: skip
+    console.print(t)
+
+    links = Table(title="links (per device, per direction)")
+    for col in ("node", "class", "kind", "α µs", "bandwidth GB/s", "measured"):
+        links.add_column(col, no_wrap=True)
+    for r in snap.links.iter_rows(named=True):
+        links.add_row(r["node"], r["link_class"], r["kind"], f"{r['latency_s'] * 1e6:.1f}",
+                      _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"), "yes" if r["measured"] else "no")  # fmt: skip
+    console.print(links)
+    for r in snap.links.iter_rows(named=True):
+        console.print(f"  {r['node']} {r['link_class']}: {r['source'] or 'from the cluster file'}", highlight=False)
+
+    if snap.fits.height:
+        fits = Table(title="α–β fits (t = α + bytes / bandwidth)")
+        for col in ("op", "class", "α µs", "bandwidth GB/s", "r²", "points"):
+            fits.add_column(col)
+        for r in snap.fits.iter_rows(named=True):
+            fits.add_row(r["op"], r["link_class"], f"{r['alpha_s'] * 1e6:.1f}",
+                         _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"), f"{r['r2']:.3f}", str(r["num_points"]))  # fmt: skip
+        console.print(fits)
+    for r in snap.unsupported.iter_rows(named=True):
+        console.print(f"unsupported on this backend: {r['op']} ({r['reason']})")
+    state = "reused the stored snapshot (pass --refresh to re-measure)" if summary["reused"] else "recorded"
+    console.print(f"hardware {summary['fingerprint']}: {state} in {path}")

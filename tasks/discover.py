@@ -1,0 +1,155 @@
+"""Prefect tasks of stage 1 (discover): identify this node, run the torchrun bench, record snapshots.
+
+Policies (DESIGN §5): probes and the bench are flaky I/O, so they retry with a delay and run under
+a timeout (the bench also under an outer kill of its whole process group); reading a file and
+recording a snapshot are side effects with NO_CACHE, and recording is idempotent (upsert by
+fingerprint). A MeshplanError is the user's to fix, so no task retries it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from planner.cluster import ClusterSpec, parse_cluster_toml
+from planner.discovery import (
+    cluster_from_snapshot,
+    hardware_fingerprint,
+    node_identity,
+    snapshot_fingerprint,
+)
+from planner.errors import MeshplanError
+from storage.hardware import find_snapshot, load_snapshot, save_snapshot
+
+
+def _retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
+    try:
+        state.result()
+    except MeshplanError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(name="read-cluster-file", cache_policy=NO_CACHE)
+def read_cluster_file(path: str) -> ClusterSpec:
+    """Parse a cluster TOML file; a problem names the file and field."""
+    p = Path(path)
+    if not p.is_file():
+        raise MeshplanError("--cluster", path, "no such file; pass a cluster TOML file (see examples/clusters/)")
+    return parse_cluster_toml(p.read_text(), origin=p.name)
+
+
+@task(name="probe-identity", retries=2, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+def probe_identity(num_ranks: int) -> dict[str, Any]:
+    """This node's identity and fingerprint, before measuring anything. With GPUs, one rank per GPU."""
+    from worker.probe import cuda_devices, host_info
+
+    host, gpus = host_info(), cuda_devices()
+    ranks = len(gpus) or num_ranks
+    ident = node_identity(host["node"], host["cpu_model"], host["num_cores"], host["memory_bytes"],
+                          [g["name"] for g in gpus], ranks)  # fmt: skip
+    return {"fingerprint": hardware_fingerprint([ident]), "num_ranks": ranks, "node": host["node"]}
+
+
+def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run cmd in its own process group and kill the whole group on timeout (torchrun leaves orphans otherwise)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                out, err = proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except ProcessLookupError:
+                break
+        raise TimeoutError(f"netbench ran past {timeout_s:.0f} s and was killed: {' '.join(cmd)}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@task(name="run-netbench", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+def run_netbench(
+    run_dir: str, num_ranks: int, message_sizes: list[int], repeats: int, matmul_size: int, timeout_s: float
+) -> str:
+    """Launch worker.netbench under torchrun on this node; returns the snapshot JSON path rank 0 wrote."""
+    out = Path(run_dir) / "snapshot.json"
+    out.unlink(missing_ok=True)  # a retry must not ingest the failed attempt's file
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_ranks}",
+        "--max-restarts=0", "-m", "worker.netbench", "--out", str(out),
+        "--message-sizes", ",".join(str(s) for s in message_sizes),
+        "--repeats", str(repeats), "--matmul-size", str(matmul_size),
+    ]  # fmt: skip
+    res = _run_group(cmd, Path(run_dir), timeout_s)
+    if res.returncode != 0 or not out.is_file():
+        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"netbench exited {res.returncode}; last lines:\n{tail}")
+    return str(out)
+
+
+@task(name="find-snapshot", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def snapshot_exists(db_path: str, fingerprint: str) -> bool:
+    return find_snapshot(db_path, fingerprint) is not None
+
+
+@task(name="load-cluster", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def load_cluster(db_path: str, fingerprint: str) -> ClusterSpec:
+    return load_snapshot(db_path, fingerprint).cluster
+
+
+@task(name="record-cluster-file", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+def record_cluster(db_path: str, cluster: ClusterSpec) -> str:
+    """Store a described cluster under its own spec fingerprint (idempotent)."""
+    return save_snapshot(db_path, "file-" + cluster.fingerprint(), cluster, "file")
+
+
+@task(name="ingest-snapshot", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+def ingest_snapshot(db_path: str, snapshot_path: str, name: str | None = None) -> str:
+    """Fit, convert and store a netbench snapshot under its hardware fingerprint (idempotent)."""
+    p = Path(snapshot_path)
+    if not p.is_file():
+        raise MeshplanError("snapshot_file", snapshot_path, "no such file; pass the JSON that netbench rank 0 wrote")
+    try:
+        snapshot = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise MeshplanError("snapshot_file", snapshot_path, f"not JSON ({exc}); pass a netbench snapshot") from None
+    fingerprint = snapshot_fingerprint(snapshot)
+    return save_snapshot(db_path, fingerprint, cluster_from_snapshot(snapshot, name), "probe", snapshot)
+
+
+@task(name="publish-hardware", cache_policy=NO_CACHE)
+def publish_hardware(db_path: str, fingerprint: str, reused: bool) -> None:
+    """A markdown artifact in the Prefect UI: devices, links and fits of the snapshot."""
+    snap = load_snapshot(db_path, fingerprint)
+    lines = [f"# Hardware {fingerprint} ({snap.source}{', reused' if reused else ''})", "",
+             "| node | kind | devices | memory GB | planner GFLOP/s | measured GFLOP/s | mem GB/s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (node, kind), rows in snap.devices.group_by("node", "kind", maintain_order=True):
+        measured, bw = rows["measured_flop_per_s"].median(), rows["memory_bandwidth_bytes_per_s"].median()
+        lines.append(f"| {node} | {kind} | {rows.height} | {rows['memory_bytes'][0] / 1e9:.1f} | "
+                     f"{rows['peak_flop_per_s'][0] / 1e9:,.1f} | {'-' if measured is None else f'{measured / 1e9:,.1f}'} | "
+                     f"{'-' if bw is None else f'{bw / 1e9:.1f}'} |")  # fmt: skip
+    lines += ["", "| node | class | kind | α µs | GB/s | source |", "|---|---|---|---|---|---|"]
+    for r in snap.links.iter_rows(named=True):
+        lines.append(f"| {r['node']} | {r['link_class']} | {r['kind']} | {r['latency_s'] * 1e6:.1f} | "
+                     f"{r['bandwidth_bytes_per_s'] / 1e9:.3f} | {r['source'] or 'cluster file'} |")  # fmt: skip
+    create_markdown_artifact("\n".join(lines), key=f"hardware-{fingerprint}".lower(), description=snap.name)

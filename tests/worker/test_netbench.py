@@ -1,0 +1,58 @@
+"""The network bench under real torchrun: two simulated nodes on loopback (gloo, one CPU rank each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from planner.discovery import INTER, cluster_from_snapshot, snapshot_fingerprint
+
+TIMEOUT_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.dist
+def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
+    out = tmp_path / "snapshot.json"
+    port = _free_port()
+    procs = []
+    for node_rank in (0, 1):
+        cmd = ["timeout", "-k", "10", str(TIMEOUT_S), sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netbench-test",
+               "--max-restarts", "0", "-m", "worker.netbench", "--out", str(out),
+               "--message-sizes", "1024,65536,1048576", "--repeats", "3", "--matmul-size", "256"]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MESHPLAN_NODE_NAME": f"sim{node_rank}",
+               "PYTHONWARNINGS": "ignore"}  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))  # fmt: skip
+    logs = [p.communicate(timeout=TIMEOUT_S + 30)[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        pytest.fail("torchrun failed:\n" + "\n---\n".join(log[-4000:] for log in logs))
+
+    snap = json.loads(out.read_text())
+    assert sorted(snap["nodes"]) == ["sim0", "sim1"] and snap["world_size"] == 2 and snap["backend"] == "gloo"
+    # c10d rendezvous assigns node ranks by arrival, so either launcher may hold rank 0.
+    assert {r["node"] for r in snap["ranks"]} == {"sim0", "sim1"}
+    pairs = [m for m in snap["measurements"] if m["op"] == "send_recv"]
+    assert pairs and {m["link_class"] for m in pairs} == {INTER}
+    assert {m["message_bytes"] for m in pairs} == {1024, 65536, 1048576}
+    ops = {m["op"] for m in snap["measurements"]} | {u["op"] for u in snap["unsupported"]}
+    assert ops == {"send_recv", "all_reduce", "all_gather", "reduce_scatter"}
+    assert all(m["time_s"] > 0 for m in snap["measurements"])
+    assert all(r["probe"]["matmul_flop_per_s"] > 1e6 for r in snap["ranks"])
+
+    cluster = cluster_from_snapshot(snap)
+    assert cluster.num_nodes == 2
+    assert all(n.inter_link.measured and n.inter_link.kind == "gloo-inter-node" for n in cluster.nodes)
+    assert snapshot_fingerprint(snap).startswith("hw-")

@@ -1,0 +1,208 @@
+"""Distributed hardware bench, run under torchrun: every rank probes itself, then all measure the network.
+
+    python -m torch.distributed.run --nproc-per-node 2 -m worker.netbench --out snapshot.json
+
+One code path: gloo on CPU (one thread per rank), NCCL on GPU (one GPU per rank). Measured per
+message size (median of repeats, slowest rank for collectives): all_reduce, all_gather and
+reduce_scatter over all ranks, and send/recv ping-pong between rank pairs, each pair classed as
+intra-node or inter-node by node name (MESHPLAN_NODE_NAME overrides the hostname, so two simulated
+nodes on one machine are told apart). An op the backend lacks is recorded as unsupported, not faked.
+Message bytes follow nccl-tests: the whole buffer (all_reduce buffer, all_gather output,
+reduce_scatter input). Rank 0 gathers everything and writes one JSON snapshot; other ranks write nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from worker.probe import cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
+
+SNAPSHOT_VERSION = 1
+DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
+# Pairs to ping-pong: every pair on small worlds; beyond that rank 0 to each rank plus ring neighbours.
+ALL_PAIRS_MAX_WORLD = 8
+
+
+def _inner_iters(nbytes: int) -> int:
+    """Ops per timed repeat: small messages take microseconds, so time a batch (same on every rank)."""
+    return max(1, min(50, (1 << 20) // max(nbytes, 1)))
+
+
+def _pairs(world: int) -> list[tuple[int, int]]:
+    if world <= ALL_PAIRS_MAX_WORLD:
+        return list(itertools.combinations(range(world), 2))
+    pairs = {(0, j) for j in range(1, world)} | {(i, i + 1) for i in range(world - 1)}
+    return sorted(pairs)
+
+
+def _collectives(world: int) -> dict[str, Callable[[torch.Tensor], Callable[[], object]]]:
+    """op name → (buffer → a call that runs it once). Newer torch renames the *_tensor variants."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def all_reduce(buf: torch.Tensor) -> Callable[[], object]:
+        return lambda: dist.all_reduce(buf)
+
+    def all_gather(buf: torch.Tensor) -> Callable[[], object]:
+        shard = buf[: buf.numel() // world].clone()
+        return lambda: gather(buf, shard)
+
+    def reduce_scatter(buf: torch.Tensor) -> Callable[[], object]:
+        shard = torch.empty(buf.numel() // world, dtype=buf.dtype, device=buf.device)
+        return lambda: scatter(shard, buf)
+
+    return {"all_reduce": all_reduce, "all_gather": all_gather, "reduce_scatter": reduce_scatter}
+
+
+def _buffer(nbytes: int, world: int, device: str) -> torch.Tensor:
+    """A float32 buffer of about nbytes, divisible by the world size (collectives split it evenly)."""
+    numel = max(world, (nbytes // 4) // world * world)
+    return torch.ones(numel, dtype=torch.float32, device=device)
+
+
+def bench_collectives(sizes: list[int], repeats: int, device: str) -> tuple[list[dict], list[dict]]:
+    """(rows, unsupported) for every collective and size; each row holds this rank's median."""
+    world = dist.get_world_size()
+    rows, unsupported = [], []
+    for op, make in _collectives(world).items():
+        try:
+            make(_buffer(sizes[0], world, device))()
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            # Backends reject an op they lack before any traffic, identically on every rank.
+            unsupported.append({"op": op, "reason": str(exc).splitlines()[0][:300]})
+            continue
+        for nbytes in sizes:
+            buf = _buffer(nbytes, world, device)
+            dist.barrier()
+            t = median_time_s(make(buf), device, repeats=repeats, inner=_inner_iters(nbytes))
+            rows.append({"op": op, "message_bytes": buf.numel() * 4, "time_s": t, "num_ranks": world})
+    return rows, unsupported
+
+
+def bench_pairs(sizes: list[int], repeats: int, device: str) -> list[dict]:
+    """Ping-pong send/recv between rank pairs, one pair at a time; one-way time = round trip / 2."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for a, b in _pairs(world):
+        for nbytes in sizes:
+            buf = _buffer(nbytes, 1, device)
+            dist.barrier()
+            if rank not in (a, b):
+                continue
+            peer, first = (b, True) if rank == a else (a, False)
+
+            def ping_pong(buf: torch.Tensor = buf, peer: int = peer, first: bool = first) -> None:
+                if first:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+
+            t = median_time_s(ping_pong, device, repeats=repeats, inner=_inner_iters(nbytes)) / 2
+            if rank == a:
+                rows.append({"op": "send_recv", "message_bytes": buf.numel() * 4, "time_s": t, "src": a, "dst": b})
+    dist.barrier()
+    return rows
+
+
+def _link_class(nodes: list[str]) -> str:
+    return "intra-node" if len(set(nodes)) == 1 else "inter-node"
+
+
+def assemble(per_rank: list[dict[str, Any]], backend: str, sizes: list[int]) -> dict[str, Any]:
+    """The snapshot from every rank's report: ranks, nodes, and measurements with link classes."""
+    node_of = {r["rank"]: r["node"] for r in per_rank}
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in per_rank:
+        nodes.setdefault(r["node"], {**r["host"], "gpus": r["gpus"], "nvlink": r["nvlink"], "ranks": []})
+        nodes[r["node"]]["ranks"].append(r["rank"])
+    measurements = []
+    for row in per_rank[0]["collectives"]:
+        # A collective finishes when its slowest rank does.
+        same = [
+            c["time_s"] for r in per_rank for c in r["collectives"]
+            if c["op"] == row["op"] and c["message_bytes"] == row["message_bytes"]
+        ]  # fmt: skip
+        measurements.append({
+            **row, "time_s": max(same), "src": None, "dst": None,
+            "link_class": _link_class(list(node_of.values())),
+        })  # fmt: skip
+    for r in per_rank:
+        for row in r["pairs"]:
+            link = _link_class([node_of[row["src"]], node_of[row["dst"]]])
+            measurements.append({**row, "num_ranks": 2, "link_class": link})
+    ranks = [{k: r[k] for k in ("rank", "local_rank", "node", "probe")} for r in per_rank]
+    return {
+        "version": SNAPSHOT_VERSION,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "backend": backend,
+        "world_size": len(per_rank),
+        "message_sizes": sizes,
+        "nodes": nodes,
+        "ranks": ranks,
+        "measurements": measurements,
+        "unsupported": per_rank[0]["unsupported"],
+    }
+
+
+def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local_rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    else:
+        torch.set_num_threads(1)  # one CPU rank = one process with one thread
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=300))
+    try:
+        rank = dist.get_rank()
+        dist.barrier()
+        probe = probe_device(device, matmul_size, repeats)
+        collectives, unsupported = bench_collectives(sizes, repeats, device)
+        pairs = bench_pairs(sizes, repeats, device)
+        report = {
+            "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
+            "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,
+            "probe": probe, "collectives": collectives, "unsupported": unsupported, "pairs": pairs,
+        }  # fmt: skip
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, report)
+        if rank == 0:
+            snapshot = assemble(gathered, backend, sizes)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(out.suffix + ".tmp")
+            tmp.write_text(json.dumps(snapshot, indent=1))
+            tmp.replace(out)  # readers never see a half-written snapshot
+    finally:
+        dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="snapshot JSON written by rank 0")
+    p.add_argument("--message-sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(DEFAULT_SIZES))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--matmul-size", type=int, default=1024)
+    a = p.parse_args(argv)
+    start = time.perf_counter()
+    run(a.out, sorted(a.message_sizes), a.repeats, a.matmul_size)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"netbench: wrote {a.out} in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
