@@ -56,6 +56,25 @@ class LayerProfile:
         return self.forward_s + self.backward_s
 
 
+@dataclass(frozen=True, slots=True)
+class CommFit:
+    """α–β cost of one collective on one link class: time(bytes) = alpha_s + beta_s_per_byte · bytes.
+
+    `op` is all_reduce, all_gather, reduce_scatter or send_recv; bytes follow nccl-tests (whole
+    buffer). `measured` is False when the fit comes from a link's datasheet figures, not a bench.
+    """
+
+    link_kind: str
+    op: str
+    alpha_s: float
+    beta_s_per_byte: float
+    measured: bool = True
+    r2: float | None = None
+
+    def time_s(self, num_bytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * num_bytes
+
+
 class MissingProfileError(LookupError):
     """No measured or estimable profile for a key."""
 

@@ -1,0 +1,146 @@
+"""Stage 2 flow: profile each distinct layer shape once per device kind into DuckDB, estimate the rest.
+
+1. Which device kinds: the cluster file's, else this machine's ("cpu" or the CUDA GPU's catalog name).
+2. For the kind present here, the grid of keys (layer kind × mbs × seq × tp × recompute) minus what
+   is already measured for this model and torch version; the rest runs in one profiler subprocess
+   per (device kind, seq, tp) group, each retried and timed out on its own, its rows upserted.
+   Re-running measures nothing already known, and the cost grows with distinct shapes, not layers.
+3. Kinds not present here get roofline estimates (planner.profiling), calibrated on measured GPUs
+   when there are any, stored flagged `estimated` with the efficiency used.
+4. Communication: discovery (stage 1) owns the collective bench and its α–β fits; this flow makes
+   sure a snapshot exists for the hardware (running discovery as a subflow, which reuses a stored
+   one) and returns its fits as planner CommFits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from planner.cluster import ClusterSpec, parse_cluster_toml
+from planner.errors import MeshplanError
+from planner.flops import DTYPE_BYTES, LAYER_KINDS
+from planner.model import get_model
+from planner.profiling import (
+    calibration_for,
+    catalog_peak,
+    device_dtype,
+    device_peaks,
+    estimate_rows,
+    profile_keys,
+    shape_groups,
+    validate_shapes,
+)
+from storage.profiles import estimate_rows as estimate_storage_rows
+from tasks.profile import (
+    comm_fits,
+    find_missing,
+    group_out_path,
+    ingest_partial,
+    ingest_rows,
+    load_profiles,
+    local_device,
+    profile_group,
+)
+
+
+def _read_cluster(cluster_file: str) -> ClusterSpec:
+    p = Path(cluster_file)
+    if not p.is_file():
+        raise MeshplanError(
+            "--cluster", cluster_file, "no such file; pass a cluster TOML file (see examples/clusters/)"
+        )
+    return parse_cluster_toml(p.read_text(), origin=p.name)
+
+
+@flow(name="profile", log_prints=True)
+def profile_flow(
+    db_path: str,
+    model_name: str,
+    cluster_file: str | None = None,
+    mbs: list[int] | None = None,
+    seq: list[int] | None = None,
+    tp: list[int] | None = None,
+    recompute: list[bool] | None = None,
+    dtype: str = "fp32",
+    repeats: int = 5,
+    min_block_s: float = 0.05,
+    timeout_s: float = 600.0,
+    retries: int = 2,
+    run_dir: str | None = None,
+    comm: bool = True,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Profile `model_name`; returns counts {measured, reused, estimated, profiler_runs} and details."""
+    model = get_model(model_name)
+    mbs, tp = list(mbs or [1, 2, 4]), list(tp or [1])
+    seq = list(seq or [model.seq_len])
+    recompute = [False, True] if recompute is None else list(recompute)
+    validate_shapes(model, mbs, seq, tp)
+    if dtype not in DTYPE_BYTES:
+        raise MeshplanError("profile.dtype", dtype, f"use one of {', '.join(DTYPE_BYTES)}")
+    cluster = _read_cluster(cluster_file) if cluster_file else None
+    here = local_device()
+    kinds = sorted(cluster.device_kinds()) if cluster else [here["device_kind"]]
+    local_kind = here["device_kind"]
+    run_dir = run_dir or str(Path(db_path).resolve().parent / "profile-runs" / model.fingerprint())
+
+    measured = reused = runs = 0
+    failed: list[str] = []
+    if local_kind in kinds:
+        local_dtype = dtype if local_kind == "cpu" else here["dtype"]
+        wanted = profile_keys(local_kind, mbs, seq, tp, local_dtype, recompute, LAYER_KINDS)
+        todo = find_missing(db_path, model, wanted, here["torch_version"])
+        reused = len(wanted) - len(todo)
+        # Sequential on purpose: two profilers sharing cores would time each other's interference.
+        for group in shape_groups(todo).values():
+            task = profile_group.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
+            runs += 1
+            state = task(model, group, here["torch_version"], repeats, min_block_s, timeout_s, run_dir, show_progress,
+                         return_state=True)  # fmt: skip
+            if state.is_completed():
+                measured += ingest_rows(db_path, state.result())
+                continue
+            # Keep what the dead run measured, report it, and carry on with the other groups.
+            measured += ingest_partial(db_path, str(group_out_path(run_dir, model, group)))
+            failed.append(f"{group[0].device_kind} seq={group[0].seq_len} tp={group[0].tp}: {state.message}")
+
+    estimated, efficiency = 0, {}
+    others = [k for k in kinds if k != local_kind]
+    if others:
+        table = load_profiles(db_path, model)
+        peaks = {}
+        for r in table:
+            peak = catalog_peak(r.key.device_kind, r.key.dtype)
+            if peak is not None and not r.estimated:
+                peaks[r.key.device_kind] = peak
+        for kind in others:
+            kdtype = device_dtype(kind, dtype)
+            eff, source = calibration_for(model, kind, table, peaks)
+            peak, bw = device_peaks(cluster, kind, kdtype)  # type: ignore[arg-type]  (others exist only with a cluster)
+            est = estimate_rows(model, profile_keys(kind, mbs, seq, tp, kdtype, recompute), peak, bw, eff)
+            estimated += ingest_rows(db_path, estimate_storage_rows(model, est, source))
+            efficiency[kind] = {"efficiency": eff, "source": source}
+
+    fits = _comm(db_path, cluster_file) if comm else []
+    summary = {
+        "model": model.name, "fingerprint": model.fingerprint(), "device_kinds": kinds, "local_device": local_kind,
+        "torch_version": here["torch_version"], "measured": measured, "reused": reused, "estimated": estimated,
+        "profiler_runs": runs, "efficiency": efficiency, "comm_fits": [dataclasses.asdict(f) for f in fits],
+        "failed": failed, "run_dir": run_dir,
+    }  # fmt: skip
+    if failed:
+        raise RuntimeError(f"{len(failed)} profiler group(s) failed (rows measured before failing were kept): "
+                           + "; ".join(failed))  # fmt: skip
+    return summary
+
+
+def _comm(db_path: str, cluster_file: str | None) -> list[Any]:
+    """Discovery's fits for this hardware: reuses its stored snapshot, measures only if there is none."""
+    from flows.discover import discover_flow
+
+    hw = discover_flow(db_path=db_path, cluster_file=cluster_file)
+    return comm_fits(db_path, hw["fingerprint"])

@@ -1,0 +1,151 @@
+"""Layer profiles in DuckDB: upsert measured and estimated rows, load them as a planner ProfileTable.
+
+Rows are keyed by everything that changes a measurement (see schema/0003_profiles.sql), and every
+write is an `INSERT … ON CONFLICT DO UPDATE` inside one transaction, so ingesting the same profiler
+output twice (a retried task) leaves exactly one row per key. Estimates carry torch_version '' and
+so never overwrite a measurement; `load_profile_table` lets measured rows win (ProfileTable.add).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from planner.model import ModelSpec
+from planner.profiles import LayerProfile, ProfileKey, ProfileTable
+from storage.db import connect
+
+KEY_COLUMNS = ("model_fingerprint", "device_kind", "layer_kind", "micro_batch_size", "seq_len", "tp", "dtype",
+               "recompute", "torch_version")  # fmt: skip
+VALUE_COLUMNS = ("model_name", "forward_s", "backward_s", "forward_spread_s", "backward_spread_s", "param_bytes",
+                 "activation_bytes", "workspace_bytes", "achieved_flop_per_s", "estimated", "efficiency",
+                 "efficiency_source", "repeats", "timing_method", "measured_at")  # fmt: skip
+COLUMNS = KEY_COLUMNS + VALUE_COLUMNS
+ESTIMATE_TORCH_VERSION = ""
+
+_UPSERT = (
+    f"INSERT INTO layer_profiles ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(KEY_COLUMNS)}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in VALUE_COLUMNS)
+)
+
+
+def _row_tuple(row: dict[str, Any]) -> tuple:
+    missing = [c for c in KEY_COLUMNS + ("forward_s", "backward_s", "param_bytes", "activation_bytes",
+                                         "workspace_bytes", "estimated", "measured_at") if row.get(c) is None]  # fmt: skip
+    if missing:
+        raise ValueError(f"profile row lacks {missing}: {row}")
+    return tuple(row.get(c) for c in COLUMNS)
+
+
+def upsert_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Insert or update rows (dicts with COLUMNS; extra keys ignored) in one transaction; returns how many."""
+    tuples = [_row_tuple(r) for r in rows]
+    if not tuples:
+        return 0
+    with connect(db_path) as con:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.executemany(_UPSERT, tuples)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return len(tuples)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a profiler JSONL file; a torn last line (the profiler died mid-write) is skipped."""
+    rows = []
+    lines = Path(path).read_text().splitlines() if Path(path).exists() else []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return rows
+
+
+def ingest_jsonl(db_path: str | Path, path: str | Path) -> int:
+    """Upsert every row of a profiler output file; idempotent, so a retried ingest duplicates nothing."""
+    return upsert_profiles(db_path, read_jsonl(path))
+
+
+def estimate_rows(
+    model: ModelSpec, profiles: Iterable[LayerProfile], efficiency_source: str, now: dt.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Storage rows for catalog estimates, flagged `estimated` with the efficiency they used."""
+    stamp = (now or dt.datetime.now(dt.UTC)).isoformat()
+    out = []
+    for p in profiles:
+        k = p.key
+        out.append({
+            "model_fingerprint": model.fingerprint(), "device_kind": k.device_kind, "layer_kind": k.layer_kind,
+            "micro_batch_size": k.micro_batch_size, "seq_len": k.seq_len, "tp": k.tp, "dtype": k.dtype,
+            "recompute": k.recompute, "torch_version": ESTIMATE_TORCH_VERSION, "model_name": model.name,
+            "forward_s": p.forward_s, "backward_s": p.backward_s, "forward_spread_s": 0.0, "backward_spread_s": 0.0,
+            "param_bytes": p.param_bytes, "activation_bytes": p.activation_bytes, "workspace_bytes": p.workspace_bytes,
+            "achieved_flop_per_s": None, "estimated": True, "efficiency": p.efficiency,
+            "efficiency_source": efficiency_source, "repeats": 0, "timing_method": "estimate:roofline",
+            "measured_at": stamp,
+        })  # fmt: skip
+    return out
+
+
+def profile_frame(db_path: str | Path, model: ModelSpec | None = None) -> pl.DataFrame:
+    """All stored rows (of one model if given) as a polars frame, for inspection and reports."""
+    where, params = ("WHERE model_fingerprint = ?", [model.fingerprint()]) if model else ("", [])
+    with connect(db_path) as con:
+        sql = f"SELECT * FROM layer_profiles {where} ORDER BY device_kind, layer_kind, seq_len, tp, micro_batch_size, recompute"
+        return con.sql(sql, params=params).pl() if params else con.sql(sql).pl()
+
+
+def load_profile_table(
+    db_path: str | Path, model: ModelSpec, device_kinds: Sequence[str] | None = None
+) -> ProfileTable:
+    """The model's profiles (every torch version; the newest measurement of a key wins, measured beats estimated)."""
+    if not Path(db_path).exists():
+        return ProfileTable()
+    sql = "SELECT * FROM layer_profiles WHERE model_fingerprint = ?"
+    params: list[Any] = [model.fingerprint()]
+    if device_kinds is not None:
+        if not device_kinds:
+            return ProfileTable()
+        sql += f" AND device_kind IN ({', '.join('?' for _ in device_kinds)})"
+        params += list(device_kinds)
+    with connect(db_path) as con:
+        frame = con.sql(sql + " ORDER BY estimated DESC, measured_at", params=params).pl()
+    return ProfileTable(_profile(r) for r in frame.iter_rows(named=True))
+
+
+def _profile(r: dict[str, Any]) -> LayerProfile:
+    key = ProfileKey(r["device_kind"], r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"],
+                     r["dtype"])  # fmt: skip
+    return LayerProfile(
+        key=key, forward_s=r["forward_s"], backward_s=r["backward_s"], param_bytes=r["param_bytes"],
+        activation_bytes=r["activation_bytes"], workspace_bytes=r["workspace_bytes"], estimated=r["estimated"],
+        efficiency=r["efficiency"], forward_spread_s=r["forward_spread_s"], backward_spread_s=r["backward_spread_s"],
+    )  # fmt: skip
+
+
+def missing_keys(
+    db_path: str | Path, keys: Iterable[ProfileKey], model: ModelSpec, torch_version: str | None = None
+) -> list[ProfileKey]:
+    """Keys with no *measured* row for this model (and torch version, when given): what must be profiled."""
+    keys = list(keys)
+    if not Path(db_path).exists() or not keys:
+        return keys
+    sql = ("SELECT device_kind, layer_kind, micro_batch_size, seq_len, tp, recompute, dtype FROM layer_profiles "
+           "WHERE model_fingerprint = ? AND NOT estimated")  # fmt: skip
+    params: list[Any] = [model.fingerprint()]
+    if torch_version is not None:
+        sql += " AND torch_version = ?"
+        params.append(torch_version)
+    with connect(db_path) as con:
+        have = {ProfileKey(*row) for row in con.execute(sql, params).fetchall()}
+    return [k for k in keys if k not in have]

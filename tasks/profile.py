@@ -1,0 +1,130 @@
+"""Prefect tasks of stage 2 (profile): find what is missing, run the profiler subprocess, ingest rows.
+
+Policies (DESIGN §5): a profiler run is costly and deterministic in its inputs, and flaky (OOM,
+a killed process), so `profile_group` caches on INPUTS + TASK_SOURCE (the run folder excluded: it
+names where, not what) and retries with a delay under a timeout; a retry resumes the same
+out file, so what a crashed attempt measured is kept. Reading and writing the database are
+NO_CACHE (the data changes underneath) and the writes are idempotent upserts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+
+from planner.model import ModelSpec
+from planner.profiles import CommFit, ProfileKey, ProfileTable
+from storage.profiles import ingest_jsonl, load_profile_table, missing_keys, read_jsonl, upsert_profiles
+
+WORKER = [sys.executable, "-m", "worker.profile_layers"]
+
+
+def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.CompletedProcess[str]:
+    """Run in its own process group (killed whole on timeout); one thread so timings stay stable."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None if show_stderr else subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise TimeoutError(f"profiler ran past {timeout_s:.0f} s and was killed") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err or "")
+
+
+@task(name="local-device", retries=2, retry_delay_seconds=2, timeout_seconds=180, cache_policy=NO_CACHE)
+def local_device() -> dict[str, Any]:
+    """{device, device_kind, dtype, torch_version} of this machine, as the profiler subprocess sees it."""
+    res = _run(WORKER + ["--print-device"], 150, show_stderr=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"profiler --print-device exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@task(name="missing-profiles", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def find_missing(db_path: str, model: ModelSpec, keys: list[ProfileKey], torch_version: str) -> list[ProfileKey]:
+    return missing_keys(db_path, keys, model, torch_version)
+
+
+def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Path:
+    """A file named by the group's content, so a retry (or a rerun after a crash) resumes it."""
+    k = keys[0]
+    blob = json.dumps([model.fingerprint(), [dataclasses.astuple(x) for x in keys]])
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return Path(run_dir) / f"{k.device_kind}-seq{k.seq_len}-tp{k.tp}-{digest}.jsonl"
+
+
+@task(name="profile-layers", retries=2, retry_delay_seconds=3, timeout_seconds=900,
+      cache_policy=(INPUTS + TASK_SOURCE) - "run_dir" - "show_progress")  # fmt: skip
+def profile_group(
+    model: ModelSpec,
+    keys: list[ProfileKey],
+    torch_version: str,
+    repeats: int,
+    min_block_s: float,
+    timeout_s: float,
+    run_dir: str,
+    show_progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Measure one (device kind, seq, tp) group in a subprocess; returns the rows of its JSONL file."""
+    out = group_out_path(run_dir, model, keys)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    requests = [{"layer_kind": k.layer_kind, "micro_batch_size": k.micro_batch_size, "seq_len": k.seq_len,
+                 "tp": k.tp, "recompute": k.recompute} for k in keys]  # fmt: skip
+    req_file = out.with_suffix(".requests.json")
+    req_file.write_text(json.dumps(requests))
+    spec_file = out.with_suffix(".spec.json")
+    spec_file.write_text(model.model_dump_json())
+    cmd = WORKER + ["--spec-json", f"@{spec_file}", "--out", str(out), "--requests-json", str(req_file),
+                    "--device-kind", keys[0].device_kind, "--dtype", keys[0].dtype, "--repeats", str(repeats),
+                    "--min-block-s", str(min_block_s)]  # fmt: skip
+    if keys[0].device_kind == "cpu":
+        cmd += ["--device", "cpu"]
+    if show_progress:
+        cmd.append("--progress")
+    res = _run(cmd, timeout_s, show_stderr=show_progress)
+    if res.returncode != 0:
+        tail = "\n".join(res.stderr.strip().splitlines()[-15:]) or "(stderr shown above)"
+        raise RuntimeError(f"profiler exited {res.returncode} after {len(read_jsonl(out))} rows; last lines:\n{tail}")
+    rows = read_jsonl(out)
+    if rows and rows[0]["torch_version"] != torch_version:
+        raise RuntimeError(f"profiler ran torch {rows[0]['torch_version']}, the flow expected {torch_version}")
+    return rows
+
+
+@task(name="ingest-profiles", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def ingest_rows(db_path: str, rows: list[dict[str, Any]]) -> int:
+    """Upsert measured or estimated rows (idempotent: a retried ingest writes the same keys again)."""
+    return upsert_profiles(db_path, rows)
+
+
+@task(name="ingest-partial-profiles", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def ingest_partial(db_path: str, path: str) -> int:
+    """Keep what a failed profiler run measured before it died."""
+    return ingest_jsonl(db_path, path) if Path(path).exists() else 0
+
+
+@task(name="load-profiles", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
+    return load_profile_table(db_path, model)
+
+
+@task(name="comm-fits", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def comm_fits(db_path: str, hardware_fingerprint: str) -> list[CommFit]:
+    """α–β fits discovery stored for this hardware, plus datasheet fits for link kinds it did not measure."""
+    from planner.profiling import comm_fits_from_snapshot
+    from storage.hardware import load_snapshot
+
+    snap = load_snapshot(db_path, hardware_fingerprint)
+    return comm_fits_from_snapshot(snap.cluster, snap.fits.to_dicts())

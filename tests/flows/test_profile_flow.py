@@ -1,0 +1,58 @@
+"""Real Prefect runs of the profile flow on the tiny model (shapes kept tiny: the machine has 2 cores)."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.commands.profile import grid_values
+from flows.profile import profile_flow
+from planner.errors import MeshplanError
+from planner.model import PRESETS
+from planner.profiles import DEFAULT_EFFICIENCY
+from storage.profiles import load_profile_table, profile_frame
+
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-a100-v100-t4.toml"
+TINY = dict(model_name="tiny", mbs=[1], seq=[16], tp=[1], repeats=2, min_block_s=0.002, comm=False)
+
+
+def test_second_run_measures_nothing_and_keeps_the_first_measurements(tmp_path):
+    db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
+    first = profile_flow(db_path=db, run_dir=run_dir, recompute=[False, True], **TINY)
+    assert (first["measured"], first["reused"], first["profiler_runs"]) == (6, 0, 1)  # 3 layer kinds x 2 recompute
+    before = profile_frame(db).select("layer_kind", "recompute", "measured_at").sort("layer_kind", "recompute")
+    assert len(list(Path(run_dir).glob("*.jsonl"))) == 1
+
+    second = profile_flow(db_path=db, run_dir=run_dir, recompute=[False, True], **TINY)
+    assert (second["measured"], second["reused"], second["profiler_runs"]) == (0, 6, 0)
+    after = profile_frame(db).select("layer_kind", "recompute", "measured_at").sort("layer_kind", "recompute")
+    assert after.equals(before)
+    table = load_profile_table(db, PRESETS["tiny"], ["cpu"])
+    assert len(table) == 6 and not any(r.estimated for r in table)
+
+
+def test_cluster_file_yields_estimated_gpu_rows_flagged_with_their_efficiency(tmp_path):
+    db = str(tmp_path / "m.duckdb")
+    out = profile_flow(db_path=db, cluster_file=str(CLUSTER), recompute=[False], **{**TINY, "comm": True})
+    assert out["measured"] == 0 and out["profiler_runs"] == 0  # no CPU in that cluster: nothing to measure here
+    assert out["estimated"] == 3 * 3  # A100, V100, T4 x embedding, block, head
+    # Only a CPU could have been measured here, which says nothing about tensor cores: default efficiency.
+    assert out["efficiency"]["A100-SXM4-40GB"] == {"efficiency": DEFAULT_EFFICIENCY, "source": "default"}
+    a100 = profile_frame(db).filter(device_kind="A100-SXM4-40GB")
+    assert a100.height == 3 and a100["estimated"].all() and (a100["efficiency"] == DEFAULT_EFFICIENCY).all()
+    assert set(a100["dtype"]) == {"bf16"}
+    fits = {(f["link_kind"], f["op"]) for f in out["comm_fits"]}
+    assert {("nvlink3", "send_recv"), ("eth-100g", "send_recv")} <= fits
+
+
+def test_flow_rejects_a_tp_that_does_not_divide_the_heads(tmp_path):
+    with pytest.raises(MeshplanError, match="profile.tp"):
+        profile_flow(db_path=str(tmp_path / "m.duckdb"), **{**TINY, "tp": [3]})
+
+
+def test_cli_grid_options_accept_spaces_commas_and_repeats():
+    tokens = "--model tiny --mbs 1 2 --tp 1,2 --seq=32 --mbs 4 --json".split()
+    assert grid_values(tokens, "--mbs") == [1, 2, 4]
+    assert grid_values(tokens, "--tp") == [1, 2]
+    assert grid_values(tokens, "--seq") == [32]
+    with pytest.raises(MeshplanError, match="--mbs"):
+        grid_values(["--mbs", "1,x"], "--mbs")

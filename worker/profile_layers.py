@@ -1,0 +1,196 @@
+"""Layer profiler subprocess: measure each requested layer shape and append one JSON line per result.
+
+    python -m worker.profile_layers --spec-json '{"name": "tiny", ...}' --out rows.jsonl \
+        --layers block head --mbs 1 2 --seq 64 --tp 1 2 --recompute 0 1
+
+or `--requests-json FILE` with a list of {layer_kind, micro_batch_size, seq_len, tp, recompute}.
+Each line is written and flushed as soon as it is measured, so a crash or OOM loses nothing already
+measured; when the out file already holds some requests (a retried run), those are skipped. The
+embedding and the head have no recompute variant (full recompute checkpoints blocks), so one
+measurement answers both flags. `--print-device` prints the local device kind and torch version.
+The flow (not this process) writes the rows into DuckDB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner import flops
+from planner.catalog import lookup
+from planner.errors import UnknownNameError
+from planner.model import ModelSpec
+from planner.profiling import catalog_peak
+from worker.layer_bench import Request, build_case, measure_memory, time_case
+
+
+def local_device() -> tuple[str, str]:
+    """(torch device, device kind): the first CUDA GPU by its catalog name, else the CPU."""
+    if not torch.cuda.is_available():
+        return "cpu", "cpu"
+    raw = torch.cuda.get_device_name(0)
+    try:
+        return "cuda:0", lookup(raw).name
+    except UnknownNameError:
+        return "cuda:0", raw  # unknown to the catalog: still measurable, just never estimated from peaks
+
+
+def default_dtype(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def read_done(out: Path) -> set[tuple[str, int, int, int, bool]]:
+    """Requests already in `out`; a torn last line (the writer died mid-line) is cut off first."""
+    if not out.exists():
+        return set()
+    data = out.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut != len(data):
+        with out.open("r+b") as f:
+            f.truncate(cut)
+    done = set()
+    for line in data[:cut].decode().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            done.add((r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"]))
+    return done
+
+
+def measure(spec: ModelSpec, req: Request, device: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One layer shape: timings (median of blocks), bytes, and achieved FLOP/s."""
+    case = build_case(spec, req, device, dtype)
+    timing = time_case(case, device, args.repeats, args.warmup, args.min_block_s)
+    del case
+    memory = measure_memory(spec, req, device, dtype)
+    b, s, t = req.micro_batch_size, req.seq_len, req.tp
+    train_flop = flops.training_flops(req.layer_kind, spec, b, s, t, req.recompute)  # type: ignore[arg-type]
+    train_s = timing["forward_s"] + timing["backward_s"]
+    return {
+        **timing,
+        **memory,
+        "train_flop": train_flop,
+        "achieved_flop_per_s": train_flop / train_s if train_s > 0 else 0.0,
+    }
+
+
+def requests_from_args(args: argparse.Namespace, spec: ModelSpec) -> list[Request]:
+    if args.requests_json:
+        text = Path(args.requests_json).read_text() if Path(args.requests_json).is_file() else args.requests_json
+        return [Request(**r) for r in json.loads(text)]
+    seqs = args.seq or [spec.seq_len]
+    combos = itertools.product(args.layers, args.mbs, seqs, args.tp, [bool(r) for r in args.recompute])
+    return [Request(k, b, s, t, r) for k, b, s, t, r in combos]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure every request not yet in the out file; returns how many rows were written."""
+    spec_text = Path(args.spec_json[1:]).read_text() if args.spec_json.startswith("@") else args.spec_json
+    spec = ModelSpec.model_validate_json(spec_text)
+    device, kind = local_device() if args.device == "auto" else (args.device, args.device_kind or args.device)
+    kind = args.device_kind or kind
+    dtype = args.dtype or default_dtype(device)
+    if not device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    todo = [r for r in requests_from_args(args, spec) if r.as_key() not in read_done(out)]
+    # Embedding and head rows differ only in the recompute flag: measure each shape once.
+    groups: dict[tuple, list[Request]] = {}
+    for r in todo:
+        shape = (r.layer_kind, r.micro_batch_size, r.seq_len, r.tp, r.recompute if r.layer_kind == "block" else None)
+        groups.setdefault(shape, []).append(r)
+    common = {
+        "model_fingerprint": spec.fingerprint(), "model_name": spec.name, "device_kind": kind, "dtype": dtype,
+        "torch_version": torch.__version__, "num_threads": torch.get_num_threads() if device == "cpu" else None,
+        "host": platform.node(), "timing_method": "cuda:events" if device.startswith("cuda") else "cpu:perf_counter",
+    }  # fmt: skip
+    peak = catalog_peak(kind, dtype)
+    progress = _progress(len(groups)) if args.progress else None
+    written = 0
+    with out.open("a") as f:
+        for reqs in groups.values():
+            first = reqs[0]
+            if progress:
+                progress[0].update(progress[1], description=f"{kind} {first.layer_kind} mbs={first.micro_batch_size} "
+                                   f"seq={first.seq_len} tp={first.tp}")  # fmt: skip
+            result = measure(spec, first, device, dtype, args)
+            for r in reqs:
+                row = {**common, "layer_kind": r.layer_kind, "micro_batch_size": r.micro_batch_size,
+                       "seq_len": r.seq_len, "tp": r.tp, "recompute": r.recompute, **result,
+                       "estimated": False,
+                       "efficiency": result["achieved_flop_per_s"] / peak if peak else None,
+                       "efficiency_source": "achieved / catalog peak" if peak else None,
+                       "measured_at": dt.datetime.now(dt.UTC).isoformat()}  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+                written += 1
+            f.flush()
+            os.fsync(f.fileno())
+            if progress:
+                progress[0].advance(progress[1])
+    if progress:
+        progress[0].stop()
+    return written
+
+
+def _progress(total: int):  # noqa: ANN202 (rich types stay out of the signature: rich is imported lazily)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    p = Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 console=Console(stderr=True), transient=False)  # fmt: skip
+    p.start()
+    return p, p.add_task("", total=total)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m worker.profile_layers", description=__doc__.splitlines()[0])
+    p.add_argument("--spec-json", help="ModelSpec as JSON text, or @file")
+    p.add_argument("--out", help="JSONL file to append rows to")
+    p.add_argument("--requests-json", default="", help="JSON list of requests (text or file); overrides the grid")
+    p.add_argument("--layers", nargs="+", default=list(flops.LAYER_KINDS), choices=flops.LAYER_KINDS)
+    p.add_argument("--mbs", nargs="+", type=int, default=[1])
+    p.add_argument("--seq", nargs="+", type=int, default=[], help="default: the model's seq_len")
+    p.add_argument("--tp", nargs="+", type=int, default=[1])
+    p.add_argument("--recompute", nargs="+", type=int, default=[0], choices=[0, 1])
+    p.add_argument("--device", default="auto", help="auto (first CUDA GPU, else cpu), cpu or cuda:N")
+    p.add_argument("--device-kind", default="", help="name rows are stored under (default: catalog name of --device)")
+    p.add_argument(
+        "--dtype", default="", choices=["", "fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-block-s", type=float, default=0.05, help="minimum duration of one timed block")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (1: stable timings on shared machines)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    p.add_argument("--print-device", action="store_true", help="print the local device kind and exit")
+    args = p.parse_args(argv)
+    if not args.print_device and not (args.spec_json and args.out):
+        p.error("--spec-json and --out are required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.print_device:
+        device, kind = local_device()
+        print(json.dumps({"device": device, "device_kind": kind, "dtype": default_dtype(device),
+                          "torch_version": torch.__version__}))  # fmt: skip
+        return
+    n = run(args)
+    print(json.dumps({"rows_written": n, "out": str(args.out)}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
