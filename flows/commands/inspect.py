@@ -55,9 +55,8 @@ def db(
     sql: Annotated[str | None, typer.Argument(help="a SQL query to run; omit to list tables")] = None,
 ) -> None:
     """Show the tables of the meshplan database, or run a SQL query on it."""
-    from rich.console import Console
-
     import duckdb
+    from rich.console import Console
 
     from planner.errors import MeshplanError
     from storage.db import query, tables
