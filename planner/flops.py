@@ -74,17 +74,26 @@ def block_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtyp
     """Bytes one block keeps for backward, per tp rank, without recompute (analytic estimate).
 
     Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence parallelism), with flash
-    attention (no s×s score matrix kept) and no dropout masks: the inputs of LayerNorms (2·sbh,
-    replicated), QKV input and output (sbh + sb(h+2kv)/t), attention output (sbh/t) and softmax
-    stats (negligible), output-projection input (sbh/t), MLP input (sbh, replicated) and hidden
-    activations (2 or 3 · sbf/t), all at `dtype` bytes per element.
+    attention (no s×s score matrix kept) and no dropout masks, counted on meshplan's runtime block
+    (worker/model.py; checked against a saved-tensor count in tests/worker/test_profile_layers.py):
+
+    GPT: LayerNorm inputs and outputs (4·sbh, replicated), q, k, v (sb(h+2kv)/t), the attention
+    output and the output-projection input (2·sbh/t), the MLP's fc output and GELU output (2·sbf/t).
+    Llama: RMSNorm (un-fused: input, x·rstd and output, 6·sbh replicated), the rotated q and the
+    k, v that attention reads — repeated to all heads under GQA (3·sbh/t), else sb(h+2kv)/t — the
+    attention output and output-projection input (2·sbh/t), and SwiGLU's w1 output, SiLU output,
+    w3 output and their product (4·sbf/t). Softmax statistics and RoPE tables are negligible.
     """
     e = DTYPE_BYTES[dtype]
     b, s, h = batch, seq, m.hidden
     kv = m.kv_heads * m.head_dim
-    replicated = 4 * s * b * h
-    mlp_hidden = (2 if m.family == "gpt" else 3) * s * b * m.ffn
-    split = s * b * (h + 2 * kv) + 2 * s * b * h + mlp_hidden
+    if m.family == "gpt":
+        replicated = 4 * s * b * h
+        split = s * b * (h + 2 * kv) + 2 * s * b * h + 2 * s * b * m.ffn
+    else:
+        replicated = 6 * s * b * h
+        qkv = 3 * h if kv < h else h + 2 * kv
+        split = s * b * qkv + 2 * s * b * h + 4 * s * b * m.ffn
     return e * (replicated + split / tp)
 
 

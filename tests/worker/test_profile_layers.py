@@ -32,11 +32,13 @@ def test_gpt_block_activation_bytes_match_the_analytic_count_within_6_percent(tp
     assert 0.94 * analytic <= _act(TINY, tp) <= analytic
 
 
-def test_llama_block_keeps_more_than_the_analytic_count_for_rope_gqa_and_swiglu_copies():
-    # RoPE materialises rotated q and k, repeat_interleave materialises the shared kv heads, and
-    # SwiGLU saves its gate product: the runtime keeps 30-45% more than the textbook count.
-    ratio = _act(TINY_LLAMA, 1) / flops.block_activation_bytes(TINY_LLAMA, B, S, 1, "fp32")
-    assert 1.25 < ratio < 1.5
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llama_block_activation_bytes_match_the_analytic_count_within_5_percent(tp):
+    # RoPE materialises the rotated q, repeat_interleave the shared kv heads, the un-fused RMSNorm
+    # keeps x·rstd and SwiGLU its gate product: flops.block_activation_bytes counts all of them.
+    # What it leaves out (rstd, RoPE tables, softmax statistics) is about 1%.
+    ratio = _act(TINY_LLAMA, tp) / flops.block_activation_bytes(TINY_LLAMA, B, S, tp, "fp32")
+    assert 0.97 < ratio < 1.05
 
 
 @pytest.mark.parametrize("spec", [TINY, TINY_LLAMA], ids=["gpt", "llama"])
