@@ -1,0 +1,134 @@
+"""Stage 4 flow: launch real distributed training from a plan, ingest its telemetry, compare to the plan.
+
+1. The plan comes from a JSON file or from the database (`plans`, written by the search stage).
+2. It is copied into the run folder (`<state>/runs/<run_id>/plan.json`) — the ranks read that copy.
+3. torchrun runs worker.train on `nproc_per_node` × `nnodes` ranks (resuming the run folder's latest
+   checkpoint if there is one, or `resume=<checkpoint or run folder>` from another plan).
+4. Telemetry is ingested whether the run succeeded or not (a crashed run's steps are still data),
+   the run is closed, and predicted vs measured step time is published as a markdown artifact.
+With several nodes, run the flow on every node (each with its node_rank) against a run folder on
+shared storage; every node's database then holds all ranks' telemetry.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from planner.errors import MeshplanError
+from planner.model import get_model
+from planner.plan import Plan, check_plan_against, parse_plan_json
+from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
+from worker.launch import Launch
+
+
+def _read_plan(plan_path: str) -> Plan:
+    p = Path(plan_path)
+    if not p.is_file():
+        raise MeshplanError(
+            "--plan", plan_path, "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
+        )
+    return parse_plan_json(p.read_text(), origin=p.name)
+
+
+def measured_step_time_s(summary: list[dict[str, Any]]) -> float | None:
+    """Median over steps of the slowest rank's step time, skipping the first (warm-up) step if possible."""
+    times = [r["step_time_s"] for r in sorted(summary, key=lambda r: r["step"])]
+    steady = times[1:] or times
+    return statistics.median(steady) if steady else None
+
+
+def report_markdown(run_id: str, plan: Plan, summary: list[dict[str, Any]], status: str) -> str:
+    measured = measured_step_time_s(summary)
+    predicted = plan.predicted.step_time_s if plan.predicted is not None else None
+    ratio = f"{measured / predicted:.2f}×" if measured and predicted else "n/a"
+    fmt = lambda v: f"{v * 1e3:.1f} ms" if v is not None else "n/a"  # noqa: E731
+    lines = [
+        f"# Training run `{run_id}` — {status}",
+        f"plan `{plan.fingerprint()}`: pp={plan.pp} dp={plan.dp} tp={plan.stages[0].tp} schedule={plan.schedule} "
+        f"global batch {plan.global_batch_size} (shares {list(plan.batch_shares)}), model {plan.model}",
+        "",
+        "| step time | value |",
+        "|---|---|",
+        f"| predicted | {fmt(predicted)} |",
+        f"| measured (median, slowest rank) | {fmt(measured)} |",
+        f"| measured / predicted | {ratio} |",
+        "",
+        "| step | step time | max compute | max comm wait | loss | tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
+        tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] is not None else "-"
+        lines.append(f"| {r['step']} | {fmt(r['step_time_s'])} | {fmt(r['max_compute_s'])} | "
+                     f"{fmt(r['max_comm_wait_s'])} | {loss} | {tps} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+@flow(name="train", log_prints=True)
+def train_flow(
+    db_path: str,
+    plan_path: str | None = None,
+    plan_id: str | None = None,
+    steps: int = 20,
+    nproc_per_node: int = 2,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str = "127.0.0.1:29500",
+    data: str = "text",
+    model: str = "",
+    lr: float = 3e-3,
+    optimizer: str = "adamw",
+    seed: int = 0,
+    checkpoint_every: int = 10,
+    resume: str = "auto",
+    max_restarts: int = 0,
+    run_id: str | None = None,
+    runs_dir: str | None = None,
+    timeout_s: float = 900.0,
+    collective_timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}."""
+    if (plan_path is None) == (plan_id is None):
+        raise MeshplanError(
+            "--plan/--plan-id", plan_path or plan_id, "give exactly one: a plan file or a stored plan id"
+        )
+    plan = _read_plan(plan_path) if plan_path else load_stored_plan(db_path, plan_id)
+    check_plan_against(plan, get_model(model or plan.model).num_layers, plan.num_devices)  # fail before launching
+    if nproc_per_node * nnodes != plan.num_devices:
+        raise MeshplanError("--nproc-per-node", nproc_per_node,
+                            f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that")  # fmt: skip
+    run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs"
+    run_dir = run_dir / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(plan.to_json())
+
+    record_run(db_path, run_id, plan, steps, str(run_dir))
+    launch = Launch(
+        plan_path=str(run_dir / "plan.json"), run_dir=str(run_dir), run_id=run_id, steps=steps,
+        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts, model=model, data=data, lr=lr, optimizer=optimizer, seed=seed,
+        checkpoint_every=checkpoint_every, resume=resume, collective_timeout_s=collective_timeout_s,
+    )  # fmt: skip
+    state = launch_training(launch, timeout_s, return_state=True)
+    rows = ingest_telemetry(db_path, run_id, str(run_dir))
+    status = "completed" if state.is_completed() else "failed"
+    summary = close_run(db_path, run_id, status, None if status == "completed" else str(state.message)[:2000])
+    create_markdown_artifact(key="train-report", markdown=report_markdown(run_id, plan, summary, status),
+                             description=f"training run {run_id}: predicted vs measured step time")  # fmt: skip
+    if status != "completed":
+        state.result()  # re-raises the launch error: the flow run fails with it
+    measured = measured_step_time_s(summary)
+    print(f"run {run_id}: {len(summary)} steps, measured step {measured}, telemetry rows {rows}")
+    return {
+        "run_id": run_id, "run_dir": str(run_dir), "status": status, "rows": rows,
+        "measured_step_time_s": measured,
+        "predicted_step_time_s": plan.predicted.step_time_s if plan.predicted is not None else None,
+        "losses": [r["loss"] for r in summary],
+    }  # fmt: skip

@@ -1,0 +1,124 @@
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP), published atomically.
+
+Layout of a run folder:
+    <run>/checkpoints/step_00000004/   .metadata, __<rank>_0.distcp files, meta.json (step, plan)
+    <run>/checkpoints/latest           text: "step_00000004"
+Every rank writes into `.tmp_step_<n>`; after DCP's own final barrier rank 0 writes meta.json,
+renames the folder to `step_<n>` and replaces `latest` via a temp file + os.replace, so a reader
+(or a resumed run) never sees a half-written checkpoint. With several nodes the run folder must be
+on a shared file system (rank 0 renames what every rank wrote).
+
+State = {"model": …, "optim": …} built with `get_state_dict(..., flatten_optimizer_state_dict=True)`
+per stage part and merged. Keys are parameter FQNs (blocks keep their global index), so the same
+key means the same tensor under any plan, and DCP reshards on load into another pp/tp/dp/split.
+The data position is the step: batches are a pure function of it (worker/data.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from planner.model import ModelSpec
+from worker.model import Decoder
+
+_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    marker = checkpoint_root(run_dir) / "latest"
+    if not marker.is_file():
+        return None
+    path = checkpoint_root(run_dir) / marker.read_text().strip()
+    return path if (path / ".metadata").is_file() else None
+
+
+def checkpoint_step(ckpt_dir: Path) -> int:
+    return int(json.loads((ckpt_dir / "meta.json").read_text())["step"])
+
+
+def _part_states(parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> list[tuple[dict, dict]]:
+    return [get_state_dict(p, o, options=_OPTS) for p, o in zip(parts, optims, strict=True)]
+
+
+def _merged(states: list[tuple[dict, dict]]) -> dict[str, dict[str, Any]]:
+    model: dict[str, Any] = {}
+    optim: dict[str, Any] = {}
+    for m, o in states:
+        model.update(m)
+        optim.update(o)
+    return {"model": model, "optim": optim}
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save(
+    run_dir: Path, step: int, parts: list[nn.Module], optims: list[torch.optim.Optimizer], meta: dict[str, Any]
+) -> Path:
+    """Collective: every rank calls it. Returns the published checkpoint folder."""
+    root = checkpoint_root(run_dir)
+    name = f"step_{step:08d}"
+    tmp, final = root / f".tmp_{name}", root / name
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of an attempt killed mid-write
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save(_merged(_part_states(parts, optims)), checkpoint_id=str(tmp))
+    dist.barrier()
+    if rank == 0:
+        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2))
+        if final.exists():  # the same step saved again (a restarted run): replace it whole
+            old = root / f".old_{name}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old)
+        os.replace(tmp, final)
+        _write_text_atomic(root / "latest", name)
+    dist.barrier()
+    return final
+
+
+def load(ckpt_dir: Path, parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> int:
+    """Collective: load model + optimizer state (resharding as needed); returns the saved step."""
+    states = _part_states(parts, optims)
+    merged = _merged(states)
+    dcp.load(merged, checkpoint_id=str(ckpt_dir))
+    # DCP fills tensors in place but replaces non-tensor entries (e.g. lr) in `merged`: split from it.
+    for (m, o), part, optim in zip(states, parts, optims, strict=True):
+        set_state_dict(
+            part,
+            optim,
+            model_state_dict={k: merged["model"][k] for k in m},
+            optim_state_dict={k: merged["optim"][k] for k in o},
+            options=_OPTS,
+        )
+    return checkpoint_step(ckpt_dir)
+
+
+def load_full_model_state(ckpt_dir: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The whole model's parameters from a checkpoint of any layout, in this (non-distributed) process."""
+    full = Decoder(spec)
+    state = {"model": {k: torch.empty_like(v) for k, v in full.state_dict().items()}}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(ckpt_dir), no_dist=True)
+    return state["model"]

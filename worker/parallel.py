@@ -1,0 +1,232 @@
+"""From a Plan to this rank's parallel model: rank mapping, DeviceMesh, stages, TP, recompute, DP.
+
+Rank mapping. A device id in the plan *is* a global torchrun rank (one process per device; with
+several nodes torchrun's static rendezvous numbers ranks node-major, node_rank*nproc + local_rank,
+so a plan's device ids must follow the same order). Stage i (i < pp) runs on
+`stages[i].device_ids`, replica-major: replica r, tensor-parallel index t is
+`device_ids[r*tp + t]`. Under the interleaved schedule a rank also owns virtual stages i+pp, i+2pp…
+
+The mesh has dims ("pp", "dp", "tp") with mesh[s, r, t] = stages[s].device_ids[r*tp + t]; when that
+is the canonical arange layout it is built with `init_device_mesh`, otherwise from the explicit
+rank tensor (same object, same sub-groups). A DeviceMesh is a regular grid, so every stage must use
+the same tp, and ids must increase along every mesh dim (process groups order members by global
+rank; pipelining and DTensor assume that order is the mesh order). Plans breaking either are
+rejected with a MeshplanError naming the field.
+
+Order of wrapping (torchtitan's): TP → activation checkpointing → DP (FSDP2 / gradient sum), per stage part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import MeshplanError
+from planner.model import ModelSpec
+from planner.plan import Plan, StagePlan
+from worker.model import Decoder, init_weights
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where one global rank sits in the plan."""
+
+    rank: int
+    stage: int  # pipeline rank (physical stage), 0..pp-1
+    replica: int
+    tp_index: int
+    pp: int
+    dp: int
+    tp: int
+    virtual_stages: tuple[int, ...]  # indices into plan.stages this rank runs, in pipeline order
+
+    @property
+    def has_first(self) -> bool:
+        return self.virtual_stages[0] == 0
+
+    def has_last(self, num_plan_stages: int) -> bool:
+        return self.virtual_stages[-1] == num_plan_stages - 1
+
+
+def check_runnable(plan: Plan, world_size: int) -> None:
+    """Reject plans this runtime cannot launch on `world_size` ranks, naming the field and the fix."""
+    tps = {s.tp for s in plan.stages}
+    if len(tps) != 1:
+        raise MeshplanError(
+            "stages.tp", sorted(tps), "the torch runtime needs one tp for every stage (a regular DeviceMesh)"
+        )
+    if plan.num_devices != world_size:
+        raise MeshplanError(
+            "nproc", world_size, f"the plan uses {plan.num_devices} devices; launch exactly that many ranks in total"
+        )
+    ids = sorted(d for s in plan.stages[: plan.pp] for d in s.device_ids)
+    if ids != list(range(world_size)):
+        raise MeshplanError("stages.device_ids", ids[:8], f"device ids are global ranks; use 0..{world_size - 1}")
+    if plan.schedule != "gpipe" and plan.pp > 1:
+        fewest = min(plan.num_microbatches(r) for r in range(plan.dp))
+        if fewest < plan.pp:  # torch.distributed.pipelining's 1F1B / interleaved refuse this
+            raise MeshplanError(
+                "batch_shares", list(plan.batch_shares),
+                f"a replica has {fewest} micro-batches < pp={plan.pp}; {plan.schedule} needs at least pp "
+                "(raise the share, lower micro_batch_size, or use gpipe)",
+            )  # fmt: skip
+    ranks = mesh_ranks(plan)
+    for dim, name in enumerate(("pp", "dp", "tp")):
+        # Process groups number their members in ascending global rank, while pipelining maps stage
+        # i to group rank i and DTensor shards by mesh coordinate: the two orders must agree.
+        if not bool((ranks.diff(dim=dim) > 0).all()):
+            raise MeshplanError(
+                "stages.device_ids", ranks.tolist(),
+                f"device ids must increase along {name} (later stages / replicas / tp shards get higher ids)",
+            )  # fmt: skip
+    counts = {plan.num_microbatches(r) for r in range(plan.dp)}
+    if len(counts) > 1 and any(s.sharding == "zero3" for s in plan.stages):
+        # zero3 all-gathers parameters in every micro-batch's forward, so replicas with different
+        # micro-batch counts would issue different numbers of collectives and deadlock.
+        raise MeshplanError("stages.sharding", "zero3", "unequal batch shares need sharding none/zero1/zero2")
+
+
+def rank_layout(plan: Plan, rank: int) -> RankLayout:
+    pp = plan.pp
+    for i, s in enumerate(plan.stages[:pp]):
+        if rank in s.device_ids:
+            idx = s.device_ids.index(rank)
+            virtual = tuple(range(i, len(plan.stages), pp))
+            return RankLayout(rank, i, idx // s.tp, idx % s.tp, pp, plan.dp, s.tp, virtual)
+    raise MeshplanError("rank", rank, "this rank is not a device of any stage; launch as many ranks as the plan uses")
+
+
+def mesh_ranks(plan: Plan) -> torch.Tensor:
+    """[pp, dp, tp] tensor of global ranks (see module docstring)."""
+    tp = plan.stages[0].tp
+    rows = [torch.tensor(s.device_ids).view(plan.dp, tp) for s in plan.stages[: plan.pp]]
+    return torch.stack(rows)
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    ranks = mesh_ranks(plan)
+    names = ("pp", "dp", "tp")
+    if torch.equal(ranks.flatten(), torch.arange(ranks.numel())):
+        return init_device_mesh(device_type, tuple(ranks.shape), mesh_dim_names=names)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=names)
+
+
+def build_stage_part(spec: ModelSpec, plan: Plan, index: int, seed: int, device: torch.device) -> Decoder:
+    """Plan stage `index` (a physical or virtual stage) as a Decoder with identically-named, -seeded params."""
+    sp = plan.stages[index]
+    part = Decoder(spec, layers=(sp.layer_start, sp.layer_end), first=index == 0, last=index == len(plan.stages) - 1)
+    init_weights(part, seed, spec.num_layers)
+    return part.to(device)
+
+
+def apply_tp(part: Decoder, spec: ModelSpec, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style TP inside each block: column-split q/k/v and w1/w3, row-split wo and w2.
+
+    The block's input and output stay replicated plain tensors, so pipeline p2p and the embedding /
+    head (not split) are unchanged.
+    """
+    styles = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
+              "attn.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}  # fmt: skip
+    if spec.family == "llama":
+        styles["mlp.w3"] = ColwiseParallel()
+    if spec.num_heads % tp_mesh.size() or spec.kv_heads % tp_mesh.size():
+        raise MeshplanError(
+            "stages.tp", tp_mesh.size(), f"tp must divide heads={spec.num_heads} and kv heads={spec.kv_heads}"
+        )
+    for block in part.blocks.values():
+        parallelize_module(block, tp_mesh, styles)
+
+
+def _checkpointed_forward(forward, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_recompute(part: Decoder, mode: str) -> None:
+    """Activation recomputation without renaming parameters (checkpoint wrappers would add a prefix).
+
+    "full" recomputes each block in backward; "selective" only the attention (Megatron's choice: the
+    cheapest FLOPs per byte saved). Overriding the instance's `forward` keeps module hooks (FSDP's)
+    running in `__call__` around it.
+    """
+    if mode == "none":
+        return
+    for block in part.blocks.values():
+        target = block if mode == "full" else block.attn
+        target.forward = partial(_checkpointed_forward, target.forward)
+
+
+class GradSumSync:
+    """Plain data parallelism for sharding "none": after the schedule, SUM each replica's
+    accumulated gradients over the dp group in flat buckets of about `bucket_bytes`.
+
+    Why not DDP: torch 2.13's pipelining drives DDP's reducer by hand (no_sync for all but the last
+    micro-batch's backward). With more than one micro-batch that path trips the reducer's bucket
+    rebuild assert, and with find_unused_parameters=True (no rebuild) the update no longer matched
+    the single-process reference (measured: off by ~half the step). DDP also only overlaps the last
+    micro-batch's backward, so an explicit all-reduce after the last backward loses little, is
+    exactly right for any number of micro-batches per replica, and handles TP's DTensor gradients
+    (their local shards are reduced over dp). Its time shows up as comm_wait_s.
+    """
+
+    def __init__(self, module: nn.Module, group: dist.ProcessGroup, bucket_bytes: int = 25 << 20) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.group = group
+        self.bucket_bytes = bucket_bytes
+
+    def __call__(self) -> None:
+        grads = []
+        for p in self.params:
+            if p.grad is None:  # a replica that never used a parameter still joins the sum
+                p.grad = torch.zeros_like(p)
+            g = p.grad
+            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for g in grads:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+            if size >= self.bucket_bytes:
+                self._reduce(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._reduce(bucket)
+
+    def _reduce(self, bucket: list[torch.Tensor]) -> None:
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def apply_dp(part: nn.Module, sp: StagePlan, dp_mesh: DeviceMesh) -> tuple[nn.Module, GradSumSync | None]:
+    """Data parallelism for one stage part; gradients are SUMMED over replicas (see train.py).
+
+    Returns the (maybe wrapped) part and, for sharding "none", the gradient sync to call after the
+    schedule's step. zero3 → FSDP2 with reshard_after_forward=True; zero1/zero2 → FSDP2 keeping
+    parameters gathered between forward and backward (FSDP2 has no optimizer-only sharding; this is
+    the closest shape).
+    """
+    if dp_mesh.size() == 1:
+        return part, None
+    if sp.sharding == "none":
+        return part, GradSumSync(part, dp_mesh.get_group())
+    reshard = sp.sharding == "zero3"
+    for block in part.blocks.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard)
+    for m in part.modules():
+        if isinstance(m, FSDPModule):
+            # Factor 1 with forced SUM collectives = plain sum (gloo has no PREMUL_SUM / AVG needed).
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return part, None

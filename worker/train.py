@@ -1,0 +1,222 @@
+"""One torchrun rank of a plan: `torchrun --nproc-per-node K -m worker.train --plan plan.json ...`.
+
+Each rank maps its global rank to (stage, replica, tp index) (worker/parallel.py), builds only its
+stage(s) of the Decoder with the plan's layer split, applies TP → recompute → DP, and runs the
+plan's schedule with torch.distributed.pipelining — also when pp == 1 (a one-stage pipeline), so
+micro-batching and FSDP's gradient-sync handling follow one code path.
+
+Gradient weighting for unequal batch shares. Replica r runs M_r = share_r / mbs micro-batches. Each
+micro-batch loss (token mean) is scaled by mbs / global_batch, the schedule does not rescale
+(`scale_grads=False`), and data parallelism SUMS gradients over replicas (GradSumSync's all-reduce
+for sharding none; FSDP2 with divide factor 1 and SUM collectives for zero1/2/3). Summed over every micro-batch of every replica that is
+Σ_r Σ_mb (mbs/G)·∇loss_mb = (1/G)·Σ_samples ∇loss_sample — the full-batch mean gradient, whatever the
+shares. The logged loss is the replica's mean micro-batch loss (unscaled).
+
+Init: gloo on CPU, NCCL on GPU (device LOCAL_RANK). The process group's store is the agent's store
+under a per-restart prefix, so `--max-restarts` re-rendezvous does not read a dead attempt's keys
+(STACK.md §1.3), and the run ends with a barrier before destroy_process_group (exit SIGABRT trap).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from planner.errors import MeshplanError
+from planner.model import ModelSpec, get_model
+from planner.plan import Plan, check_plan_against, parse_plan_json
+from worker import checkpoint
+from worker.data import batch_rows, replica_rows
+from worker.model import loss_fn
+from worker.options import TrainOptions, make_optimizer, parse_options
+from worker.parallel import (
+    GradSumSync,
+    RankLayout,
+    apply_dp,
+    apply_recompute,
+    apply_tp,
+    build_mesh,
+    build_stage_part,
+    check_runnable,
+    rank_layout,
+)
+from worker.telemetry import ComputeTimer, StepLog, memory_bytes, sync_device
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_spec(opts: TrainOptions, plan: Plan) -> ModelSpec:
+    if opts.model_json is not None:
+        return ModelSpec.model_validate_json(opts.model_json.read_text())
+    spec = get_model(opts.model or plan.model)
+    if plan.seq_len > spec.seq_len:
+        raise MeshplanError("plan.seq_len", plan.seq_len, f"the model's positions end at seq_len={spec.seq_len}")
+    return spec
+
+
+def resolve_resume(opts: TrainOptions) -> Path | None:
+    if opts.resume == "none":
+        return None
+    if opts.resume == "auto":
+        return checkpoint.latest_checkpoint(opts.run_dir)
+    path = Path(opts.resume)
+    if (path / ".metadata").is_file():
+        return path
+    found = checkpoint.latest_checkpoint(path)  # a run folder: its latest checkpoint
+    if found is None:
+        raise MeshplanError("--resume", opts.resume, "not a checkpoint folder or a run folder with checkpoints/latest")
+    return found
+
+
+def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        store=dist.PrefixStore(f"meshplan/attempt{restart}/", base),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+    return rank, world, device
+
+
+def build_parts(
+    opts: TrainOptions, plan: Plan, spec: ModelSpec, layout: RankLayout, mesh: DeviceMesh, device: torch.device
+) -> tuple[list[nn.Module], list[GradSumSync]]:
+    """This rank's stage parts (one, or v under interleaving), each TP → recompute → DP wrapped."""
+    parts, grad_syncs = [], []
+    for vi in layout.virtual_stages:
+        part = build_stage_part(spec, plan, vi, opts.seed, device)
+        if layout.tp > 1:
+            apply_tp(part, spec, mesh["tp"])
+        apply_recompute(part, plan.stages[vi].recompute)
+        wrapped, sync = apply_dp(part, plan.stages[vi], mesh["dp"])
+        parts.append(wrapped)
+        grad_syncs += [sync] if sync is not None else []
+    return parts, grad_syncs
+
+
+def build_schedule(
+    plan: Plan, layout: RankLayout, parts: list[nn.Module], mesh: DeviceMesh, device: torch.device, timer: ComputeTimer
+) -> _PipelineSchedule:
+    """The plan's schedule over this rank's stages; micro-batch losses weighted by mbs / global batch."""
+    weight = plan.micro_batch_size / plan.global_batch_size
+
+    def weighted_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(logits, targets) * weight
+
+    pp_group = mesh["pp"].get_group()
+    stages = [
+        PipelineStage(p, vi, len(plan.stages), device, group=pp_group)
+        for p, vi in zip(parts, layout.virtual_stages, strict=True)
+    ]
+    for st in stages:
+        timer.instrument_stage(st)
+    n_mb = plan.num_microbatches(layout.replica)
+    if plan.schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, n_mb, loss_fn=weighted_loss, scale_grads=False)
+    cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    return cls(stages[0], n_mb, loss_fn=weighted_loss, scale_grads=False)
+
+
+def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: torch.device) -> None:
+    layout = rank_layout(plan, rank)
+    mesh = build_mesh(plan, device.type)
+    parts, grad_syncs = build_parts(opts, plan, spec, layout, mesh, device)
+    optims = [make_optimizer(p.parameters(), opts.optimizer, opts.lr) for p in parts]
+    ckpt = resolve_resume(opts)
+    start = checkpoint.load(ckpt, parts, optims) if ckpt is not None else 0
+    timer = ComputeTimer(device)
+    schedule = build_schedule(plan, layout, parts, mesh, device, timer)
+    n_mb = plan.num_microbatches(layout.replica)
+    weight = plan.micro_batch_size / plan.global_batch_size
+
+    has_first, has_last = layout.has_first, layout.has_last(len(plan.stages))
+    amp = AMP_DTYPES.get(plan.dtype if opts.dtype == "auto" and device.type == "cuda" else opts.dtype)
+    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
+    rows = replica_rows(plan.batch_shares, layout.replica)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    log = StepLog(opts.run_dir, rank, {
+        "run_id": opts.run_id, "rank": rank, "stage": layout.stage, "replica": layout.replica,
+        "tp_index": layout.tp_index, "pp": layout.pp, "dp": layout.dp, "tp": layout.tp,
+        "attempt": attempt, "num_microbatches": n_mb,
+        "samples": len(rows), "tokens": len(rows) * plan.seq_len, "plan_fingerprint": plan.fingerprint(),
+    })  # fmt: skip
+    meta = {"plan_fingerprint": plan.fingerprint(), "model": spec.name, "world_size": dist.get_world_size()}
+    for step in range(start, opts.steps):
+        _maybe_inject_fault(step, rank, attempt)
+        x, y = batch_rows(opts.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.seed)  # type: ignore[arg-type]
+        args = (x.to(device),) if has_first else ()
+        kwargs = {"target": y.to(device), "losses": []} if has_last else {}
+        timer.reset()
+        t0 = time.perf_counter()
+        with autocast:
+            schedule.step(*args, **kwargs)
+        for sync in grad_syncs:
+            sync()
+        sync_device(device)
+        t1 = time.perf_counter()
+        for o in optims:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        sync_device(device)
+        t2 = time.perf_counter()
+        compute_s, step_s = timer.reset(), t2 - t0
+        loss = sum(v.item() for v in kwargs["losses"]) / weight / n_mb if has_last else None
+        mem, mem_kind = memory_bytes(device)
+        log.write(step=step, step_time_s=step_s, compute_s=compute_s, optimizer_s=t2 - t1,
+                  comm_wait_s=max(0.0, step_s - compute_s - (t2 - t1)), loss=loss,
+                  memory_bytes=mem, memory_kind=mem_kind)  # fmt: skip
+        if has_last and layout.replica == 0 and layout.tp_index == 0:
+            print(f"step {step} loss {loss:.4f} step_time {step_s * 1e3:.1f} ms", flush=True)
+        done = step + 1
+        if done == opts.steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0):
+            checkpoint.save(opts.run_dir, done, parts, optims, meta)
+    log.close()
+
+
+def _maybe_inject_fault(step: int, rank: int, attempt: int) -> None:
+    """Fault injection for restart tests: MESHPLAN_FAULT="<rank>:<step>" SIGKILLs that rank at that
+    step in the first attempt only, like a crashed GPU, so torchrun's restart + resume path runs."""
+    spec = os.environ.get("MESHPLAN_FAULT", "")
+    if spec and attempt == 0 and spec == f"{rank}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        opts = parse_options(argv)
+        plan = parse_plan_json(opts.plan.read_text(), str(opts.plan))
+        spec = resolve_spec(opts, plan)
+        check_plan_against(plan, spec.num_layers, int(os.environ.get("WORLD_SIZE", "1")))
+        check_runnable(plan, int(os.environ.get("WORLD_SIZE", "1")))
+    except MeshplanError as exc:  # every rank sees the same mistake: one line, before any rendezvous
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    rank, _, device = init_distributed(opts.timeout_s)
+    train(opts, plan, spec, rank, device)
+    dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
