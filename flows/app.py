@@ -61,7 +61,7 @@ def load_settings(extra: list[str] | None = None) -> RunConfig:
         overrides.append(f"state.dir={_toml_str(str(G.state_dir))}")
     if G.db is not None:
         overrides.append(f"state.db={_toml_str(str(G.db))}")
-    return load_config(text, overrides, origin=str(G.config_file or "defaults"))
+    return load_config(text, overrides, origin=str(G.config_file or "--set"))
 
 
 def _toml_str(s: str) -> str:
@@ -87,9 +87,32 @@ def prefect_env(cfg: RunConfig) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    _hide_user_error_tracebacks()
     if "PREFECT_API_URL" not in os.environ:
         from flows.server import running_api_url
 
         url = running_api_url(cfg.state.dir)  # a `meshplan ui` server for this state folder
         if url:
             os.environ["PREFECT_API_URL"] = url
+
+
+class _UserErrorFilter:
+    """Drops Prefect's traceback log for a user's mistake: the CLI prints it as one line instead.
+
+    The flow run still ends Failed with the message in Prefect's database and UI.
+    """
+
+    def filter(self, record: object) -> bool:
+        from planner.errors import MeshplanError
+
+        exc = getattr(record, "exc_info", None)
+        return not (exc and isinstance(exc[1], MeshplanError))
+
+
+def _hide_user_error_tracebacks() -> None:
+    import logging
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorFilter) for f in logger.filters):
+            logger.addFilter(_UserErrorFilter())
