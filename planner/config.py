@@ -54,7 +54,7 @@ class SearchConfig(_Section):
     global_batch: int = Field(default=8, gt=0, description="samples per optimizer step")
     seq: int = Field(default=0, ge=0, description="sequence length; 0 = the model's seq_len")
     top_k: int = Field(default=5, gt=0)
-    time_budget_s: float = Field(default=10.0, gt=0)
+    time_budget_s: float = Field(default=2.0, gt=0, description="plan search budget; the search is anytime")
 
 
 class TrainConfig(_Section):

@@ -1,0 +1,55 @@
+"""Stage 3 flow: load model, cluster and profiles; search; store ranked plans; attach artifacts.
+
+`plan_flow` is the Prefect face of `planner.search.search`: the search is a cached task, plans go
+to DuckDB (upsert), and the UI gets a table artifact (ranked plans vs baselines) and a markdown
+artifact (best plan's bottleneck and memory per stage).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from planner.cluster import ClusterSpec, parse_cluster_toml
+from planner.errors import MeshplanError
+from planner.model import get_model
+from planner.search import NoFeasiblePlan
+from planner.search.report import markdown_report, ranking_rows
+from tasks.plan import load_profiles, search_plans, store_plans
+
+
+def read_cluster(cluster_file: str) -> ClusterSpec:
+    p = Path(cluster_file)
+    if not p.is_file():
+        raise MeshplanError(
+            "--cluster", cluster_file, "no such file; pass a cluster TOML file (see examples/clusters/)"
+        )
+    return parse_cluster_toml(p.read_text(), origin=p.name)
+
+
+@flow(name="plan", log_prints=True)
+def plan_flow(
+    db_path: str,
+    model_name: str,
+    cluster_file: str,
+    global_batch: int = 8,
+    seq: int = 0,
+    top_k: int = 5,
+    time_budget_s: float = 10.0,
+) -> dict[str, Any]:
+    """Search plans for `model_name` on the cluster; returns {feasible, search_key, best, reasons}."""
+    model = get_model(model_name)
+    cluster = read_cluster(cluster_file)
+    profiles = load_profiles(db_path, model)
+    result = search_plans(model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s)
+    title = f"{model.name} on {cluster.name} (batch {global_batch})"
+    create_markdown_artifact(key="plan-report", markdown=markdown_report(result, title), description=title)
+    if isinstance(result, NoFeasiblePlan):
+        return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None}
+    key = store_plans(db_path, result)
+    create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
+    return {"feasible": True, "search_key": key, "best": result.best.fingerprint(), "reasons": [],
+            "step_time_s": result.best.predicted.step_time_s}  # fmt: skip

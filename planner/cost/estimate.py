@@ -1,0 +1,178 @@
+"""Price a Plan: predicted step time, its breakdown, throughput, MFU and memory per stage.
+
+step = max over replicas r of the pipeline time T_r (formulas.pipeline_time_s, or
+interleaved_time_s) + the slowest stage's tail (exposed gradient sync, ZeRO all-gather, Adam step).
+Per-stage terms come from `stage.stage_coeffs`, evaluated at the stage's block count; the breakdown
+is taken on the critical replica so that compute + bubble + p2p + TP + ZeRO-3 gathers add up to T_r
+and dp_comm + optimizer add up to the tail.
+"""
+
+from __future__ import annotations
+
+from planner import flops
+from planner.cluster import ClusterSpec
+from planner.cost import formulas as F
+from planner.cost.devices import DeviceIndex, intra_link
+from planner.cost.profiles_for import ProfileNeed, profiles_for
+from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
+from planner.errors import MeshplanError
+from planner.model import ModelSpec
+from planner.plan import CostBreakdown, Plan, check_plan_against
+from planner.profiles import ProfileTable
+
+COST_MODEL_VERSION = "meshplan-cost-1"
+GIB = 2**30
+
+
+def plan_profile_needs(plan: Plan) -> set[ProfileNeed]:
+    return {
+        ProfileNeed(plan.micro_batch_size, plan.seq_len, s.tp, s.recompute == "full", plan.dtype) for s in plan.stages
+    }
+
+
+def check_plan_fits_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Model/cluster checks a Plan cannot make alone; each failure names the field."""
+    check_plan_against(plan, model.num_layers, cluster.num_devices)
+    for i, s in enumerate(plan.stages):
+        if model.num_heads % s.tp:
+            raise MeshplanError(f"stages[{i}].tp", s.tp, f"must divide model.num_heads={model.num_heads}")
+        if s.tp > model.kv_heads and s.tp % model.kv_heads:
+            raise MeshplanError(
+                f"stages[{i}].tp", s.tp, f"must divide or be a multiple of num_kv_heads={model.kv_heads}"
+            )
+
+
+def estimate(
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable | None = None,
+    index: DeviceIndex | None = None,
+) -> CostBreakdown:
+    """The predicted cost of one optimizer step of `plan` (see the module docstring)."""
+    check_plan_fits_model(plan, model, cluster)
+    idx = index or DeviceIndex(cluster)
+    table = profiles_for(
+        model, cluster, profiles, plan_profile_needs(plan), kinds={g.spec.device_kind for g in idx.groups}
+    )
+    stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
+    nst = len(stages)
+    memo: dict[StageContext, StageCoeffs] = {}
+    dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(dp)]) for s in stages]
+    notes: list[str] = []
+    if any(s.recompute == "selective" for s in stages):
+        notes.append("selective recompute priced as none (flash attention keeps no s×s scores)")
+    if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % pp:
+        notes.append(f"interleaved 1F1B in Megatron needs micro-batches divisible by pp={pp}")
+
+    coeffs: list[list[StageCoeffs]] = []
+    specs_rs = []
+    # replicas on the same groups with the same node relations price identically: key them cheaply
+    light: dict[tuple, tuple[StageCoeffs, object, int]] = {}
+    for r in range(dp):
+        m = plan.num_microbatches(r)
+        row, srow = [], []
+        for i, s in enumerate(stages):
+            devs = s.replica_devices(r)
+            ginfo = [idx.group(d) for d in devs]
+            same_node = s.tp == 1 or len({idx.node(d) for d in devs}) == 1
+            nxt = stages[i + 1] if i + 1 < nst else None
+            nkey = None
+            if nxt is not None:
+                b0 = nxt.replica_devices(r)[0]
+                nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
+            key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, m)
+            hit = light.get(key)
+            if hit is None:
+                groups = {g.index: g.spec for g in ginfo}
+                spec = min(groups.values(), key=lambda g: g.peak_flop_per_s(plan.dtype))
+                ctx = StageContext(
+                    kind=spec.device_kind, dtype=plan.dtype, mbs=plan.micro_batch_size, seq=plan.seq_len, tp=s.tp,
+                    recompute=s.recompute == "full", first=i == 0, last=i == nst - 1, pp=pp, sharding=s.sharding,
+                    dp=dp, inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, m, v),
+                    memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
+                    tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec), dp_link=dp_links[i],
+                    next_link=None if nxt is None else idx.link(devs[0], nxt.replica_devices(r)[0]),
+                    next_tp=nxt.tp if nxt is not None else s.tp,
+                )  # fmt: skip
+                co = memo.get(ctx)
+                if co is None:
+                    co = memo[ctx] = stage_coeffs(ctx, model, table)
+                hit = light[key] = (co, spec, min(g.memory_bytes for g in groups.values()))
+            row.append(hit[0])
+            srow.append((hit[1], hit[2]))
+        coeffs.append(row)
+        specs_rs.append(srow)
+
+    ns = [s.num_layers for s in stages]
+    rank_tau = [[0.0] * pp for _ in range(dp)]
+    for r in range(dp):
+        for i in range(nst):
+            rank_tau[r][i % pp] += coeffs[r][i].time_s(ns[i])
+    times = [
+        F.interleaved_time_s(rank_tau[r], plan.num_microbatches(r), v)
+        if plan.schedule == "interleaved-1f1b"
+        else F.pipeline_time_s(rank_tau[r], plan.num_microbatches(r))
+        for r in range(dp)
+    ]
+    rc = max(range(dp), key=lambda r: times[r])
+    tails, parts = [], []
+    for j in range(pp):
+        own = [i for i in range(nst) if i % pp == j]
+        e = max(0.0, sum(coeffs[rc][i].e0 + coeffs[rc][i].e1 * ns[i] for i in own))
+        g = sum(coeffs[rc][i].g0 + coeffs[rc][i].g1 * ns[i] for i in own)
+        o = max(sum(coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i] for i in own) for r in range(dp))
+        tails.append(e + g + o)
+        parts.append((e + g, o))
+    jt = max(range(pp), key=lambda j: tails[j])
+    step = times[rc] + tails[jt]
+
+    m = plan.num_microbatches(rc)
+    jb = max(range(pp), key=lambda j: rank_tau[rc][j])
+    own_b = [i for i in range(nst) if i % pp == jb]
+
+    def total(attr_a: str, attr_b: str) -> float:
+        return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
+
+    compute = total("compute_a", "compute_b")
+    tp_comm = total("tp_a", "tp_b")
+    zero3 = total("zero3_a", "zero3_b")
+    p2p = m * sum(coeffs[rc][i].p2p_b for i in own_b)
+    bubble = max(0.0, times[rc] - m * rank_tau[rc][jb])
+
+    peak_mem, cap_mem = [], []
+    for j in range(pp):
+        own = [i for i in range(nst) if i % pp == j]
+        worst_peak, worst_cap = 0, None
+        for r in range(dp):
+            alloc = sum(coeffs[r][i].mem_a * ns[i] + coeffs[r][i].mem_b for i in own)
+            alloc += max(coeffs[r][i].workspace_bytes for i in own)
+            spec, cap = specs_rs[r][j]
+            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
+            worst_cap = cap if worst_cap is None else min(worst_cap, cap)
+        peak_mem.append(worst_peak)
+        cap_mem.append(int(worst_cap or 0))
+    over = [j for j in range(pp) if peak_mem[j] > cap_mem[j]]
+
+    group_peak = [g.spec.peak_flop_per_s(plan.dtype) for g in idx.groups]
+    peak_flops = sum(group_peak[idx.group(d).index] for s in stages[:pp] for d in s.device_ids)
+    model_flops = flops.model_flops_per_step(model, plan.global_batch_size, plan.seq_len)
+    terms = {
+        "compute": compute, "pipeline bubble": bubble, "pipeline p2p": p2p, "tensor-parallel comm": tp_comm,
+        "data-parallel comm": parts[jt][0] + zero3, "optimizer step": parts[jt][1],
+    }  # fmt: skip
+    top = max(terms, key=lambda k: terms[k])
+    where = jt if top in ("data-parallel comm", "optimizer step") else jb
+    bottleneck = f"{top} (stage {where}, {specs_rs[rc][where][0].device_kind})"
+    if over:
+        j = max(over, key=lambda j: peak_mem[j] - cap_mem[j])
+        bottleneck = f"memory (stage {j}: {peak_mem[j] / GIB:.1f} GiB > {cap_mem[j] / GIB:.1f} GiB)"
+    estimated = sum(1 for r in table if r.estimated)
+    if estimated:
+        notes.append(f"{estimated} profile rows estimated from datasheet peaks")
+    return CostBreakdown(
+        step_time_s=step, compute_s=compute, bubble_s=bubble, pp_comm_s=p2p, dp_comm_s=parts[jt][0] + zero3,
+        tp_comm_s=tp_comm, optimizer_s=parts[jt][1], tokens_per_s=plan.global_batch_size * plan.seq_len / step,
+        mfu=model_flops / (step * peak_flops), peak_memory_bytes=tuple(peak_mem), memory_capacity_bytes=tuple(cap_mem),
+        bottleneck=bottleneck, feasible=not over, notes=tuple(notes),
+    )  # fmt: skip

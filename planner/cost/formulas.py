@@ -1,0 +1,136 @@
+"""The cost model's formulas: one small function per term, each deriving itself and citing its source.
+
+Units: seconds, bytes, bytes/s, FLOP/s. `n` is a group size, `alpha_s` a per-message latency and
+`bw` a per-device, per-direction bandwidth (what LinkSpec holds).
+"""
+
+from __future__ import annotations
+
+from planner.flops import DTYPE_BYTES
+
+# Mixed-precision Adam keeps bf16 params + bf16 grads (2+2 B) and fp32 master weights, m and v
+# (4+4+4 B): 16 B/param (Rajbhandari et al., ZeRO, SC'20 §3.1, "2Ψ + 2Ψ + 12Ψ"). fp32 training
+# needs no master copy: 4+4+4+4 = 16 B as well.
+OPTIMIZER_STATE_BYTES_MIXED = 12
+OPTIMIZER_STATE_BYTES_FP32 = 8
+# An Adam step reads master, m, v and the grad and writes master, m, v and the working copy:
+# (4+4+4+2) + (4+4+4+2) = 28 B/param with bf16 (fp32: 16 read + 12 written = 28 B as well).
+ADAM_BYTES_MOVED_PER_PARAM = 28
+# Fraction of a stage's last backward during which its gradient all-reduce / reduce-scatter runs
+# concurrently (Megatron-LM --overlap-grad-reduce launches bucket by bucket while backward runs).
+# Below 1 because the first bucket waits for its grads and NCCL kernels steal SMs from backward;
+# an assumption until fitted against measured steps.
+DP_OVERLAP_FRACTION = 0.8
+# Memory no plan may use: CUDA context (~0.5 GiB), NCCL communicator buffers and the cuBLAS
+# workspace (~0.5–1 GiB on Hopper-class GPUs); CPU ranks only pay for the Python/torch runtime.
+RUNTIME_RESERVE_BYTES_GPU = int(1.5 * 2**30)
+RUNTIME_RESERVE_BYTES_CPU = int(0.25 * 2**30)
+# The PyTorch caching allocator rounds and fragments: reserved exceeds allocated by 5–15% in
+# long runs (PyTorch CUDA-semantics notes, "memory management"); we charge the high end.
+FRAGMENTATION_FRACTION = 0.10
+
+
+def ring_allreduce_s(num_bytes: float, n: int, bw: float, alpha_s: float) -> float:
+    """Ring all-reduce of `num_bytes` over n ranks: 2(n−1)/n · bytes / bw + 2(n−1)·α.
+
+    A reduce-scatter and an all-gather, each n−1 steps moving bytes/n per rank per step
+    (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005). n = 1 costs nothing.
+    """
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * num_bytes / bw + 2 * (n - 1) * alpha_s
+
+
+def reduce_scatter_s(num_bytes: float, n: int, bw: float, alpha_s: float) -> float:
+    """Ring reduce-scatter (or all-gather, same cost): (n−1)/n · bytes / bw + (n−1)·α (Thakur et al. 2005)."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * num_bytes / bw + (n - 1) * alpha_s
+
+
+all_gather_s = reduce_scatter_s
+
+
+def p2p_s(num_bytes: float, bw: float, alpha_s: float) -> float:
+    """One point-to-point message: α + bytes / bw (the α–β model, Hockney 1994)."""
+    return alpha_s + num_bytes / bw
+
+
+def tp_allreduces_per_block(recompute: bool) -> int:
+    """Tensor-parallel all-reduces per block and micro-batch: 2 forward (after attention and MLP),
+    2 backward (the f/g conjugates; Shoeybi et al., Megatron-LM 2019, Fig. 4); full recompute
+    repeats the forward's 2 (Korthikanti et al. 2022 §4)."""
+    return 6 if recompute else 4
+
+
+def pipeline_time_s(stage_s: list[float], num_microbatches: int) -> float:
+    """GPipe / 1F1B step time of one pipeline with per-micro-batch stage times t_i:
+    Σ t_i + (m − 1)·max t_i. Every micro-batch passes every stage once (Σ t_i, fill + drain)
+    and the rest are paced by the slowest stage. With equal stages this is (m + p − 1)·t, i.e. a
+    bubble of (p − 1)/m of the ideal m·t (Narayanan et al. SC'21 §2.2; Huang et al. GPipe 2019)."""
+    return sum(stage_s) + (num_microbatches - 1) * max(stage_s)
+
+
+def interleaved_time_s(rank_s: list[float], num_microbatches: int, virtual_stages: int) -> float:
+    """Interleaved 1F1B with v model chunks per rank, per-rank time t_j (all its chunks):
+    m·max t_j + (Σ t_j − max t_j)/v. With equal ranks: m·t + (p − 1)·t/v, the bubble shrinks by v
+    (Narayanan et al. SC'21 §2.2.2, bubble fraction (p − 1)/(v·m))."""
+    top = max(rank_s)
+    return num_microbatches * top + (sum(rank_s) - top) / virtual_stages
+
+
+def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of a balanced pipeline: (p − 1)/(v·m) (Narayanan et al. SC'21, eq. 1 and §2.2.2)."""
+    return (pp - 1) / (virtual_stages * num_microbatches)
+
+
+def inflight_microbatches(schedule: str, stage: int, pp: int, m: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage `stage` of `pp` holds at its peak.
+
+    GPipe runs all m forwards before any backward: m. 1F1B warms up with pp − stage forwards and
+    then alternates, so stage i holds min(pp − i, m) (Narayanan et al. SC'21 §2.2.1). Interleaved:
+    Megatron-LM's warm-up of 2·(pp − i − 1) + (v − 1)·pp chunk forwards plus the one in flight
+    (megatron/core/pipeline_parallel/schedules.py), each chunk 1/v of the rank's layers; capped at m·v.
+    Returned in units of the whole stage's per-micro-batch activations.
+    """
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(pp - stage, m))
+    chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, m * virtual_stages)
+    return chunks / virtual_stages
+
+
+def state_bytes_per_param(dtype: str, sharding: str, dp: int) -> float:
+    """Bytes per parameter for weights, grads and Adam states under ZeRO sharding over dp ranks.
+
+    e = dtype bytes; states = 12 (fp32 master + m + v) or 8 (fp32 training: m + v).
+    zero1 shards the optimizer states, zero2 also the grads, zero3 also the weights
+    (Rajbhandari et al. SC'20, Fig. 1: 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N with N = dp).
+    """
+    e = DTYPE_BYTES[dtype]
+    opt = OPTIMIZER_STATE_BYTES_FP32 if dtype == "fp32" else OPTIMIZER_STATE_BYTES_MIXED
+    w, g = float(e), float(e)
+    if sharding in ("zero1", "zero2", "zero3"):
+        opt /= dp
+    if sharding in ("zero2", "zero3"):
+        g /= dp
+    if sharding == "zero3":
+        w /= dp
+    return w + g + opt
+
+
+def adam_step_s(num_params: float, memory_bandwidth_bytes_per_s: float) -> float:
+    """Adam is memory-bound: 28 B moved per parameter (see ADAM_BYTES_MOVED_PER_PARAM) at HBM speed
+    (the roofline of an element-wise kernel; Williams et al. 2009)."""
+    return num_params * ADAM_BYTES_MOVED_PER_PARAM / memory_bandwidth_bytes_per_s
+
+
+def runtime_reserve_bytes(device_kind: str) -> int:
+    """Bytes a device loses before the plan allocates anything (see RUNTIME_RESERVE_BYTES_*)."""
+    return RUNTIME_RESERVE_BYTES_CPU if device_kind == "cpu" else RUNTIME_RESERVE_BYTES_GPU
+
+
+def peak_memory_bytes(allocated_bytes: float, device_kind: str) -> float:
+    """Reserved bytes at the peak: allocations × (1 + fragmentation) + the runtime reserve."""
+    return allocated_bytes * (1 + FRAGMENTATION_FRACTION) + runtime_reserve_bytes(device_kind)

@@ -1,0 +1,183 @@
+"""Per-stage cost coefficients: everything a stage costs, as linear functions of its block count n.
+
+A stage with n blocks costs, per micro-batch, τ(n) = a·n + b (compute from profiles, TP collectives,
+ZeRO-3 gathers not hidden by compute, p2p sends to the next stage); after the pipeline drains its
+tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n (gradient sync not hidden by the last backward,
+ZeRO-1/2 parameter all-gather, Adam step); its allocation is mem_a·n + mem_b bytes. `estimate`
+evaluates these at the plan's n, and the search evaluates them for every n at once, so the two
+agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import flops
+from planner.cost import formulas as F
+from planner.cost.devices import Link
+from planner.flops import DTYPE_BYTES
+from planner.model import ModelSpec
+from planner.profiles import ProfileKey, ProfileTable
+
+
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """What a stage's cost depends on besides its block count (hashable, so coefficients memoise)."""
+
+    kind: str
+    dtype: str
+    mbs: int
+    seq: int
+    tp: int
+    recompute: bool
+    first: bool
+    last: bool
+    pp: int
+    sharding: str
+    dp: int
+    inflight: float
+    memory_bandwidth_bytes_per_s: float
+    tp_link: Link
+    dp_link: Link
+    next_link: Link | None
+    next_tp: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageCoeffs:
+    compute_a: float
+    compute_b: float
+    tp_a: float
+    tp_b: float
+    zero3_a: float
+    zero3_b: float
+    p2p_b: float
+    bwd_a: float
+    bwd_b: float
+    e0: float
+    e1: float
+    g0: float
+    g1: float
+    o0: float
+    o1: float
+    params_a: float
+    params_b: float
+    state_a: float
+    state_b: float
+    act_a: float
+    act_b: float
+    mem_a: float
+    mem_b: float
+    workspace_bytes: float
+
+    @property
+    def a(self) -> float:
+        return self.compute_a + self.tp_a + self.zero3_a
+
+    @property
+    def b(self) -> float:
+        return self.compute_b + self.tp_b + self.zero3_b + self.p2p_b
+
+    def time_s(self, n: int) -> float:
+        return self.a * n + self.b
+
+    def tail_s(self, n: int) -> float:
+        return max(0.0, self.e0 + self.e1 * n) + self.g0 + self.g1 * n + self.o0 + self.o1 * n
+
+
+def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool):
+    return profiles.lookup(ProfileKey(ctx.kind, layer, ctx.mbs, ctx.seq, ctx.tp, recompute, ctx.dtype))  # type: ignore[arg-type]
+
+
+def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> StageCoeffs:
+    """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`."""
+    e = DTYPE_BYTES[ctx.dtype]
+    blk = _row(profiles, ctx, "block", ctx.recompute)
+    hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
+    tl, dl = ctx.tp_link, ctx.dp_link
+    tp_ar = F.ring_allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s)
+
+    compute_a, tp_a = blk.train_s, F.tp_allreduces_per_block(ctx.recompute) * tp_ar
+    bwd_a = blk.backward_s
+    compute_b = tp_b = bwd_b = 0.0
+    params_a = float(flops.layer_params("block", model, ctx.tp))
+    params_b = 0.0
+    act_b = 0.0
+    workspace = float(blk.workspace_bytes)
+    rows_const = []
+    if ctx.first:
+        emb = _row(profiles, ctx, "embedding", False)
+        rows_const.append(emb)
+        compute_b += emb.train_s
+        bwd_b += emb.backward_s
+        tp_b += tp_ar  # vocab-parallel embedding: one all-reduce of its output (Megatron-LM)
+        params_b += flops.layer_params("embedding", model, ctx.tp)
+        act_b += emb.activation_bytes
+        workspace = max(workspace, emb.workspace_bytes)
+    if ctx.last:
+        head = _row(profiles, ctx, "head", False)
+        rows_const.append(head)
+        compute_b += head.train_s
+        bwd_b += head.backward_s
+        tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
+        params_b += flops.layer_params("head", model, ctx.tp)
+        if model.tied and ctx.pp > 1:
+            # the last stage keeps its own copy of a tied embedding for the LM head (Megatron-LM)
+            params_b += -(-model.padded_vocab * model.hidden // ctx.tp)
+        act_b += head.activation_bytes
+        workspace = max(workspace, head.workspace_bytes)
+
+    p2p_b = 0.0
+    if ctx.next_link is not None:
+        # activation forward + its gradient backward; with equal tp each rank sends 1/tp
+        # (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 §4.1)
+        msg = hidden_bytes / min(ctx.tp, ctx.next_tp)
+        p2p_b = 2 * F.p2p_s(msg, ctx.next_link.bandwidth_bytes_per_s, ctx.next_link.latency_s)
+
+    zero3_a = zero3_b = 0.0
+    e0 = e1 = g0 = g1 = 0.0
+    d = ctx.dp
+    if d > 1:
+        bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
+        if ctx.sharding == "zero3":
+            # FSDP: all-gather each layer's weights before its forward and again before its backward,
+            # prefetched, so only the part a layer's own compute cannot hide is exposed.
+            def exposed(params: float, fwd: float, bwd: float) -> float:
+                ag = F.all_gather_s(params * e, d, bw, lat)
+                return max(0.0, ag - fwd) + max(0.0, ag - bwd)
+
+            zero3_a = exposed(params_a, blk.forward_s, blk.backward_s)
+            zero3_b = sum(
+                exposed(float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), r.forward_s, r.backward_s)
+                for r in rows_const
+            )
+        # gradient sync: all-reduce without sharding, reduce-scatter with ZeRO (same bytes on the wire
+        # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION.
+        if ctx.sharding == "none":
+            per_byte, sync_lat = 2 * (d - 1) / d / bw, 2 * (d - 1) * lat
+        else:
+            per_byte, sync_lat = (d - 1) / d / bw, (d - 1) * lat
+        e1 = params_a * e * per_byte - F.DP_OVERLAP_FRACTION * bwd_a
+        e0 = sync_lat + params_b * e * per_byte - F.DP_OVERLAP_FRACTION * bwd_b
+        if ctx.sharding in ("zero1", "zero2"):
+            # updated shards are all-gathered after the step, before the next forward: exposed
+            ag_per_byte = (d - 1) / d / bw
+            g1 = params_a * e * ag_per_byte
+            g0 = (d - 1) * lat + params_b * e * ag_per_byte
+    shard = d if ctx.sharding != "none" else 1
+    o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s)
+    o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s)
+
+    bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
+    state_a = params_a * bpp
+    state_b = params_b * bpp
+    if ctx.sharding == "zero3" and d > 1:
+        state_b += 2 * params_a * e  # the gathered layer in use plus the one being prefetched
+    act_a = float(blk.activation_bytes)
+    mem_a = state_a + ctx.inflight * act_a
+    mem_b = state_b + ctx.inflight * act_b
+    return StageCoeffs(
+        compute_a=compute_a, compute_b=compute_b, tp_a=tp_a, tp_b=tp_b, zero3_a=zero3_a, zero3_b=zero3_b,
+        p2p_b=p2p_b, bwd_a=bwd_a, bwd_b=bwd_b, e0=e0, e1=e1, g0=g0, g1=g1, o0=o0, o1=o1,
+        params_a=params_a, params_b=params_b, state_a=state_a, state_b=state_b, act_a=act_a, act_b=act_b, mem_a=mem_a, mem_b=mem_b, workspace_bytes=workspace,
+    )  # fmt: skip

@@ -1,0 +1,83 @@
+"""Interleaved 1F1B in the search: v model chunks per rank, priced at the rank level.
+
+Under Megatron's interleaved schedule rank j runs stage entries j, j + pp, …, j + (v−1)·pp. Its
+time, memory and tail are sums over its chunks, and every chunk's block coefficients are the same,
+so a rank with n_j blocks costs a·n_j + Σ b_chunk whatever the chunk sizes: only the per-rank
+totals matter (each ≥ v, one block per chunk). Shifting n_j = n' + v − 1 turns that into the plain
+split problem, solved with the pipeline weights (1/v, m − 1/v) of formulas.interleaved_time_s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.cost import formulas as F
+from planner.cost.devices import Link
+from planner.cost.stage import StageContext
+from planner.search.arrays import Pricer, StageSpec, next_link
+from planner.search.inner import StageArrays
+
+
+def interleaved_arrays(
+    pr: Pricer,
+    ranks: list[StageSpec],
+    dplink: list[Link],
+    num_layers: int,
+    *,
+    mbs: int,
+    sharding: str,
+    dp: int,
+    recompute_prefix: int,
+    m: int,
+    v: int,
+) -> StageArrays:
+    """Rank-level arrays for n' = n_j − (v − 1) ≥ 1 blocks per rank."""
+    pp = len(ranks)
+    entries = pp * v
+    nmax = max(1, num_layers - pp * v + 1)
+    ns = np.arange(1, nmax + 1, dtype=np.float64)
+    hidden = pr.hidden_bytes(mbs)
+    rows = []
+    for j, st in enumerate(ranks):
+        c = pr.classes[st.cls]
+        kk = F.inflight_microbatches("interleaved-1f1b", j, pp, m, v)
+        b = e0 = z0 = mem_b = 0.0
+        ws = 0.0
+        co = None
+        for e in range(j, entries, pp):
+            ctx = StageContext(
+                kind=c.kind, dtype=pr.dtype, mbs=mbs, seq=pr.seq, tp=st.tp, recompute=j < recompute_prefix,
+                first=e == 0, last=e == entries - 1, pp=pp, sharding=sharding, dp=dp, inflight=0.0,
+                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s, tp_link=c.intra,
+                dp_link=dplink[j], next_link=None, next_tp=st.tp,
+            )  # fmt: skip
+            co = pr.coeffs(ctx)
+            p2p = 0.0
+            if e + 1 < entries:
+                nx = ranks[(e + 1) % pp]
+                ln = next_link(c, st, pr.classes[nx.cls], nx)
+                p2p = 2 * F.p2p_s(hidden / min(st.tp, nx.tp), ln.bandwidth_bytes_per_s, ln.latency_s)
+            b += co.b + p2p
+            e0 += co.e0
+            z0 += co.g0 + co.o0
+            mem_b += co.state_b + kk * co.act_b
+            ws = max(ws, co.workspace_bytes)
+        assert co is not None
+        a, mem_a, shift = co.a, co.state_a + kk * co.act_a, v - 1
+        rows.append((a, b + a * shift, e0 + co.e1 * shift, co.e1, z0 + (co.g1 + co.o1) * shift, co.g1 + co.o1,
+                     mem_a, mem_b + mem_a * shift, ws, c.memory_bytes, F.runtime_reserve_bytes(c.kind)))  # fmt: skip
+    a, b, e0, e1, z0, z1, mem_a, mem_b, ws, cap, reserve = (np.array(x) for x in zip(*rows, strict=True))
+    peak = ((mem_a[:, None] * ns[None, :] + mem_b[:, None]) + ws[:, None]) * (1 + F.FRAGMENTATION_FRACTION)
+    mem_ok = np.floor(peak + reserve[:, None]) <= cap[:, None]
+    return StageArrays(a, b, e0, e1, z0, z1, mem_ok)
+
+
+def chunk_layers(rank_layers: tuple[int, ...], v: int) -> tuple[int, ...]:
+    """Entry-level layer counts (entry e = k·pp + j) splitting each rank's blocks evenly over its chunks."""
+    pp = len(rank_layers)
+    out = [0] * (pp * v)
+    for j, n in enumerate(rank_layers):
+        base, extra = divmod(n, v)
+        for k in range(v):
+            out[k * pp + j] = base + (1 if k < extra else 0)
+    return tuple(out)

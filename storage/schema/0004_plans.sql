@@ -1,0 +1,26 @@
+-- Searched and baseline plans: one row per (plan layout, search), upserted so a re-run never duplicates.
+CREATE TABLE IF NOT EXISTS plans (
+    plan_fingerprint VARCHAR NOT NULL,
+    search_key VARCHAR NOT NULL,
+    model VARCHAR NOT NULL,
+    cluster VARCHAR NOT NULL,
+    model_fingerprint VARCHAR,
+    cluster_fingerprint VARCHAR,
+    profile_fingerprint VARCHAR,
+    algorithm VARCHAR,
+    cost_model_version VARCHAR,
+    rank INTEGER,
+    baseline VARCHAR NOT NULL DEFAULT '',
+    step_time_s DOUBLE,
+    tokens_per_s DOUBLE,
+    mfu DOUBLE,
+    peak_memory_bytes BIGINT,
+    feasible BOOLEAN,
+    bottleneck VARCHAR,
+    pp INTEGER,
+    dp INTEGER,
+    num_devices INTEGER,
+    plan_json JSON NOT NULL,
+    created_at TIMESTAMP DEFAULT now(),
+    PRIMARY KEY (plan_fingerprint, search_key)
+);

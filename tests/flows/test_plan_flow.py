@@ -1,0 +1,47 @@
+"""plan_flow as a real Prefect flow run: plans stored in DuckDB, artifacts attached, cache reused."""
+
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "clusters"
+
+pytestmark = pytest.mark.flow
+
+
+def _artifacts(key):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+    return asyncio.run(read())
+
+
+def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path):
+    from flows.plan import plan_flow
+    from storage.plans import best_plan, plans_frame
+
+    db = str(tmp_path / "m.duckdb")
+    out = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
+                    time_budget_s=5.0)  # fmt: skip
+    assert out["feasible"]
+    frame = plans_frame(db, out["search_key"])
+    assert frame.filter(frame["baseline"] == "").height >= 1
+    assert best_plan(db, out["search_key"]).fingerprint() == out["best"]
+    assert _artifacts("plan-ranking") and _artifacts("plan-report")
+    again = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
+                      time_budget_s=5.0)  # fmt: skip
+    assert again["best"] == out["best"]
+    assert plans_frame(db, out["search_key"]).height == frame.height
+
+
+def test_plan_flow_reports_an_infeasible_model(tmp_path):
+    from flows.plan import plan_flow
+
+    out = plan_flow(str(tmp_path / "m.duckdb"), "gpt3-175b", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=8)
+    assert not out["feasible"] and "gpt3-175b needs" in out["reasons"][0]

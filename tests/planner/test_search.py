@@ -1,0 +1,139 @@
+"""Search behaviour: heterogeneity, leaving devices out, unequal shares, infeasibility, scale."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.cluster import parse_cluster, parse_cluster_toml
+from planner.model import ModelSpec, get_model
+from planner.search import SearchSpace, search
+from planner.search.classes import device_classes
+from planner.search.replicas import water_fill
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "clusters"
+
+
+def node(name, device, n, link, count=1, inter="ib-hdr"):
+    return {"name": name, "device": device, "num_devices": n, "count": count, "intra_link": link, "inter_link": inter}
+
+
+def kind_of(cluster):
+    devs = cluster.devices()
+    return lambda i: devs[i].kind
+
+
+def test_faster_device_kind_gets_more_layers():
+    cluster = parse_cluster({"name": "hv", "nodes": [node("h", "H100-SXM5-80GB", 1, "nvlink4"),
+                                                     node("v", "V100-SXM2-32GB", 1, "nvlink2")]})  # fmt: skip
+    model = get_model("gpt3-1.3b")
+    res = search(model, cluster, global_batch=32, space=SearchSpace(families=("pipeline",)), baselines=False)
+    kind = kind_of(cluster)
+    mixed = [p for p in res.plans if len({kind(s.device_ids[0]) for s in p.stages}) == 2]
+    assert mixed, "expected a pipeline over both kinds among the top plans"
+    for p in mixed:
+        layers = {kind(s.device_ids[0]): s.num_layers for s in p.stages}
+        assert layers["H100-SXM5-80GB"] > layers["V100-SXM2-32GB"]
+
+
+def test_device_kind_too_slow_to_help_is_left_out():
+    cluster = parse_cluster({"name": "ht", "nodes": [node("h", "H100-SXM5-80GB", 8, "nvlink4", inter="eth-10g"),
+                                                     node("t", "T4", 4, "pcie3", inter="eth-10g")]})  # fmt: skip
+    res = search(get_model("gpt3-1.3b"), cluster, global_batch=64, baselines=False)
+    kind = kind_of(cluster)
+    used = {kind(d) for s in res.best.stages for d in s.device_ids}
+    assert used == {"H100-SXM5-80GB"}
+
+
+def test_unequal_replicas_get_unequal_batch_shares():
+    cluster = parse_cluster({"name": "av", "nodes": [node("a", "A100-SXM4-80GB", 2, "nvlink3"),
+                                                     node("v", "V100-SXM2-32GB", 2, "nvlink2")]})  # fmt: skip
+    res = search(
+        get_model("gpt2-medium"), cluster, global_batch=64, space=SearchSpace(families=("replicas",)), baselines=False
+    )
+    best = res.best
+    kind = kind_of(cluster)
+    by_kind = {}
+    for r, share in enumerate(best.batch_shares):
+        by_kind.setdefault(kind(best.stages[0].replica_devices(r)[0]), []).append(share)
+    assert set(by_kind) == {"A100-SXM4-80GB", "V100-SXM2-32GB"}
+    assert min(by_kind["A100-SXM4-80GB"]) > max(by_kind["V100-SXM2-32GB"])
+
+
+def test_water_fill_gives_faster_replicas_more_microbatches_and_is_optimal():
+    S, X = [1.0, 3.0, 3.0], [1.0, 3.0, 3.0]
+    m = water_fill(S[:2], X[:2], [1, 2], 9)
+    assert sum(m) == 9 and m[0] > m[1] and m[0] > m[2]
+
+    def finish(v):
+        return max(S[r] + (v[r] - 1) * X[r] for r in range(3))
+
+    brute = min(finish((a, b, 9 - a - b)) for a in range(1, 8) for b in range(1, 9 - a))
+    assert finish(m) == brute
+
+
+def test_infeasible_model_gives_reasons_with_numbers():
+    cluster = parse_cluster({"name": "small", "nodes": [node("a", "A100-SXM4-40GB", 8, "nvlink3")]})
+    res = search(get_model("gpt3-175b"), cluster, global_batch=8, baselines=False)
+    assert not res.feasible
+    text = " ".join(res.reasons)
+    assert "gpt3-175b needs" in text and "GiB per device" in text and "largest device has 40 GiB" in text
+
+
+def test_bad_batch_gives_a_reason():
+    cluster = parse_cluster({"name": "one", "nodes": [node("a", "A100-SXM4-80GB", 1, "nvlink3")]})
+    res = search(
+        get_model("tiny"), cluster, global_batch=3, space=SearchSpace(micro_batch_sizes=(2, 4)), baselines=False
+    )
+    assert not res.feasible and any("multiple of any micro-batch" in r for r in res.reasons)
+
+
+def test_identical_node_groups_merge_into_one_class():
+    cluster = parse_cluster({"name": "two", "nodes": [node("a", "A100-SXM4-80GB", 8, "nvlink3", count=3),
+                                                      node("b", "A100-SXM4-80GB", 8, "nvlink3", count=5)]})  # fmt: skip
+    (cls,) = device_classes(cluster)
+    assert cls.num_devices == 64 and cls.ids(20, 8) == list(range(20, 28))
+
+
+def test_search_on_1024_mixed_gpus_is_fast_and_beats_both_baselines():
+    cluster = parse_cluster_toml((EXAMPLES / "h100-a100-1024.toml").read_text())
+    t0 = time.perf_counter()
+    res = search(get_model("gpt3-175b"), cluster, global_batch=1536, time_budget_s=2.0)
+    assert time.perf_counter() - t0 < 10.0  # budget + baselines + pricing, on a shared 2-core box
+    assert res.feasible
+    real = {d.id for d in cluster.devices()}
+    assert all(d in real for s in res.best.stages for d in s.device_ids)
+    assert res.best.provenance.algorithm and res.best.provenance.cost_model_version
+    assert res.speedup("megatron") > 1.0 and res.speedup("uniform") >= 0.999
+
+
+def test_time_budget_makes_the_search_anytime():
+    cluster = parse_cluster_toml((EXAMPLES / "h100-a100-1024.toml").read_text())
+    res = search(get_model("llama3-70b"), cluster, global_batch=512, time_budget_s=0.05, baselines=False)
+    assert res.feasible and res.stats.timed_out
+    assert res.stats.wall_s < 5.0
+
+
+def test_homogeneous_search_never_loses_to_megatron_rule_of_thumb():
+    cluster = parse_cluster_toml((EXAMPLES / "a100-8x8-ib200.toml").read_text())
+    res = search(get_model("gpt3-13b"), cluster, global_batch=256, time_budget_s=3.0)
+    assert res.speedup("megatron") >= 1.0
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+def test_tiny_models_on_cpu_ranks(model):
+    cluster = parse_cluster({"name": "cpu", "nodes": [{
+        "name": "cpu", "device": "cpu", "num_devices": 2, "intra_link": {"kind": "loopback", "bandwidth_bytes_per_s": 5e9},
+        "inter_link": "eth-10g", "device_memory_bytes": 8 * 2**30, "device_peak_flop_per_s": 5e10,
+        "device_memory_bandwidth_bytes_per_s": 1e10}]})  # fmt: skip
+    res = search(get_model(model), cluster, global_batch=4)
+    assert res.feasible and res.best.predicted.mfu > 0
+
+
+def test_gqa_model_uses_tp_dividing_kv_heads():
+    m = ModelSpec(
+        name="gqa", family="llama", num_layers=4, hidden=256, num_heads=8, num_kv_heads=2, vocab_size=512, seq_len=128
+    )
+    cluster = parse_cluster({"name": "a", "nodes": [node("a", "A100-SXM4-80GB", 8, "nvlink3")]})
+    res = search(m, cluster, global_batch=8, baselines=False, top_k=10)
+    assert all(2 % s.tp == 0 for p in res.plans for s in p.stages)

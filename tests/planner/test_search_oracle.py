@@ -1,0 +1,103 @@
+"""The fast search equals the exhaustive oracle on random tiny instances (hypothesis)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.cluster import parse_cluster
+from planner.cost import estimate
+from planner.model import ModelSpec
+from planner.plan import parse_plan_json
+from planner.search import SearchSpace, search
+from planner.search.oracle import compositions, oracle_search
+
+SPACE = SearchSpace(micro_batch_sizes=(1, 2), schedules=("1f1b", "gpipe"), shardings=("none", "zero2"), tps=(1, 2))
+KINDS = ["T4", "V100-SXM2-16GB", "A100-SXM4-40GB", "L4"]
+LINKS = {"T4": "pcie3", "V100-SXM2-16GB": "nvlink2", "A100-SXM4-40GB": "nvlink3", "L4": "pcie4"}
+
+
+@st.composite
+def instances(draw):
+    groups = draw(st.integers(1, 2))
+    nodes, total = [], 0
+    for i in range(groups):
+        kind = draw(st.sampled_from(KINDS))
+        n = draw(st.sampled_from([1, 2]))
+        count = draw(st.integers(1, 2 if n == 1 else 1))
+        total += n * count
+        nodes.append({"name": f"g{i}", "device": kind, "num_devices": n, "count": count,
+                      "intra_link": LINKS[kind], "inter_link": draw(st.sampled_from(["eth-100g", "ib-hdr"]))})  # fmt: skip
+    layers = draw(st.integers(2, 4))
+    hidden = draw(st.sampled_from([64, 256, 1024]))
+    model = ModelSpec(name="rand", num_layers=layers, hidden=hidden, num_heads=4, vocab_size=512, seq_len=128)
+    gb = draw(st.sampled_from([2, 4]))
+    return parse_cluster({"name": "rand", "nodes": nodes}), model, gb
+
+
+@settings(
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "12")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(instances())
+def test_fast_search_best_costs_exactly_what_the_oracle_finds(inst):
+    cluster, model, gb = inst
+    oracle = oracle_search(model, cluster, global_batch=gb, space=SPACE)
+    fast = search(model, cluster, global_batch=gb, space=SPACE, baselines=False, top_k=3)
+    if oracle is None:
+        assert not fast.feasible
+        return
+    assert fast.feasible
+    assert fast.best.predicted.step_time_s == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_every_returned_plan_fits_validates_and_round_trips(inst):
+    cluster, model, gb = inst
+    res = search(model, cluster, global_batch=gb, space=SPACE, baselines=False, top_k=4)
+    if not res.feasible:
+        assert res.reasons
+        return
+    ids = {d.id for d in cluster.devices()}
+    for plan in res.plans:
+        again = parse_plan_json(plan.to_json())
+        assert again == plan
+        assert all(d in ids for s in plan.stages for d in s.device_ids)
+        cost = plan.predicted
+        assert cost.feasible
+        assert all(p <= c for p, c in zip(cost.peak_memory_bytes, cost.memory_capacity_bytes, strict=True))
+        assert estimate(plan, model, cluster).step_time_s == pytest.approx(cost.step_time_s, rel=1e-12)
+    times = [p.predicted.step_time_s for p in res.plans]
+    assert times == sorted(times)
+
+
+def test_compositions_enumerates_every_ordered_split():
+    assert sorted(compositions(4, 2)) == [(1, 3), (2, 2), (3, 1)]
+    assert len(list(compositions(6, 3))) == 10
+
+
+@pytest.mark.parametrize("hidden", [256, 2048])
+def test_interleaved_schedule_search_matches_the_oracle(hidden):
+    cluster = parse_cluster(
+        {
+            "name": "two",
+            "nodes": [
+                {
+                    "name": "a",
+                    "device": "A100-SXM4-40GB",
+                    "num_devices": 1,
+                    "count": 2,
+                    "intra_link": "nvlink3",
+                    "inter_link": "ib-hdr",
+                }
+            ],
+        }  # fmt: skip
+    )
+    model = ModelSpec(name="m", num_layers=6, hidden=hidden, num_heads=4, vocab_size=512, seq_len=128)
+    space = SearchSpace(micro_batch_sizes=(1,), schedules=("interleaved-1f1b",), shardings=("none",), tps=(1,),
+                        families=("pipeline",))  # fmt: skip
+    oracle = oracle_search(model, cluster, global_batch=4, space=space)
+    fast = search(model, cluster, global_batch=4, space=space, baselines=False)
+    assert fast.best.predicted.step_time_s == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
+    assert fast.best.schedule == "interleaved-1f1b" and fast.best.virtual_stages == 2
