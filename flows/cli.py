@@ -6,8 +6,8 @@ import signal
 import sys
 
 from flows.app import app
-from flows.commands import inspect  # noqa: F401  (registers commands)
-
+# each module registers its commands on `app` when imported; none imports anything heavy at top level
+from flows.commands import discover, inspect, plan, profile, train, ui  # noqa: F401
 
 def main() -> None:
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
