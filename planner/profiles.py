@@ -139,26 +139,32 @@ def estimate_layer(
 
     Backward is 2× forward FLOPs (weight and input gradients); recompute adds one forward to the
     backward pass. Activation bytes follow flops.block_activation_bytes; with full recompute a block
-    keeps only its input. Bytes moved per layer: its parameters once plus its activations twice.
+    keeps only its input. Bytes moved by a forward: the parameters once plus every activation it
+    produces written and read once — the same with or without recompute, which only changes what
+    is *kept*. The embedding is a gather: it keeps only its token ids, and its backward writes the
+    whole dense gradient table (PyTorch's default non-sparse embedding), so it is memory-bound on
+    the table's size however small the batch.
     """
     b, s, t, e = key.micro_batch_size, key.seq_len, key.tp, DTYPE_BYTES[key.dtype]
     fwd_flops = flops.forward_flops(key.layer_kind, model, b, s, t)
     param_bytes = flops.layer_params(key.layer_kind, model, t) * e
+    hidden = flops.block_input_bytes(model, b, s, key.dtype)
     if key.layer_kind == "block":
-        full_act = flops.block_activation_bytes(model, b, s, t, key.dtype)
-        act = flops.block_input_bytes(model, b, s, key.dtype) if key.recompute else full_act
-        work = full_act
+        produced = flops.block_activation_bytes(model, b, s, t, key.dtype)
+        act = hidden if key.recompute else produced
+        work = produced
     elif key.layer_kind == "head":
         logits = b * s * model.padded_vocab / t * 4  # fp32 logits for the loss
-        act = flops.block_input_bytes(model, b, s, key.dtype) + logits
+        produced = act = hidden + logits
         work = 2 * logits
     else:
-        act = flops.block_input_bytes(model, b, s, key.dtype)
-        work = act
-    moved = param_bytes + 2 * act
-    eff_rate = peak_flop_per_s * efficiency
-    fwd = max(fwd_flops / eff_rate, moved / (memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY))
-    bwd = 2 * fwd + (fwd if key.recompute else 0.0)
+        produced, act, work = hidden, b * s * 8, hidden  # int64 token ids kept
+    bw = memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY
+    fwd = max(fwd_flops / (peak_flop_per_s * efficiency), (param_bytes + 2 * produced) / bw)
+    if key.layer_kind == "embedding":
+        bwd = (2 * param_bytes + 2 * hidden) / bw  # zero the table's gradient, scatter-add into it
+    else:
+        bwd = 2 * fwd + (fwd if key.recompute else 0.0)
     return LayerProfile(
         key=key, forward_s=fwd, backward_s=bwd, param_bytes=int(param_bytes), activation_bytes=int(act),
         workspace_bytes=int(work), estimated=True, efficiency=efficiency,
