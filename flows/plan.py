@@ -18,6 +18,7 @@ from planner.errors import MeshplanError
 from planner.model import get_model
 from planner.search import NoFeasiblePlan
 from planner.search.report import markdown_report, ranking_rows
+from storage.hardware import resolve_cluster
 from tasks.plan import load_profiles, search_plans, store_plans
 
 
@@ -34,22 +35,30 @@ def read_cluster(cluster_file: str) -> ClusterSpec:
 def plan_flow(
     db_path: str,
     model_name: str,
-    cluster_file: str,
+    cluster_file: str | None = None,
     global_batch: int = 8,
     seq: int = 0,
     top_k: int = 5,
     time_budget_s: float = 10.0,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
-    """Search plans for `model_name` on the cluster; returns {feasible, search_key, best, reasons}."""
+    """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
+    newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}."""
     model = get_model(model_name)
-    cluster = read_cluster(cluster_file)
+    cluster = read_cluster(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
     profiles = load_profiles(db_path, model)
-    result = search_plans(model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s)
+    searched = search_plans(
+        model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, return_state=True
+    )
+    result, cached = searched.result(), searched.name == "Cached"
+    if cached:
+        print("plan: search result reused from the cache (same model, cluster, profiles and options)")
     title = f"{model.name} on {cluster.name} (batch {global_batch})"
     create_markdown_artifact(key="plan-report", markdown=markdown_report(result, title), description=title)
     if isinstance(result, NoFeasiblePlan):
-        return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None}
+        return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None, "cached": cached}
     key = store_plans(db_path, result)
     create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
     return {"feasible": True, "search_key": key, "best": result.best.fingerprint(), "reasons": [],
-            "step_time_s": result.best.predicted.step_time_s}  # fmt: skip
+            "step_time_s": result.best.predicted.step_time_s, "cached": cached,
+            "num_devices": result.best.num_devices}  # fmt: skip

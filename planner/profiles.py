@@ -98,6 +98,13 @@ class ProfileTable:
     def __iter__(self):
         return iter(self._rows.values())
 
+    def fingerprint(self) -> str:
+        """Stable id of the rows (order-independent), for cache keys and provenance."""
+        import hashlib
+
+        rows = sorted(repr(r) for r in self._rows.values())
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
     def device_kinds(self) -> set[str]:
         return {k.device_kind for k in self._rows}
 

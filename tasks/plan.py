@@ -8,12 +8,13 @@ connection); reading and writing the database are NO_CACHE, and the write is an 
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.profiles import ProfileTable
 from planner.search import NoFeasiblePlan, SearchResult, search
+from tasks.caching import stable_inputs
 
 
 @task(name="load-profiles-for-plan", cache_policy=NO_CACHE)
@@ -24,7 +25,7 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
     return load_profiles_or_empty(db_path, model)[0]
 
 
-@task(name="search-plans", cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+@task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)
 def search_plans(
     model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable, global_batch: int, seq: int, top_k: int,
     time_budget_s: float,

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE
 
 from planner.model import ModelSpec
 from planner.profiles import CommFit, ProfileKey, ProfileTable
 from storage.profiles import ingest_jsonl, load_profile_table, missing_keys, read_jsonl, upsert_profiles
+from tasks.caching import stable_inputs
 
 WORKER = [sys.executable, "-m", "worker.profile_layers"]
 
@@ -66,7 +67,7 @@ def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Pa
 
 
 @task(name="profile-layers", retries=2, retry_delay_seconds=3, timeout_seconds=900,
-      cache_policy=(INPUTS + TASK_SOURCE) - "run_dir" - "show_progress")  # fmt: skip
+      cache_policy=stable_inputs("run_dir", "show_progress"))  # fmt: skip
 def profile_group(
     model: ModelSpec,
     keys: list[ProfileKey],

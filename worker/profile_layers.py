@@ -30,6 +30,7 @@ from planner.catalog import lookup
 from planner.errors import UnknownNameError
 from planner.model import ModelSpec
 from planner.profiling import catalog_peak
+from worker.inject import crash_once
 from worker.layer_bench import Request, build_case, measure_memory, time_case
 
 
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"device": device, "device_kind": kind, "dtype": default_dtype(device),
                           "torch_version": torch.__version__}))  # fmt: skip
         return
+    crash_once("profile")
     n = run(args)
     print(json.dumps({"rows_written": n, "out": str(args.out)}))
     sys.stdout.flush()

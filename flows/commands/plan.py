@@ -11,12 +11,16 @@ import typer
 from flows.app import app, db_path, load_settings, prefect_env
 
 
-def _cluster(path: Path | None) -> Any:
+def _cluster(path: Path | None, db: Path | None = None, snapshot: str | None = None) -> Any:
     from planner.cluster import parse_cluster_toml
     from planner.errors import MeshplanError
 
     if path is None:
-        raise MeshplanError("--cluster", None, "required: pass a cluster TOML file (see examples/clusters/)")
+        if db is None:
+            raise MeshplanError("--cluster", None, "required: pass a cluster TOML file (see examples/clusters/)")
+        from storage.hardware import resolve_cluster
+
+        return resolve_cluster(db, snapshot)  # this machine, as `meshplan discover` recorded it
     if not path.is_file():
         raise MeshplanError("--cluster", str(path), "no such file; pass a cluster TOML file (see examples/clusters/)")
     return parse_cluster_toml(path.read_text(), origin=path.name)
@@ -39,7 +43,8 @@ def _print_table(rows: list[dict], title: str) -> None:
 @app.command()
 def plan(
     model: Annotated[str | None, typer.Option("--model", help="model preset name (default: config `model`)")] = None,
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file")] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")] = None,
+    snapshot: Annotated[str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="samples per optimizer step")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
     top: Annotated[int | None, typer.Option("--top", help="how many plans to rank")] = None,
@@ -56,13 +61,13 @@ def plan(
             extra.append(f"search.{name}={v}")
     cfg = load_settings(extra)
     path = db_path(cfg)
-    spec = _cluster(cluster)
+    spec = _cluster(cluster, path, snapshot)
     if flow:
         prefect_env(cfg)
         from flows.plan import plan_flow
 
-        summary = plan_flow(str(path), cfg.model, str(cluster), cfg.search.global_batch, cfg.search.seq,
-                            cfg.search.top_k, cfg.search.time_budget_s)  # fmt: skip
+        summary = plan_flow(str(path), cfg.model, str(cluster) if cluster else None, cfg.search.global_batch,
+                            cfg.search.seq, cfg.search.top_k, cfg.search.time_budget_s, snapshot)  # fmt: skip
         typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary["feasible"] else 1)
 
@@ -107,7 +112,7 @@ def plan(
 @app.command()
 def estimate(
     plan_file: Annotated[Path, typer.Option("--plan", help="plan JSON file (see tests/data/plan_v1.json)")],
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file")] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model preset (default: the plan's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
@@ -127,8 +132,9 @@ def estimate(
     if model and p.model in PRESETS and p.model != model:
         raise MeshplanError("--model", model, f"the plan was written for {p.model}; pass --model {p.model}")
     m = get_model(name)
-    spec = _cluster(cluster)
-    table, source = load_profiles_or_empty(db_path(load_settings()), m)
+    path = db_path(load_settings())
+    spec = _cluster(cluster, path)
+    table, source = load_profiles_or_empty(path, m)
     c = price(p, m, spec, table)
     if as_json:
         typer.echo(json.dumps({"plan": p.fingerprint(), "profiles": source, **c.model_dump(mode="json")}, indent=2))

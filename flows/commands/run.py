@@ -1,0 +1,50 @@
+"""`meshplan run`: the README's main job — discover, profile, plan and train on this machine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flows.app import app, db_path, load_settings, prefect_env
+
+
+@app.command()
+def run(
+    model: Annotated[str | None, typer.Option("--model", help="model preset (default: config `model`, tiny)")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="training steps (default: config train.steps)")] = None,
+    ranks: Annotated[int | None, typer.Option("--ranks", help="CPU ranks to use when no GPU is present")] = None,
+) -> None:
+    """Run the whole pipeline on this machine and print a summary of what each stage did."""
+    import json
+    from pathlib import Path
+
+    extra = [f"model={json.dumps(model)}"] if model else []
+    extra += [f"train.steps={steps}"] if steps else []
+    extra += [f"discover.num_ranks={ranks}"] if ranks else []
+    cfg = load_settings(extra)
+    prefect_env(cfg)
+    from rich.console import Console
+    from rich.table import Table
+
+    from flows.pipeline import pipeline_flow
+
+    path = db_path(cfg)
+    runs = Path(cfg.state.dir) / "runs"
+    s = pipeline_flow(str(path), cfg, str(runs), show_progress=True)
+    hw, prof, plan, run_ = s["snapshot"], s["profile"], s["plan"], s["run"]
+    t = Table(title=f"meshplan run: {cfg.model} on this machine ({hw['num_devices']} devices)")
+    t.add_column("stage")
+    t.add_column("result")
+    t.add_row("discover", f"snapshot {hw['fingerprint']} ({'reused' if hw['reused'] else 'measured now'})")
+    t.add_row("profile", f"{prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
+    t.add_row("plan", f"{plan['best']}{' (cached search)' if plan['cached'] else ''}: "
+                      f"predicted {plan['step_time_s'] * 1e3:.1f} ms/step")  # fmt: skip
+    measured = run_.get("measured_step_time_s")
+    t.add_row("train", f"run {run_['run_id']} {run_['status']}: measured "
+                       f"{measured * 1e3:.1f} ms/step" if measured else f"run {run_['run_id']} {run_['status']}")  # fmt: skip
+    t.add_row("loss", f"{s['first_loss']:.3f} → {s['last_loss']:.3f}" if s["first_loss"] is not None else "-")
+    Console().print(t)
+    print(f"database: {path}\nrun folder: {run_['run_dir']}\nplan: meshplan --state-dir {cfg.state.dir} "
+          f"db \"select * from plans where fingerprint = '{plan['best']}'\"\n"
+          f"UI: meshplan --state-dir {cfg.state.dir} ui   (then run again to see it there)")  # fmt: skip
