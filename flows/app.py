@@ -106,7 +106,10 @@ class _UserErrorFilter:
         from planner.errors import MeshplanError
 
         exc = getattr(record, "exc_info", None)
-        return not (exc and isinstance(exc[1], MeshplanError))
+        if exc and isinstance(exc[1], MeshplanError):
+            return False
+        text = record.getMessage() if hasattr(record, "getMessage") else ""
+        return not any(name in text for name in ("MeshplanError", "UnknownNameError"))
 
 
 def _hide_user_error_tracebacks() -> None:
