@@ -18,6 +18,7 @@ from planner.errors import MeshplanError
 from planner.model import get_model
 from planner.search import NoFeasiblePlan
 from planner.search.report import markdown_report, ranking_rows
+from planner.timeline import schedule_picture
 from storage.hardware import resolve_cluster
 from tasks.plan import load_profiles, search_plans, store_plans
 
@@ -54,7 +55,10 @@ def plan_flow(
     if cached:
         print("plan: search result reused from the cache (same model, cluster, profiles and options)")
     title = f"{model.name} on {cluster.name} (batch {global_batch})"
-    create_markdown_artifact(key="plan-report", markdown=markdown_report(result, title), description=title)
+    report = markdown_report(result, title)
+    if not isinstance(result, NoFeasiblePlan):
+        report += "\n\n" + schedule_picture(result.best, model, cluster, profiles)
+    create_markdown_artifact(key="plan-report", markdown=report, description=title)
     if isinstance(result, NoFeasiblePlan):
         return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None, "cached": cached}
     key = store_plans(db_path, result)
