@@ -10,6 +10,7 @@ and dp_comm + optimizer add up to the tail.
 from __future__ import annotations
 
 from planner import flops
+from planner.calibrate import Calibration
 from planner.cluster import ClusterSpec
 from planner.cost import formulas as F
 from planner.cost.devices import DeviceIndex, intra_link
@@ -48,18 +49,26 @@ def estimate(
     cluster: ClusterSpec,
     profiles: ProfileTable | None = None,
     index: DeviceIndex | None = None,
+    calibration: Calibration | None = None,
 ) -> CostBreakdown:
-    """The predicted cost of one optimizer step of `plan` (see the module docstring)."""
+    """The predicted cost of one optimizer step of `plan` (see the module docstring); `calibration`
+    applies measured corrections (planner.calibrate), e.g. for CPU ranks under gloo."""
     check_plan_fits_model(plan, model, cluster)
     idx = index or DeviceIndex(cluster)
     table = profiles_for(
         model, cluster, profiles, plan_profile_needs(plan), kinds={g.spec.device_kind for g in idx.groups}
     )
     stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
+    if calibration is not None:
+        calibration = calibration.for_pipeline(
+            plan.num_devices, pp, max(plan.num_microbatches(r) for r in range(dp)), plan.virtual_stages
+        )
     nst = len(stages)
     memo: dict[StageContext, StageCoeffs] = {}
     dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(dp)]) for s in stages]
     notes: list[str] = []
+    if calibration is not None:
+        notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.compute_slowdown:.2f}")
     if any(s.recompute == "selective" for s in stages):
         notes.append("selective recompute priced as none (flash attention keeps no s×s scores)")
     if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % pp:
@@ -93,7 +102,7 @@ def estimate(
                     memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
                     tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec), dp_link=dp_links[i],
                     next_link=None if nxt is None else idx.link(devs[0], nxt.replica_devices(r)[0]),
-                    next_tp=nxt.tp if nxt is not None else s.tp,
+                    next_tp=nxt.tp if nxt is not None else s.tp, calib=calibration,
                 )  # fmt: skip
                 co = memo.get(ctx)
                 if co is None:

@@ -120,10 +120,13 @@ def state_bytes_per_param(dtype: str, sharding: str, dp: int) -> float:
     return w + g + opt
 
 
-def adam_step_s(num_params: float, memory_bandwidth_bytes_per_s: float) -> float:
+def adam_step_s(
+    num_params: float, memory_bandwidth_bytes_per_s: float, bytes_per_param: float = ADAM_BYTES_MOVED_PER_PARAM
+) -> float:
     """Adam is memory-bound: 28 B moved per parameter (see ADAM_BYTES_MOVED_PER_PARAM) at HBM speed
-    (the roofline of an element-wise kernel; Williams et al. 2009)."""
-    return num_params * ADAM_BYTES_MOVED_PER_PARAM / memory_bandwidth_bytes_per_s
+    (the roofline of an element-wise kernel; Williams et al. 2009). An unfused implementation moves
+    more (planner.calibrate.ADAM_BYTES_PER_PARAM_CPU_LOOP for torch's CPU loop)."""
+    return num_params * bytes_per_param / memory_bandwidth_bytes_per_s
 
 
 def runtime_reserve_bytes(device_kind: str) -> int:

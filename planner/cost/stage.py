@@ -6,6 +6,11 @@ tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n (gradient sync not hidden b
 ZeRO-1/2 parameter all-gather, Adam step); its allocation is mem_a·n + mem_b bytes. `estimate`
 evaluates these at the plan's n, and the search evaluates them for every n at once, so the two
 agree by construction.
+
+`StageContext.calib` (planner.calibrate, passed by `estimate(..., calibration=...)`; the search
+passes none) swaps datasheet assumptions for measured ones: profiled times × the rank contention
+slowdown, gloo's fitted all_reduce / all_gather / reduce_scatter instead of ring formulas on the
+send/recv link, the measured overlap of gradient sync, and the optimizer's bytes per parameter.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner import flops
+from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link
 from planner.flops import DTYPE_BYTES
@@ -41,6 +47,7 @@ class StageContext:
     dp_link: Link
     next_link: Link | None
     next_tp: int
+    calib: Calibration | None = None  # measured corrections (planner.calibrate); None = datasheet model
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +102,17 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     blk = _row(profiles, ctx, "block", ctx.recompute)
     hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
     tl, dl = ctx.tp_link, ctx.dp_link
-    tp_ar = F.ring_allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s)
+    cal = ctx.calib
+    # profiles time one process alone; ranks sharing a node's cores run slower by this measured factor
+    slow = cal.compute_slowdown if cal is not None else 1.0
+    ar_fit = cal.fit("all_reduce") if cal is not None else None
+    if ar_fit is not None:
+        tp_ar = ar_fit.time_s(hidden_bytes, ctx.tp)
+    else:
+        tp_ar = F.ring_allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s)
 
-    compute_a, tp_a = blk.train_s, F.tp_allreduces_per_block(ctx.recompute) * tp_ar
-    bwd_a = blk.backward_s
+    compute_a, tp_a = slow * blk.train_s, F.tp_allreduces_per_block(ctx.recompute) * tp_ar
+    bwd_a = slow * blk.backward_s
     compute_b = tp_b = bwd_b = 0.0
     params_a = float(flops.layer_params("block", model, ctx.tp))
     params_b = 0.0
@@ -108,8 +122,8 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     if ctx.first:
         emb = _row(profiles, ctx, "embedding", False)
         rows_const.append(emb)
-        compute_b += emb.train_s
-        bwd_b += emb.backward_s
+        compute_b += slow * emb.train_s
+        bwd_b += slow * emb.backward_s
         tp_b += tp_ar  # vocab-parallel embedding: one all-reduce of its output (Megatron-LM)
         params_b += flops.layer_params("embedding", model, ctx.tp)
         act_b += emb.activation_bytes
@@ -117,8 +131,8 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     if ctx.last:
         head = _row(profiles, ctx, "head", False)
         rows_const.append(head)
-        compute_b += head.train_s
-        bwd_b += head.backward_s
+        compute_b += slow * head.train_s
+        bwd_b += slow * head.backward_s
         tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
         params_b += flops.layer_params("head", model, ctx.tp)
         if model.tied and ctx.pp > 1:
@@ -139,34 +153,54 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     d = ctx.dp
     if d > 1:
         bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
+        # (latency s, s per byte of the whole buffer) of each collective over the d replicas: ring
+        # formulas on the link, or the op's own measured fit when calibrated
+        ag_lat, ag_per_byte = (d - 1) * lat, (d - 1) / d / bw
+        rs_lat, rs_per_byte = ag_lat, ag_per_byte
+        ar_lat, ar_per_byte = 2 * (d - 1) * lat, 2 * (d - 1) / d / bw
+        if cal is not None:
+            for op in ("all_gather", "reduce_scatter", "all_reduce"):
+                f = cal.fit(op)
+                if f is not None:
+                    pair = f.coeffs(d)
+                    if op == "all_gather":
+                        ag_lat, ag_per_byte = pair
+                    elif op == "reduce_scatter":
+                        rs_lat, rs_per_byte = pair
+                    else:
+                        ar_lat, ar_per_byte = pair
+        overlap = (
+            cal.grad_sync_overlap if cal is not None and cal.grad_sync_overlap is not None else F.DP_OVERLAP_FRACTION
+        )
         if ctx.sharding == "zero3":
             # FSDP: all-gather each layer's weights before its forward and again before its backward,
             # prefetched, so only the part a layer's own compute cannot hide is exposed.
             def exposed(params: float, fwd: float, bwd: float) -> float:
-                ag = F.all_gather_s(params * e, d, bw, lat)
-                return max(0.0, ag - fwd) + max(0.0, ag - bwd)
+                ag = ag_lat + params * e * ag_per_byte
+                return max(0.0, ag - overlap_c * fwd) + max(0.0, ag - overlap_c * bwd)
 
-            zero3_a = exposed(params_a, blk.forward_s, blk.backward_s)
+            # on calibrated (CPU) ranks the gather runs in line with compute: nothing hides it
+            overlap_c = 1.0 if cal is None or cal.grad_sync_overlap is None else cal.grad_sync_overlap
+            zero3_a = exposed(params_a, slow * blk.forward_s, slow * blk.backward_s)
             zero3_b = sum(
-                exposed(float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), r.forward_s, r.backward_s)
+                exposed(float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), slow * r.forward_s,
+                        slow * r.backward_s)
                 for r in rows_const
-            )
+            )  # fmt: skip
         # gradient sync: all-reduce without sharding, reduce-scatter with ZeRO (same bytes on the wire
-        # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION.
-        if ctx.sharding == "none":
-            per_byte, sync_lat = 2 * (d - 1) / d / bw, 2 * (d - 1) * lat
-        else:
-            per_byte, sync_lat = (d - 1) / d / bw, (d - 1) * lat
-        e1 = params_a * e * per_byte - F.DP_OVERLAP_FRACTION * bwd_a
-        e0 = sync_lat + params_b * e * per_byte - F.DP_OVERLAP_FRACTION * bwd_b
+        # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION, or by
+        # the calibrated runtime's measured overlap (none for meshplan's CPU worker: planner.calibrate).
+        per_byte, sync_lat = (ar_per_byte, ar_lat) if ctx.sharding == "none" else (rs_per_byte, rs_lat)
+        e1 = params_a * e * per_byte - overlap * bwd_a
+        e0 = sync_lat + params_b * e * per_byte - overlap * bwd_b
         if ctx.sharding in ("zero1", "zero2"):
             # updated shards are all-gathered after the step, before the next forward: exposed
-            ag_per_byte = (d - 1) / d / bw
             g1 = params_a * e * ag_per_byte
-            g0 = (d - 1) * lat + params_b * e * ag_per_byte
+            g0 = ag_lat + params_b * e * ag_per_byte
     shard = d if ctx.sharding != "none" else 1
-    o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s)
-    o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s)
+    adam_b = cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM
+    o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
+    o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
 
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
     state_a = params_a * bpp

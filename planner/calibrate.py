@@ -1,0 +1,129 @@
+"""Calibrate the cost model to measured hardware: contention, gloo collectives, optimizer and overlap.
+
+The default cost model prices a plan from datasheet-style figures: a link's send/recv α–β drives
+ring formulas for every collective, each device computes alone at its profiled speed, and an Adam
+step moves 28 B/param at memory bandwidth. On CPU ranks under gloo each assumption breaks, by an
+amount discovery (planner.discovery, worker.netbench) already measures:
+
+- Contention. Profiles come from one process on one thread; N training ranks share the node's
+  cores, caches and memory bus. Discovery probes every rank's matmul rate *concurrently*, so
+  slowdown(N) = rate(1 rank) / median rate(N ranks), ≥ 1, multiplies profiled compute. That probe
+  is short (7 matmuls) and its ranks leave the barrier at different times, so with more ranks than
+  cores it under-reads the sharing; processor sharing bounds it from below: with C cores and R
+  ranks runnable at once each progresses at C/R of a core (gloo waits block, they do not spin).
+  A pipeline rank computes a fraction m/(m + p − 1) of the step (the GPipe/1F1B bubble, Narayanan
+  et al. SC'21 §2.2), so R ≈ N·m/(m + p − 1) and slowdown = max(measured, R / C).
+- Collectives. gloo's all_reduce / all_gather / reduce_scatter cost far more than a ring over the
+  send/recv link predicts (they copy through host buffers and run on gloo's own threads). Discovery
+  fits t(bytes) = α + β·bytes per op over its N ranks; a group of d ranks is priced by the ring
+  algorithm's scaling (Thakur, Rabenseifner & Gropp 2005): α·(d−1)/(N−1) + β·bytes·((d−1)/d)/((N−1)/N).
+- Optimizer. torch's AdamW on CPU runs the single-tensor loop (`torch/optim/adamw.py`
+  `_single_tensor_adamw`; foreach defaults to CUDA only): weight decay (r4+w4), lerp of m (r8+w4),
+  v·β2 + (1−β2)g² (r4+w4, r8+w4), sqrt(v)/bc2 + ε (r4+w4 ×3) and the addcdiv update (r12+w4):
+  80 B/param, not the fused kernel's 28 (see formulas.ADAM_BYTES_MOVED_PER_PARAM).
+- Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
+  GradSumSync), and on CPU FSDP2's reduce-scatters run in line (no side stream; the cores are busy
+  with the other ranks), so nothing hides them: overlap 0 instead of formulas.DP_OVERLAP_FRACTION.
+
+Pure: numbers in, a frozen `Calibration` out; `estimate(..., calibration=...)` applies it and the
+search, which passes none, is unchanged.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from planner.errors import MeshplanError
+
+# Bytes one parameter moves in torch's single-tensor (CPU) AdamW step; derivation in the module docstring.
+ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFit:
+    """t(bytes) = alpha_s + beta_s_per_byte·bytes, measured over `num_ranks` ranks (whole-buffer bytes)."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    num_ranks: int
+
+    def coeffs(self, group_size: int) -> tuple[float, float]:
+        """(latency s, s per byte) over `group_size` ranks, scaled from the measured group by the ring's
+        step count (d−1)/(N−1) and per-rank volume ((d−1)/d)/((N−1)/N)."""
+        n, d = self.num_ranks, group_size
+        if n <= 1:
+            raise MeshplanError("calibration.num_ranks", n, "a collective fit needs at least 2 ranks")
+        if d <= 1:
+            return 0.0, 0.0
+        return self.alpha_s * (d - 1) / (n - 1), self.beta_s_per_byte * ((d - 1) / d) / ((n - 1) / n)
+
+    def time_s(self, num_bytes: float, group_size: int) -> float:
+        """The op on a whole buffer of `num_bytes` over `group_size` ranks (0 for one rank or no bytes)."""
+        if group_size <= 1 or num_bytes <= 0:
+            return 0.0
+        lat, per_byte = self.coeffs(group_size)
+        return lat + per_byte * num_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Measured corrections the cost model applies to a plan running on `num_ranks` ranks of one node."""
+
+    num_ranks: int
+    compute_slowdown: float = 1.0
+    collectives: tuple[tuple[str, CollectiveFit], ...] = ()
+    adam_bytes_per_param: float | None = None
+    grad_sync_overlap: float | None = None
+    num_cores: int | None = None  # the node's cores, for the processor-sharing bound (None: no bound)
+    source: str = ""
+
+    def fit(self, op: str) -> CollectiveFit | None:
+        return dict(self.collectives).get(op)
+
+    def for_pipeline(self, num_ranks: int, pp: int, num_microbatches: int, virtual_stages: int = 1) -> Calibration:
+        """This calibration with the slowdown raised to the processor-sharing bound of a plan
+        (see the module docstring; interleaving shrinks the bubble to (p − 1)/v); unchanged without
+        `num_cores`."""
+        if not self.num_cores:
+            return self
+        busy = num_ranks * num_microbatches / (num_microbatches + (pp - 1) / virtual_stages)
+        return replace(self, compute_slowdown=max(self.compute_slowdown, busy / self.num_cores))
+
+
+def contention_slowdown(single_rank_flop_per_s: float, per_rank_flop_per_s: Iterable[float]) -> float:
+    """rate(1 rank) / median concurrent per-rank rate, never below 1 (noise must not speed ranks up)."""
+    rates = list(per_rank_flop_per_s)
+    if single_rank_flop_per_s <= 0 or not rates or min(rates) <= 0:
+        raise MeshplanError("calibration.rates", rates, "matmul rates must be positive; rerun discovery")
+    return max(1.0, single_rank_flop_per_s / statistics.median(rates))
+
+
+def collective_fits(
+    fits: Iterable[Mapping], num_ranks: int, link_class: str = "intra-node"
+) -> dict[str, CollectiveFit]:
+    """Discovery's per-op α–β fit rows ({op, link_class, alpha_s, beta_s_per_byte}) → CollectiveFit by op."""
+    out = {}
+    for f in fits:
+        if f["op"] in COLLECTIVE_OPS and f["link_class"] == link_class:
+            out[f["op"]] = CollectiveFit(float(f["alpha_s"]), float(f["beta_s_per_byte"]), num_ranks)
+    return out
+
+
+def cpu_calibration(
+    single_rank_flop_per_s: float,
+    per_rank_flop_per_s: Iterable[float],
+    fits: Iterable[Mapping],
+    num_ranks: int,
+    num_cores: int | None = None,
+) -> Calibration:
+    """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks."""
+    slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s)
+    ops = collective_fits(fits, num_ranks)
+    return Calibration(
+        num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
+        adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, grad_sync_overlap=0.0, num_cores=num_cores,
+        source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
+    )  # fmt: skip
