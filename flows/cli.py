@@ -7,7 +7,7 @@ import sys
 
 from flows.app import app
 # each module registers its commands on `app` when imported; none imports anything heavy at top level
-from flows.commands import discover, inspect, plan, profile, run, train, ui  # noqa: F401
+from flows.commands import discover, inspect, plan, profile, replan, run, train, ui  # noqa: F401
 
 def main() -> None:
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.

@@ -20,11 +20,13 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.replan import decisions_markdown, load_cluster, monitor_config
 from planner.errors import MeshplanError
 from planner.model import get_model
 from planner.plan import Plan, check_plan_against, parse_plan_json
+from tasks.replan import supervise_training
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
-from worker.launch import Launch
+from worker.launch import Launch, log_tail
 
 
 def _read_plan(plan_path: str) -> Plan:
@@ -92,8 +94,24 @@ def train_flow(
     runs_dir: str | None = None,
     timeout_s: float = 900.0,
     collective_timeout_s: float = 300.0,
+    replan: bool = False,
+    replan_config: dict[str, Any] | None = None,
+    cluster_path: str | None = None,
+    poll_s: float = 0.5,
+    slow_rank: int = -1,
+    slow_factor: float = 1.0,
+    slow_from_step: int = 0,
+    slow_link_rank: int = -1,
+    slow_link_s_per_mib: float = 0.0,
+    slow_link_from_step: int = 0,
 ) -> dict[str, Any]:
-    """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}."""
+    """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}.
+
+    `replan=True` runs the job under the straggler monitor (tasks/supervise.py): decisions go to
+    `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
+    relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
+    `slow_*` inject faults (worker/faults.py).
+    """
     if (plan_path is None) == (plan_id is None):
         raise MeshplanError(
             "--plan/--plan-id", plan_path or plan_id, "give exactly one: a plan file or a stored plan id"
@@ -115,13 +133,35 @@ def train_flow(
         nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
         max_restarts=max_restarts, model=model, data=data, lr=lr, optimizer=optimizer, seed=seed,
         checkpoint_every=checkpoint_every, resume=resume, collective_timeout_s=collective_timeout_s,
+        slow_rank=slow_rank, slow_factor=slow_factor, slow_from_step=slow_from_step, slow_link_rank=slow_link_rank,
+        slow_link_s_per_mib=slow_link_s_per_mib, slow_link_from_step=slow_link_from_step,
     )  # fmt: skip
-    state = launch_training(launch, timeout_s, return_state=True)
+    if replan:
+        if nnodes != 1:
+            raise MeshplanError("--replan", nnodes, "live re-planning supervises one node's torchrun; use --no-replan")
+        cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
+        state = supervise_training(
+            db_path, run_id, launch, plan, get_model(model or plan.model), cluster, None,
+            monitor_config(**(replan_config or {})), timeout_s, True, poll_s, synthetic, return_state=True,
+        )  # fmt: skip
+    else:
+        state = launch_training(launch, timeout_s, return_state=True)
+    supervised = state.result(raise_on_failure=False) if replan and state.is_completed() else None
+    job_failed = supervised is not None and supervised["returncode"] != 0
+    if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():
+        record_run(db_path, run_id, supervised["plan"], steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
-    status = "completed" if state.is_completed() else "failed"
-    summary = close_run(db_path, run_id, status, None if status == "completed" else str(state.message)[:2000])
+    status = "completed" if state.is_completed() and not job_failed else "failed"
+    message = f"torchrun exited {supervised['returncode']}" if job_failed else str(state.message)[:2000]
+    summary = close_run(db_path, run_id, status, None if status == "completed" else message)
     create_markdown_artifact(key="train-report", markdown=report_markdown(run_id, plan, summary, status),
                              description=f"training run {run_id}: predicted vs measured step time")  # fmt: skip
+    if supervised is not None:
+        create_markdown_artifact(key="replan-report", markdown=decisions_markdown(run_id, supervised["decisions"]),
+                                 description=f"re-planning decisions of run {run_id}")  # fmt: skip
+    if job_failed:
+        log = run_dir / "torchrun.log"
+        raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
     if status != "completed":
         state.result()  # re-raises the launch error: the flow run fails with it
     measured = measured_step_time_s(summary)
@@ -131,4 +171,8 @@ def train_flow(
         "measured_step_time_s": measured,
         "predicted_step_time_s": plan.predicted.step_time_s if plan.predicted is not None else None,
         "losses": [r["loss"] for r in summary],
+        "decisions": supervised["decisions"] if supervised else [],
+        "final_detections": supervised["final_detections"] if supervised else [],
+        "segments": supervised["segments"] if supervised else [],
+        "final_plan": supervised["plan"].to_json() if supervised else plan.to_json(),
     }  # fmt: skip

@@ -73,9 +73,14 @@ class TrainConfig(_Section):
 
 class ReplanConfig(_Section):
     threshold: float = Field(default=0.10, gt=0, description="relative slowdown that counts")
-    persistence_steps: int = Field(default=3, gt=0, description="steps a slowdown must last")
+    persistence_steps: int = Field(default=5, gt=0, description="steps in the rolling median a slowdown must move")
     window: int = Field(default=10, gt=1, description="steps in the robust baseline")
     margin_s: float = Field(default=1.0, ge=0, description="extra gain a switch must earn")
+    min_gain: float = Field(default=0.05, ge=0, lt=1, description="relative step-time gain a switch needs (hysteresis)")
+    cooldown_steps: int = Field(default=5, ge=0, description="steps after a switch before the next one")
+    search_budget_s: float = Field(default=2.0, gt=0, description="plan-search budget for a relayout")
+    relayout: bool = Field(default=True, description="consider relayouts (checkpoint → relaunch), not only rebalances")
+    poll_s: float = Field(default=0.5, gt=0, description="seconds between telemetry polls of a live run")
 
 
 class UiConfig(_Section):

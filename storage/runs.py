@@ -23,6 +23,7 @@ _COLUMNS = {
     "attempt": "INTEGER", "num_microbatches": "INTEGER", "samples": "INTEGER", "tokens": "BIGINT",
     "step_time_s": "DOUBLE", "compute_s": "DOUBLE", "comm_wait_s": "DOUBLE", "optimizer_s": "DOUBLE",
     "loss": "DOUBLE", "memory_bytes": "BIGINT", "memory_kind": "VARCHAR", "wall_time_s": "DOUBLE",
+    "control_version": "INTEGER", "switch_action": "VARCHAR", "checkpoint_s": "DOUBLE",
 }  # fmt: skip
 
 

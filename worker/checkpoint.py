@@ -1,11 +1,15 @@
 """Distributed checkpoints with torch.distributed.checkpoint (DCP), published atomically.
 
 Layout of a run folder:
-    <run>/checkpoints/step_00000004/   .metadata, __<rank>_0.distcp files, meta.json (step, plan)
+    <run>/checkpoints/step_00000004/   .metadata, __<rank>_0.distcp files, meta.json (step, plan,
+                                       size + sha256 of every file: worker/checkpoint_check.py)
     <run>/checkpoints/latest           text: "step_00000004"
+    <run>/resume.jsonl                 one line per (re)start: the checkpoint it resumed from and
+                                       every newer one it skipped as corrupt, with the reason
 Every rank writes into `.tmp_step_<n>`; after DCP's own final barrier rank 0 writes meta.json,
 renames the folder to `step_<n>` and replaces `latest` via a temp file + os.replace, so a reader
-(or a resumed run) never sees a half-written checkpoint. With several nodes the run folder must be
+(or a resumed run) never sees a half-written checkpoint; a resumed run also checks the digests and
+falls back to the newest valid earlier checkpoint (worker/checkpoint_check.py). With several nodes the run folder must be
 on a shared file system (rank 0 renames what every rank wrote).
 
 State = {"model": …, "optim": …} built with `get_state_dict(..., flatten_optimizer_state_dict=True)`
@@ -30,6 +34,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from planner.model import ModelSpec
+from worker import watchdog
+from worker.checkpoint_check import choose_resume, digest_folder, verify
 from worker.model import Decoder
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -74,6 +80,7 @@ def save(
     run_dir: Path, step: int, parts: list[nn.Module], optims: list[torch.optim.Optimizer], meta: dict[str, Any]
 ) -> Path:
     """Collective: every rank calls it. Returns the published checkpoint folder."""
+    watchdog.beat(f"checkpoint {step}")  # a save gets its own full deadline, apart from the step's
     root = checkpoint_root(run_dir)
     name = f"step_{step:08d}"
     tmp, final = root / f".tmp_{name}", root / name
@@ -84,8 +91,9 @@ def save(
     dist.barrier()
     dcp.save(_merged(_part_states(parts, optims)), checkpoint_id=str(tmp))
     dist.barrier()
+    files = digest_folder(tmp)  # collective; rank 0 gets every file's size + sha256
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step}, indent=2))
+        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "files": files}, indent=2))
         if final.exists():  # the same step saved again (a restarted run): replace it whole
             old = root / f".old_{name}"
             shutil.rmtree(old, ignore_errors=True)
@@ -95,6 +103,22 @@ def save(
         _write_text_atomic(root / "latest", name)
     dist.barrier()
     return final
+
+
+def resume_from(resume: str, run_dir: Path) -> Path | None:
+    """Collective: the verified checkpoint to resume from (see checkpoint_check.choose_resume), or None.
+
+    Rank 0 appends what it chose and what it skipped to <run_dir>/resume.jsonl, so a fallback is on
+    record in the run folder, not only in the log."""  # fmt: skip
+    chosen, rejected = choose_resume(resume, run_dir)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        record = {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                  "checkpoint": str(chosen) if chosen else None,
+                  "step": checkpoint_step(chosen) if chosen else 0, "rejected": rejected}  # fmt: skip
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with (run_dir / "resume.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    return chosen
 
 
 def load(ckpt_dir: Path, parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> int:
@@ -115,7 +139,10 @@ def load(ckpt_dir: Path, parts: list[nn.Module], optims: list[torch.optim.Optimi
 
 
 def load_full_model_state(ckpt_dir: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """The whole model's parameters from a checkpoint of any layout, in this (non-distributed) process."""
+    """The whole model's parameters from a checkpoint of any layout, in this (non-distributed) process.
+
+    Raises CorruptCheckpointError (worker/checkpoint_check.py) when the folder fails its check."""
+    verify(ckpt_dir)
     full = Decoder(spec)
     state = {"model": {k: torch.empty_like(v) for k, v in full.state_dict().items()}}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is

@@ -42,6 +42,15 @@ class Launch:
     checkpoint_every: int = 0
     resume: str = "auto"
     collective_timeout_s: float = 300.0
+    # fault injection (worker/faults.py) and the control channel (worker/control.py)
+    slow_rank: int = -1
+    slow_factor: float = 1.0
+    slow_from_step: int = 0
+    slow_link_rank: int = -1
+    slow_link_s_per_mib: float = 0.0
+    slow_link_s_per_msg: float = 0.0
+    slow_link_from_step: int = 0
+    control_from_version: int = 0
 
 
 def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
@@ -64,20 +73,66 @@ def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
             "--timeout-s", repr(launch.collective_timeout_s)]  # fmt: skip
     if launch.model:
         cmd += ["--model", launch.model]
+    if launch.slow_rank >= 0 and launch.slow_factor > 1.0:
+        cmd += ["--slow-rank", str(launch.slow_rank), "--slow-factor", repr(launch.slow_factor),
+                "--slow-from-step", str(launch.slow_from_step)]  # fmt: skip
+    if launch.slow_link_rank >= 0:
+        cmd += ["--slow-link-rank", str(launch.slow_link_rank), "--slow-link-s-per-mib",
+                repr(launch.slow_link_s_per_mib), "--slow-link-s-per-msg", repr(launch.slow_link_s_per_msg),
+                "--slow-link-from-step", str(launch.slow_link_from_step)]  # fmt: skip
+    if launch.control_from_version:
+        cmd += ["--control-from-version", str(launch.control_from_version)]
     return cmd
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (Linux /proc; [] elsewhere), found by parent links, not groups."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
+        try:
+            if d.name.isdigit():  # the field after "(comm)" is the state, then the parent pid
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, the launcher's process group AND every rank under it.
+
+    torchrun starts each rank in a session of its own, so killing the launcher's group alone would
+    orphan the ranks — and a frozen rank never acts on the agent's SIGTERM. The ranks are listed
+    before anything is signalled: once the agent dies they are re-parented and no longer findable."""  # fmt: skip
+    tree = descendants(proc.pid)
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(timeout=wait_s)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    for pid in tree:  # the agent stops its ranks when it can; these are the ones it could not
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` in its own process group, output appended to `log_path`; the caller waits and kills."""
+    env = {**os.environ}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def run_logged(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
@@ -94,10 +149,10 @@ def run_logged(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, f
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
         except BaseException:  # interrupted (Ctrl-C, flow cancelled): take the ranks down with us
-            _kill_group(proc)
+            kill_group(proc)
             raise
     return rc, time.monotonic() - t0
 

@@ -18,6 +18,7 @@ Order of wrapping (torchtitan's): TP → activation checkpointing → DP (FSDP2 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -180,6 +181,7 @@ class GradSumSync:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.group = group
         self.bucket_bytes = bucket_bytes
+        self.before_send: Callable[[int], None] | None = None  # fault injection: delay by bytes sent
 
     def __call__(self) -> None:
         grads = []
@@ -201,6 +203,8 @@ class GradSumSync:
 
     def _reduce(self, bucket: list[torch.Tensor]) -> None:
         flat = torch.cat([g.reshape(-1) for g in bucket])
+        if self.before_send is not None:
+            self.before_send(flat.numel() * flat.element_size())
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for g in bucket:

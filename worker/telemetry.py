@@ -75,6 +75,9 @@ class StepLog:
         self._file = path.open("a")
         self._static = static
 
+    def update_static(self, static: dict[str, Any]) -> None:
+        self._static = static
+
     def write(self, **fields: Any) -> None:
         row = {**self._static, **fields, "wall_time_s": time.time()}
         self._file.write(json.dumps(row) + "\n")

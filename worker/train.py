@@ -12,9 +12,19 @@ for sharding none; FSDP2 with divide factor 1 and SUM collectives for zero1/2/3)
 Σ_r Σ_mb (mbs/G)·∇loss_mb = (1/G)·Σ_samples ∇loss_sample — the full-batch mean gradient, whatever the
 shares. The logged loss is the replica's mean micro-batch loss (unscaled).
 
+Re-planning while running (worker/control.py): at every step boundary rank 0 reads
+`<run>/control.json` and broadcasts it, so all ranks apply a new version at the same step — new
+batch shares (the schedule is rebuilt for the new micro-batch counts; the mbs / global-batch loss
+weight is unchanged, so the update stays exact), or checkpoint-and-exit for a relayout. Telemetry
+rows carry the control version in force and, on the switch step, the action. Injected faults
+(slow compute, slow sends) come from worker/faults.py.
+
 Init: gloo on CPU, NCCL on GPU (device LOCAL_RANK). The process group's store is the agent's store
 under a per-restart prefix, so `--max-restarts` re-rendezvous does not read a dead attempt's keys
 (STACK.md §1.3), and the run ends with a barrier before destroy_process_group (exit SIGABRT trap).
+Hangs are bounded twice: gloo's collective timeout (--timeout-s), and a per-phase watchdog
+(worker/watchdog.py) for what that timeout misses, such as a re-rendezvous stuck in init.
+Resuming trusts only a checkpoint that passes its digests (worker/checkpoint_check.py).
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from planner.errors import MeshplanError
 from planner.model import ModelSpec, get_model
-from planner.plan import Plan, check_plan_against, parse_plan_json
-from worker import checkpoint
+from planner.plan import Plan, check_plan_against, parse_plan, parse_plan_json
+from worker import checkpoint, watchdog
+from worker.control import exit_path, read_control, write_json_atomic
 from worker.data import batch_rows, replica_rows
+from worker.faults import Faults
 from worker.model import loss_fn
 from worker.options import TrainOptions, make_optimizer, parse_options
 from worker.parallel import (
@@ -67,17 +79,8 @@ def resolve_spec(opts: TrainOptions, plan: Plan) -> ModelSpec:
 
 
 def resolve_resume(opts: TrainOptions) -> Path | None:
-    if opts.resume == "none":
-        return None
-    if opts.resume == "auto":
-        return checkpoint.latest_checkpoint(opts.run_dir)
-    path = Path(opts.resume)
-    if (path / ".metadata").is_file():
-        return path
-    found = checkpoint.latest_checkpoint(path)  # a run folder: its latest checkpoint
-    if found is None:
-        raise MeshplanError("--resume", opts.resume, "not a checkpoint folder or a run folder with checkpoints/latest")
-    return found
+    """Collective: the newest checkpoint that passes its integrity check (worker/checkpoint_check.py)."""
+    return checkpoint.resume_from(opts.resume, opts.run_dir)
 
 
 def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -116,9 +119,13 @@ def build_parts(
 
 
 def build_schedule(
-    plan: Plan, layout: RankLayout, parts: list[nn.Module], mesh: DeviceMesh, device: torch.device, timer: ComputeTimer
+    plan: Plan, layout: RankLayout, parts: list[nn.Module], mesh: DeviceMesh, device: torch.device,
+    timer: ComputeTimer, faults: Faults | None = None,
 ) -> _PipelineSchedule:
-    """The plan's schedule over this rank's stages; micro-batch losses weighted by mbs / global batch."""
+    """The plan's schedule over this rank's stages; micro-batch losses weighted by mbs / global batch.
+
+    Built again (with fresh PipelineStage objects over the same modules) when batch shares change,
+    because a stage sizes its buffers for one micro-batch count."""  # fmt: skip
     weight = plan.micro_batch_size / plan.global_batch_size
 
     def weighted_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -130,6 +137,8 @@ def build_schedule(
         for p, vi in zip(parts, layout.virtual_stages, strict=True)
     ]
     for st in stages:
+        if faults is not None:
+            faults.instrument_stage(st)  # inside the timer: injected slowness counts as compute
         timer.instrument_stage(st)
     n_mb = plan.num_microbatches(layout.replica)
     if plan.schedule == "interleaved-1f1b":
@@ -138,32 +147,82 @@ def build_schedule(
     return cls(stages[0], n_mb, loss_fn=weighted_loss, scale_grads=False)
 
 
+def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: int, load_s: float) -> dict:
+    rows = replica_rows(plan.batch_shares, layout.replica)
+    return {
+        "run_id": opts.run_id, "rank": layout.rank, "stage": layout.stage, "replica": layout.replica,
+        "tp_index": layout.tp_index, "pp": layout.pp, "dp": layout.dp, "tp": layout.tp,
+        "attempt": attempt, "num_microbatches": plan.num_microbatches(layout.replica),
+        "samples": len(rows), "tokens": len(rows) * plan.seq_len, "plan_fingerprint": plan.fingerprint(),
+        "checkpoint_load_s": load_s,
+    }  # fmt: skip
+
+
+def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
+    """`plan` with new batch shares, or None (on every rank alike) when they are not runnable."""
+    try:
+        new = parse_plan({**plan.model_dump(mode="json"), "batch_shares": list(shares)}, "control.json")
+        check_runnable(new, world)
+    except MeshplanError as exc:
+        print(f"control: ignoring batch_shares {shares}: {exc}", file=sys.stderr, flush=True)
+        return None
+    return new
+
+
+def poll_control(opts: TrainOptions, rank: int, step: int, applied: int) -> dict | None:
+    """Rank 0 reads control.json; every rank gets the same new message (or None) at the same step."""
+    box: list[dict | None] = [None]
+    if rank == 0:
+        msg = read_control(opts.run_dir)
+        if msg is not None and msg["version"] > applied and step >= int(msg.get("at_step", 0)):
+            box[0] = msg
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: torch.device) -> None:
     layout = rank_layout(plan, rank)
+    world = dist.get_world_size()
     mesh = build_mesh(plan, device.type)
     parts, grad_syncs = build_parts(opts, plan, spec, layout, mesh, device)
+    faults = Faults(opts.faults, rank)
+    for sync in grad_syncs:
+        sync.before_send = faults.delay_send
     optims = [make_optimizer(p.parameters(), opts.optimizer, opts.lr) for p in parts]
     ckpt = resolve_resume(opts)
+    t_load = time.perf_counter()
     start = checkpoint.load(ckpt, parts, optims) if ckpt is not None else 0
+    load_s = time.perf_counter() - t_load if ckpt is not None else 0.0
     timer = ComputeTimer(device)
-    schedule = build_schedule(plan, layout, parts, mesh, device, timer)
-    n_mb = plan.num_microbatches(layout.replica)
+    schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults)
     weight = plan.micro_batch_size / plan.global_batch_size
 
     has_first, has_last = layout.has_first, layout.has_last(len(plan.stages))
     amp = AMP_DTYPES.get(plan.dtype if opts.dtype == "auto" and device.type == "cuda" else opts.dtype)
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
-    rows = replica_rows(plan.batch_shares, layout.replica)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    log = StepLog(opts.run_dir, rank, {
-        "run_id": opts.run_id, "rank": rank, "stage": layout.stage, "replica": layout.replica,
-        "tp_index": layout.tp_index, "pp": layout.pp, "dp": layout.dp, "tp": layout.tp,
-        "attempt": attempt, "num_microbatches": n_mb,
-        "samples": len(rows), "tokens": len(rows) * plan.seq_len, "plan_fingerprint": plan.fingerprint(),
-    })  # fmt: skip
-    meta = {"plan_fingerprint": plan.fingerprint(), "model": spec.name, "world_size": dist.get_world_size()}
+    log = StepLog(opts.run_dir, rank, _static_fields(opts, plan, layout, attempt, load_s))
+    meta = {"plan_fingerprint": plan.fingerprint(), "model": spec.name, "world_size": world}
+    version = opts.control_from_version
     for step in range(start, opts.steps):
+        watchdog.beat(f"step {step}")
         _maybe_inject_fault(step, rank, attempt)
+        faults.step = step
+        msg = poll_control(opts, rank, step, version)
+        switch = None
+        if msg is not None:
+            version = msg["version"]
+            if msg["action"] == "checkpoint_exit":
+                _checkpoint_exit(opts, rank, step, version, parts, optims, meta)
+                break
+            new = rebalanced(plan, msg.get("batch_shares", []), world)
+            if new is not None:
+                plan, switch = new, "rebalance"
+                meta["plan_fingerprint"] = plan.fingerprint()
+                schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults)
+                log.update_static(_static_fields(opts, plan, layout, attempt, load_s))
+        n_mb = plan.num_microbatches(layout.replica)
+        rows = replica_rows(plan.batch_shares, layout.replica)
         x, y = batch_rows(opts.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.seed)  # type: ignore[arg-type]
         args = (x.to(device),) if has_first else ()
         kwargs = {"target": y.to(device), "losses": []} if has_last else {}
@@ -182,16 +241,32 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
         t2 = time.perf_counter()
         compute_s, step_s = timer.reset(), t2 - t0
         loss = sum(v.item() for v in kwargs["losses"]) / weight / n_mb if has_last else None
+        done = step + 1
+        ckpt_s = None
+        if done == opts.steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0):
+            t3 = time.perf_counter()
+            checkpoint.save(opts.run_dir, done, parts, optims, meta)
+            ckpt_s = time.perf_counter() - t3
         mem, mem_kind = memory_bytes(device)
         log.write(step=step, step_time_s=step_s, compute_s=compute_s, optimizer_s=t2 - t1,
                   comm_wait_s=max(0.0, step_s - compute_s - (t2 - t1)), loss=loss,
-                  memory_bytes=mem, memory_kind=mem_kind)  # fmt: skip
+                  memory_bytes=mem, memory_kind=mem_kind, control_version=version, switch_action=switch,
+                  checkpoint_s=ckpt_s)  # fmt: skip
         if has_last and layout.replica == 0 and layout.tp_index == 0:
             print(f"step {step} loss {loss:.4f} step_time {step_s * 1e3:.1f} ms", flush=True)
-        done = step + 1
-        if done == opts.steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0):
-            checkpoint.save(opts.run_dir, done, parts, optims, meta)
     log.close()
+
+
+def _checkpoint_exit(
+    opts: TrainOptions, rank: int, step: int, version: int, parts: list[nn.Module],
+    optims: list[torch.optim.Optimizer], meta: dict,
+) -> None:
+    """Save the state after `step` completed steps and tell the flow (exit.json) this exit was asked for."""  # fmt: skip
+    t0 = time.perf_counter()
+    checkpoint.save(opts.run_dir, step, parts, optims, meta)
+    if rank == 0:
+        write_json_atomic(exit_path(opts.run_dir), {"step": step, "version": version,
+                                                    "checkpoint_s": time.perf_counter() - t0})  # fmt: skip
 
 
 def _maybe_inject_fault(step: int, rank: int, attempt: int) -> None:
@@ -212,10 +287,14 @@ def main(argv: list[str] | None = None) -> None:
     except MeshplanError as exc:  # every rank sees the same mistake: one line, before any rendezvous
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    watchdog.start(opts.timeout_s, f" rank {os.environ.get('RANK', '?')}").beat("rendezvous")  # bounds hangs
     rank, _, device = init_distributed(opts.timeout_s)
+    watchdog.beat("setup and resume")
     train(opts, plan, spec, rank, device)
+    watchdog.beat("final barrier")
     dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
     dist.destroy_process_group()
+    watchdog.stop()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,15 @@ def train(
         str, typer.Option("--resume", help="auto | none | a checkpoint or run folder (may be another plan's)")
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    replan: Annotated[
+        bool | None, typer.Option("--replan/--no-replan", help="watch for stragglers and re-plan live (default: one node)")
+    ] = None,
+    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML for re-planning (default: CPU ranks)")] = None,
+    slow_rank: Annotated[int, typer.Option("--slow-rank", help="fault injection: rank to slow down")] = -1,
+    slow_factor: Annotated[float, typer.Option("--slow-factor", help="fault injection: compute slowdown (2 = 2x)")] = 1.0,
+    slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
+    slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
+    slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
 ) -> None:
     """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported."""
     extra = []
@@ -45,13 +54,22 @@ def train(
 
     from flows.train import train_flow
 
-    t, path = cfg.train, db_path(cfg)
+    if slow_factor < 1.0:
+        raise MeshplanError("--slow-factor", slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
+    t, path, r = cfg.train, db_path(cfg), cfg.replan
+    replan_config = {"threshold": r.threshold, "persistence_steps": r.persistence_steps, "window": r.window,
+                     "margin_s": r.margin_s, "min_gain": r.min_gain, "cooldown_steps": r.cooldown_steps,
+                     "search_budget_s": r.search_budget_s, "relayout": r.relayout}  # fmt: skip
     out = train_flow(
         db_path=str(path), plan_path=str(plan) if plan else None, plan_id=plan_id, steps=t.steps,
         nproc_per_node=t.nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=t.rdzv_endpoint,
         data=t.data, lr=t.lr, optimizer=t.optimizer, seed=t.seed, checkpoint_every=t.checkpoint_every,
         resume=resume, max_restarts=t.max_restarts, run_id=run_id, runs_dir=str(Path(cfg.state.dir) / "runs"),
         timeout_s=t.timeout_s, collective_timeout_s=t.collective_timeout_s,
+        replan=nnodes == 1 if replan is None else replan, replan_config=replan_config,
+        cluster_path=str(cluster) if cluster else None, poll_s=r.poll_s, slow_rank=slow_rank, slow_factor=slow_factor,
+        slow_from_step=slow_from_step, slow_link_rank=slow_link_rank, slow_link_s_per_mib=slow_link_s_per_mib,
+        slow_link_from_step=slow_from_step,
     )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
@@ -63,6 +81,8 @@ def train(
             f"step time measured {measured * 1e3:.1f} ms"
             + (f", predicted {predicted * 1e3:.1f} ms" if predicted else "")
         )
+    for d in out["decisions"]:
+        typer.echo(f"re-plan at step {d['step']}: {d['chosen_action']}{' (switched)' if d['acted'] else ''} — {d['reason']}")
     losses = [v for v in out["losses"] if v is not None]
     if losses:
         typer.echo(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")

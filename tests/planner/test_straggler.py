@@ -46,7 +46,7 @@ def test_slow_rank_detected_within_persistence_steps_with_factor(factor):
     compute = [s for s in d.slowdowns if s.kind == "compute"]
     assert [s.rank for s in compute] == [2]
     s = compute[0]
-    assert s.since_step == 15 and s.detected_at_step == 15 + cfg.persistence - 1
+    assert s.since_step == 15 and 15 < s.detected_at_step <= 15 + cfg.persistence - 1  # rolling median: a majority
     assert abs(s.factor - factor) / factor < 0.15
     # the other ranks only waited: no link slowdown is blamed on them
     assert not d.link_factors()

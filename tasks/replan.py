@@ -1,0 +1,51 @@
+"""Prefect tasks of stage 5 (replan): supervise a training job, decide from stored telemetry, store decisions.
+
+Policies (DESIGN §5): supervising launches processes and writes control files — NO_CACHE, no
+retries (the flow decides whether to relaunch). Deciding from stored telemetry is cheap and must
+reflect the latest rows — NO_CACHE. Storing decisions is an idempotent upsert — short retries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from planner.cluster import ClusterSpec
+from planner.model import ModelSpec
+from planner.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
+from planner.plan import Plan
+from planner.profiles import ProfileTable
+from storage.replan import save_decision
+from storage.runs import step_metrics
+from tasks.supervise import Supervisor
+from worker.launch import Launch
+
+
+@task(name="supervise-training", retries=0, cache_policy=NO_CACHE)
+def supervise_training(
+    db_path: str, run_id: str, launch: Launch, plan: Plan, model: ModelSpec, cluster: ClusterSpec,
+    profiles: ProfileTable | None, cfg: MonitorConfig, timeout_s: float, act: bool, poll_s: float,
+    synthetic_cluster: bool,
+) -> dict[str, Any]:
+    """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""  # fmt: skip
+    sup = Supervisor(launch, plan, model, cluster, profiles, cfg, lambda rec: save_decision(db_path, run_id, rec),
+                     act=act, poll_s=poll_s, synthetic_cluster=synthetic_cluster)  # fmt: skip
+    return sup.run(timeout_s)
+
+
+@task(name="decide-from-telemetry", cache_policy=NO_CACHE)
+def decide_from_telemetry(
+    db_path: str, run_id: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, num_steps: int, cfg: MonitorConfig
+) -> MonitorDecision | None:
+    """Detection + re-planning over a run's stored step_metrics (None: nothing detected)."""
+    rows = step_metrics(db_path, run_id).to_dicts()
+    monitor = ReplanMonitor(plan, model, cluster, None, num_steps, cfg, world_size=len({r["rank"] for r in rows}) or 0)
+    monitor.observe(rows)
+    return monitor.poll()
+
+
+@task(name="store-decision", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def store_decision(db_path: str, run_id: str, record: dict[str, Any]) -> int:
+    return save_decision(db_path, run_id, record)

@@ -1,0 +1,125 @@
+"""`meshplan replan` on stored telemetry and `meshplan schedule` as a served deployment on a real server.
+
+The stored run is synthetic telemetry (rank 1's per-sample compute doubles from step 15) ingested
+the way train_flow ingests real ranks' files, so no torchrun launch is needed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.commands.replan import parse_every
+from planner.errors import MeshplanError
+from planner.plan import parse_plan
+from storage.replan import load_decisions
+from storage.runs import finish_run, ingest_step_metrics, start_run
+
+MESHPLAN = [sys.executable, "-m", "flows.cli"]
+pytestmark = pytest.mark.flow
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH")}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _stored_straggler_run(state: Path, run_id: str = "stored") -> Path:
+    plan = parse_plan({"model": "tiny", "cluster": "cpu", "global_batch_size": 16, "seq_len": 32, "micro_batch_size": 1,
+                       "dtype": "fp32", "batch_shares": [4, 4, 4, 4],
+                       "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]})  # fmt: skip
+    run_dir = state / "runs" / run_id
+    (run_dir / "telemetry").mkdir(parents=True)
+    rng, files = random.Random(0), {r: [] for r in range(4)}
+    for step in range(40):
+        comp = {r: 4 * 0.010 * (1 + rng.gauss(0, 0.03)) * (2.0 if r == 1 and step >= 15 else 1.0) for r in range(4)}
+        for r in range(4):
+            files[r].append({"rank": r, "step": step, "stage": 0, "replica": r, "tp_index": 0, "attempt": 0,
+                             "num_microbatches": 4, "samples": 4, "tokens": 128, "step_time_s": max(comp.values()),
+                             "compute_s": comp[r], "comm_wait_s": max(comp.values()) - comp[r], "optimizer_s": 0.0,
+                             "loss": 1.0, "memory_bytes": 1, "memory_kind": "cpu_max_rss", "wall_time_s": step})  # fmt: skip
+    for r, rows in files.items():
+        (run_dir / "telemetry" / f"rank_{r:05d}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    db = state / "meshplan.duckdb"
+    start_run(db, run_id, plan, 60, run_dir)
+    ingest_step_metrics(db, run_id, run_dir)
+    finish_run(db, run_id, "completed")
+    return db
+
+
+def test_every_parses_units_and_rejects_nonsense():
+    assert [parse_every(x) for x in ("30s", "5m", "2h", "1d", "45")] == [30, 300, 7200, 86400, 45]
+    with pytest.raises(MeshplanError, match="--every"):
+        parse_every("soon")
+
+
+def test_replan_command_decides_and_records_for_a_stored_run(tmp_path):
+    db = _stored_straggler_run(tmp_path)
+    out = subprocess.run([*MESHPLAN, "--state-dir", str(tmp_path), "replan", "--run-id", "stored"], env=_env(),
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rank 1: compute" in out.stdout and "decision: rebalance" in out.stdout
+    assert load_decisions(db, "stored")["chosen_action"].to_list() == ["rebalance"]
+
+
+def test_schedule_without_a_server_fails_with_one_line(tmp_path):
+    out = subprocess.run([*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "x", "--every", "5m"],
+                         env=_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 1 and "run `meshplan ui` first" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_schedule_serves_an_interval_deployment_that_runs_on_demand(tmp_path):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.server import start_server, stop_server
+
+    _stored_straggler_run(tmp_path)
+    server = start_server(tmp_path, port=_free_port())
+    api_url = json.loads((tmp_path / "prefect-server.json").read_text())["api_url"]
+    serve = subprocess.Popen([*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "stored", "--every", "1h",
+                              "--name", "t"], env=_env(PREFECT_RUNNER_POLL_FREQUENCY="1"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            deployment = asyncio.run(_wait_for_deployment("replan/t", serve))
+            assert deployment.schedules[0].schedule.interval.total_seconds() == 3600
+            run = run_deployment("replan/t", timeout=180)
+            assert run.state.is_completed(), run.state
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(60)
+        stop_server(server, tmp_path)
+    decisions = load_decisions(tmp_path / "meshplan.duckdb", "stored")
+    assert decisions["source"].to_list() == ["replan_flow"]  # the served run decided and recorded
+
+
+async def _wait_for_deployment(name: str, serve: subprocess.Popen):
+    from prefect import get_client
+
+    deadline = time.monotonic() + 120
+    async with get_client() as client:
+        while True:
+            try:
+                return await client.read_deployment_by_name(name)
+            except Exception:
+                assert serve.poll() is None, serve.stdout.read()
+                assert time.monotonic() < deadline, "the deployment never appeared"
+                await asyncio.sleep(1)

@@ -1,0 +1,51 @@
+"""Network exposure by default: the torchrun launch and the Prefect UI server stay on this machine.
+
+One node uses torchrun's `--standalone` rendezvous (a private store on a free local port, no
+address given); only an explicit multi-node launch names a host. Every default host in the config,
+the launcher, the train flow and the UI server is the loopback address.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from planner.config import RunConfig
+from worker.launch import Launch, torchrun_command
+
+LOOPBACK = "127.0.0.1"
+
+
+def test_single_node_launch_uses_the_private_standalone_rendezvous():
+    cmd = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x", steps=1))
+    assert "--standalone" in cmd
+    assert not {"--master-addr", "--rdzv-endpoint", "--nnodes"} & set(cmd)
+
+
+def test_every_default_address_is_loopback():
+    from flows.server import start_server
+    from flows.train import train_flow
+
+    assert Launch(plan_path="p", run_dir="r", run_id="x", steps=1).rdzv_endpoint.startswith(f"{LOOPBACK}:")
+    assert RunConfig().train.rdzv_endpoint.startswith(f"{LOOPBACK}:")
+    assert RunConfig().ui.host == LOOPBACK
+    assert inspect.signature(start_server).parameters["host"].default == LOOPBACK
+    flow_params = inspect.signature(train_flow.fn).parameters
+    assert flow_params["rdzv_endpoint"].default.startswith(f"{LOOPBACK}:")
+
+
+def test_multi_node_launch_uses_only_the_address_it_was_given():
+    launch = Launch(plan_path="p", run_dir="r", run_id="x", steps=1, nnodes=2, node_rank=1,
+                    rdzv_endpoint="10.1.2.3:29400")  # fmt: skip
+    cmd = torchrun_command(launch)
+    assert "--standalone" not in cmd
+    assert cmd[cmd.index("--master-addr") + 1] == "10.1.2.3" and cmd[cmd.index("--master-port") + 1] == "29400"
+
+
+@pytest.mark.parametrize("endpoint", ["10.1.2.3", ":29400", "host:port"])
+def test_a_malformed_rendezvous_endpoint_is_refused(endpoint):
+    from planner.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match="HOST:PORT"):
+        torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", steps=1, nnodes=2, rdzv_endpoint=endpoint))

@@ -1,0 +1,85 @@
+"""The flow ↔ ranks control channel of a running training job (stdlib only: the flow imports it).
+
+`<run_dir>/control.json` is written by the flow (temp file + os.replace, so a reader sees the old
+or the new message, never half of one) and carries a `version` that only grows. Rank 0 reads it at
+every step boundary and broadcasts it (worker/train.py), so every rank applies a new version at the
+same step. Actions:
+- {"action": "rebalance", "batch_shares": [...]}: new per-replica shares from the next step on.
+- {"action": "checkpoint_exit", "at_step": N}: at the first step boundary ≥ N every rank saves a
+  DCP checkpoint and exits 0; rank 0 then writes `<run_dir>/exit.json` {step, version, checkpoint_s}
+  so the flow can tell a requested exit from a finished run and relaunch with the new plan.
+
+`TelemetryTail` reads the ranks' JSONL telemetry incrementally while they write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ACTIONS = ("rebalance", "checkpoint_exit")
+
+
+def control_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "control.json"
+
+
+def exit_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "exit.json"
+
+
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def read_control(run_dir: str | Path) -> dict[str, Any] | None:
+    path = control_path(run_dir)
+    try:
+        msg = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if not isinstance(msg, dict) or msg.get("action") not in ACTIONS or not isinstance(msg.get("version"), int):
+        return None
+    return msg
+
+
+def write_control(run_dir: str | Path, action: str, **fields: Any) -> int:
+    """Publish a new control message; returns its version (previous version + 1)."""
+    if action not in ACTIONS:
+        raise ValueError(f"control action {action!r} is not one of {ACTIONS}")
+    old = read_control(run_dir)
+    version = (old["version"] if old else 0) + 1
+    write_json_atomic(control_path(run_dir), {"version": version, "action": action, **fields})
+    return version
+
+
+def read_exit(run_dir: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(exit_path(run_dir).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class TelemetryTail:
+    """New complete lines of every `<run>/telemetry/rank_*.jsonl` since the last call."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.dir = Path(run_dir) / "telemetry"
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for f in sorted(self.dir.glob("rank_*.jsonl")):
+            pos = self._offsets.get(f, 0)
+            with f.open("rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1  # a line being written is left for the next call
+            if end:
+                rows += [json.loads(line) for line in chunk[:end].decode().splitlines() if line.strip()]
+                self._offsets[f] = pos + end
+        return rows

@@ -1,0 +1,106 @@
+"""Fault injection for straggler experiments: a slow device and a slow link, from a chosen step.
+
+- Compute (`--slow-rank R --slow-factor F --slow-from-step S`): each call of rank R's pipeline
+  stage compute entry points (forward_one_chunk / backward_one_chunk / backward_weight_one_chunk,
+  the same points ComputeTimer measures: one call = one micro-batch) is timed and then padded
+  with a sleep until it has lasted F × that entry point's healthy duration (the median of its
+  calls in steps 1..S−1). So compute is stretched F× in proportion to the work — more micro-batches,
+  more delay — like a throttled GPU. Why the healthy median and not (F − 1) × the call's own time:
+  with more ranks than cores, a rank that sleeps leaves its core to the others, so its own later
+  calls run faster and "(F − 1) × own time" delivered only ~1.5× for F = 2 (measured, 4 ranks on 2
+  cores). With no healthy call seen (S = 0) it falls back to (F − 1) × the call's own time.
+  A sleep, not a busy loop: a slow GPU does not take CPU from its neighbours.
+- Link (`--slow-link-rank R --slow-link-s-per-mib X [--slow-link-s-per-msg Y]`, from
+  `--slow-link-from-step`): before rank R sends, it waits X seconds per MiB sent plus Y per message
+  — on pipeline p2p sends (pipelining's `_batch_p2p`, through which every schedule sends) and on
+  the data-parallel gradient all-reduce of sharding "none" (GradSumSync). FSDP's own collectives are
+  not delayed. The wait lands outside compute chunks, so it shows up as comm_wait_s.
+- MESHPLAN_FAULT="<rank>:<step>" (a SIGKILL, for restart tests) is unchanged, in worker/train.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+import torch.distributed as dist
+
+MIB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    slow_rank: int = -1
+    slow_factor: float = 1.0
+    slow_from_step: int = 0
+    link_rank: int = -1
+    link_s_per_mib: float = 0.0
+    link_s_per_msg: float = 0.0
+    link_from_step: int = 0
+
+
+class Faults:
+    """This rank's injected faults; `step` is advanced by the training loop."""
+
+    def __init__(self, spec: FaultSpec, rank: int) -> None:
+        self.spec = spec
+        self.step = 0
+        self._healthy: dict[tuple[int, str], list[float]] = {}
+        self.compute_on = rank == spec.slow_rank and spec.slow_factor > 1.0
+        self.link_on = rank == spec.link_rank and (spec.link_s_per_mib > 0 or spec.link_s_per_msg > 0)
+        if self.link_on:
+            self._patch_p2p()
+
+    def _slow_now(self) -> bool:
+        return self.compute_on and self.step >= self.spec.slow_from_step
+
+    def _link_now(self) -> bool:
+        return self.link_on and self.step >= self.spec.link_from_step
+
+    def wrap_compute(self, fn: Callable[..., Any], key: tuple[int, str]) -> Callable[..., Any]:
+        healthy = self._healthy.setdefault(key, [])
+
+        def slowed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            took = time.perf_counter() - t0
+            if not self._slow_now():
+                if self.step > 0:  # step 0 pays one-off warm-up costs; the detector skips it too
+                    healthy.append(took)
+            elif healthy:
+                time.sleep(max(0.0, self.spec.slow_factor * median(healthy[-64:]) - took))
+            else:
+                time.sleep((self.spec.slow_factor - 1.0) * took)
+            return out
+
+        return slowed
+
+    def instrument_stage(self, stage: Any) -> None:
+        if not self.compute_on:
+            return
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            if hasattr(stage, name):
+                setattr(stage, name, self.wrap_compute(getattr(stage, name), (stage.stage_index, name)))
+
+    def delay_send(self, num_bytes: int, num_messages: int = 1) -> None:
+        if self._link_now():
+            time.sleep(self.spec.link_s_per_mib * num_bytes / MIB + self.spec.link_s_per_msg * num_messages)
+
+    def _patch_p2p(self) -> None:
+        # Every pipelining schedule sends through schedules._batch_p2p (homogeneous batches of sends
+        # go straight to dist.isend, mixed ones to dist.batch_isend_irecv), looked up as a module
+        # global at call time; only this rank's process is patched, and only sends are delayed.
+        from torch.distributed.pipelining import schedules
+
+        original = schedules._batch_p2p
+
+        def delayed(p2p_ops: list[dist.P2POp], *args: Any, **kwargs: Any) -> Any:
+            sends = [op for op in p2p_ops if op.op in (dist.isend, dist.send)]
+            if sends:
+                self.delay_send(sum(op.tensor.numel() * op.tensor.element_size() for op in sends), len(sends))
+            return original(p2p_ops, *args, **kwargs)
+
+        schedules._batch_p2p = delayed
