@@ -6,8 +6,10 @@ import signal
 import sys
 
 from flows.app import app
+
 # each module registers its commands on `app` when imported; none imports anything heavy at top level
 from flows.commands import discover, inspect, plan, profile, replan, run, train, ui  # noqa: F401
+
 
 def main() -> None:
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
