@@ -7,29 +7,18 @@ artifact (best plan's bottleneck and memory per stage).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from planner.cluster import ClusterSpec, parse_cluster_toml
-from planner.errors import MeshplanError
 from planner.model import get_model
 from planner.search import NoFeasiblePlan
 from planner.search.report import markdown_report, ranking_rows
 from planner.timeline import schedule_picture
 from storage.hardware import resolve_cluster
+from tasks.files import read_cluster_file
 from tasks.plan import load_profiles, search_plans, store_plans
-
-
-def read_cluster(cluster_file: str) -> ClusterSpec:
-    p = Path(cluster_file)
-    if not p.is_file():
-        raise MeshplanError(
-            "--cluster", cluster_file, "no such file; pass a cluster TOML file (see examples/clusters/)"
-        )
-    return parse_cluster_toml(p.read_text(), origin=p.name)
 
 
 @flow(name="plan", log_prints=True)
@@ -46,7 +35,7 @@ def plan_flow(
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
     newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}."""
     model = get_model(model_name)
-    cluster = read_cluster(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
+    cluster = read_cluster_file(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
     profiles = load_profiles(db_path, model)
     searched = search_plans(
         model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, return_state=True

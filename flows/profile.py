@@ -20,7 +20,6 @@ from typing import Any
 
 from prefect import flow
 
-from planner.cluster import ClusterSpec, parse_cluster_toml
 from planner.errors import MeshplanError
 from planner.flops import DTYPE_BYTES, LAYER_KINDS
 from planner.model import get_model
@@ -35,6 +34,7 @@ from planner.profiling import (
     validate_shapes,
 )
 from storage.profiles import estimate_rows as estimate_storage_rows
+from tasks.files import read_cluster_file
 from tasks.profile import (
     comm_fits,
     find_missing,
@@ -45,15 +45,6 @@ from tasks.profile import (
     local_device,
     profile_group,
 )
-
-
-def _read_cluster(cluster_file: str) -> ClusterSpec:
-    p = Path(cluster_file)
-    if not p.is_file():
-        raise MeshplanError(
-            "--cluster", cluster_file, "no such file; pass a cluster TOML file (see examples/clusters/)"
-        )
-    return parse_cluster_toml(p.read_text(), origin=p.name)
 
 
 @flow(name="profile", log_prints=True)
@@ -82,7 +73,7 @@ def profile_flow(
     validate_shapes(model, mbs, seq, tp)
     if dtype not in DTYPE_BYTES:
         raise MeshplanError("profile.dtype", dtype, f"use one of {', '.join(DTYPE_BYTES)}")
-    cluster = _read_cluster(cluster_file) if cluster_file else None
+    cluster = read_cluster_file(cluster_file) if cluster_file else None
     here = local_device()
     kinds = sorted(cluster.device_kinds()) if cluster else [here["device_kind"]]
     local_kind = here["device_kind"]

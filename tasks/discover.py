@@ -20,7 +20,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from planner.cluster import ClusterSpec, parse_cluster_toml
+from planner.cluster import ClusterSpec
 from planner.discovery import (
     cluster_from_snapshot,
     hardware_fingerprint,
@@ -29,6 +29,7 @@ from planner.discovery import (
 )
 from planner.errors import MeshplanError
 from storage.hardware import find_snapshot, load_snapshot, save_snapshot
+from tasks import files
 
 
 def _retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -44,10 +45,7 @@ def _retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="read-cluster-file", cache_policy=NO_CACHE)
 def read_cluster_file(path: str) -> ClusterSpec:
     """Parse a cluster TOML file; a problem names the file and field."""
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError("--cluster", path, "no such file; pass a cluster TOML file (see examples/clusters/)")
-    return parse_cluster_toml(p.read_text(), origin=p.name)
+    return files.read_cluster_file(path)
 
 
 @task(name="probe-identity", retries=2, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE,

@@ -11,19 +11,15 @@ import typer
 from flows.app import app, db_path, load_settings, prefect_env
 
 
-def _cluster(path: Path | None, db: Path | None = None, snapshot: str | None = None) -> Any:
-    from planner.cluster import parse_cluster_toml
-    from planner.errors import MeshplanError
-
+def _cluster(path: Path | None, db: Path, snapshot: str | None = None) -> Any:
+    """The cluster file's spec, or this machine as `meshplan discover` recorded it."""
     if path is None:
-        if db is None:
-            raise MeshplanError("--cluster", None, "required: pass a cluster TOML file (see examples/clusters/)")
         from storage.hardware import resolve_cluster
 
-        return resolve_cluster(db, snapshot)  # this machine, as `meshplan discover` recorded it
-    if not path.is_file():
-        raise MeshplanError("--cluster", str(path), "no such file; pass a cluster TOML file (see examples/clusters/)")
-    return parse_cluster_toml(path.read_text(), origin=path.name)
+        return resolve_cluster(db, snapshot)
+    from tasks.files import read_cluster_file
+
+    return read_cluster_file(path)
 
 
 def _print_table(rows: list[dict], title: str) -> None:
