@@ -1,34 +1,40 @@
 """Fidelity of the time model: predicted vs measured step time of real torchrun runs on this machine.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 2] [--steps 8] [--state-dir DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 3] [--steps 7] [--state-dir DIR] [--replay]
 
+Every round measures, in this order:
 1. Discover: worker.netbench under torchrun at 1, 2 and 4 ranks (per-rank matmul rate, memory
-   bandwidth, gloo α–β fits per op), stored in a DuckDB file in the state folder.
+   bandwidth, gloo α–β fits per op), a snapshot file per rank count.
 2. Profile one model (FIDELITY_MODEL below) with worker.profile_layers: every (layer kind, mbs, tp,
-   recompute) the plans use, one process, one thread, into the same DuckDB file.
-3. For each plan: predict with planner.cost.estimate on the cluster discovered at the plan's rank
-   count plus the measured profiles, and measure with torchrun + worker.train (median over steady
-   steps of the slowest rank's step_time_s, warm-up steps dropped). Plans are run round-robin for
-   `--rounds` rounds, so slow phases of the shared machine spread over all plans; the measured
-   figure is the median over rounds.
-Printed: plan, predicted, measured, error %, then MAPE and Spearman ρ for the cost model and for the
-same-run baseline: FLOPs only (model training FLOPs / (ranks × measured per-rank matmul rate)).
+   recompute) the plans use, one process, one thread (itself the fastest of 3 round-robin passes).
+3. The optimizer: torch AdamW's step time per parameter over one block (worker.layer_bench).
+4. Every plan once with torchrun + worker.train: the median over steady steps (warm-up dropped)
+   of the slowest rank's step_time_s.
+Load guard: a neighbour on the shared machine only ever adds time, so of each quantity the
+least-disturbed round is kept (the fastest snapshot, profile row, optimizer step and run); it
+estimates the machine with nobody else on it, for measurements and predictions alike, and repeating
+everything per round gives each of them the same chance at a quiet spell. The kept snapshots and
+profiles go into a DuckDB file in the state folder; `--replay` re-prices a state folder.
+Prediction: planner.cost.estimate on the cluster discovered at the plan's rank count plus the
+profiles, with the calibration from discovery (planner.calibrate; nothing fitted on these runs),
+and without it. Printed: plan, predicted, measured, error %, then MAPE and Spearman ρ for the cost
+model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate)).
 
 The model: GPT, d=256, 4 heads, 8 layers, seq 128, vocab 512. A block's fwd+bwd at mbs=1 is ~10 ms on
 one core, so per-micro-batch gloo and pipelining overheads (~0.1–1 ms) are visible but do not
-dominate, and a 4-rank step stays under ~1 s so ≥ 8 plans × 2 rounds fit in a few minutes.
+dominate, and a 4-rank step stays under ~1 s so 10 plans × 3 rounds fit in about 20 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner import flops  # noqa: E402
-from planner.calibrate import Calibration, cpu_calibration  # noqa: E402
+from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration  # noqa: E402
 from planner.cluster import ClusterSpec  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
@@ -101,51 +107,103 @@ def make_plan(name: str, f: dict) -> Plan:
 # ---- stage 1 and 2: discover and profile into DuckDB ---------------------------------------------
 
 
-def discover(db: Path, state: Path, num_ranks: int, timeout_s: float) -> str:
-    """Run netbench at `num_ranks` and store it; its hardware fingerprint."""
-    from tasks.discover import ingest_snapshot, run_netbench
+def discover_pass(state: Path, num_ranks: int, rnd: int, timeout_s: float) -> None:
+    """One netbench run at `num_ranks`, its snapshot kept in the state folder (round `rnd`)."""
+    from tasks.discover import run_netbench
 
-    run_dir = state / f"discover-{num_ranks}"
+    run_dir = state / f"discover-{num_ranks}-{rnd}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    sizes = [1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21]
+    # up to 32 MB: the fidelity model's whole gradient (~26 MB) is one all-reduce; fits on ≤ 2 MB
+    # messages extrapolated it badly (α of several ms and β = 0 at 4 ranks on 2 cores)
+    sizes = [1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21, 1 << 23, 1 << 25]
     # 1024³ matmuls (the netbench default): big enough to leave the caches, so concurrent ranks
     # contend for memory as the model's matmuls do; 7 repeats for a median under a noisy neighbour
-    path = run_netbench.fn(str(run_dir), num_ranks, sizes, 7, 1024, timeout_s)
-    return ingest_snapshot.fn(str(db), path)
+    run_netbench.fn(str(run_dir), num_ranks, sizes, 7, 1024, timeout_s)
 
 
-def profile(db: Path, state: Path, plans: list[Plan], timeout_s: float) -> ProfileTable:
-    """Measure every layer shape the plans need (one profiler subprocess per tp) and load the table."""
-    import torch
+def best_snapshot(db: Path, state: Path, num_ranks: int) -> str:
+    """Store the least-disturbed snapshot of `num_ranks` ranks (the highest median per-rank matmul
+    rate: a neighbour's burst only slows ranks down); its hardware fingerprint."""
+    from tasks.discover import ingest_snapshot
 
-    from storage.profiles import load_profile_table, missing_keys, upsert_profiles
-    from tasks.profile import profile_group
+    def rate(path: Path) -> float:
+        return statistics.median(r["probe"]["matmul_flop_per_s"] for r in json.loads(path.read_text())["ranks"])
 
+    paths = sorted(state.glob(f"discover-{num_ranks}-*/snapshot.json"))
+    if not paths:
+        raise RuntimeError(f"no netbench snapshot of {num_ranks} ranks in {state}; run without --replay first")
+    return ingest_snapshot.fn(str(db), str(max(paths, key=rate)))
+
+
+def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
+    """α–β fits of the collectives over `num_ranks` ranks on the fastest time of each message size
+    across all rounds' snapshots (per point, as for everything else), as discovery's fit rows."""
+    from planner.alphabeta import fit_alpha_beta
+
+    best: dict[tuple[str, int], float] = {}
+    for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
+        for m in json.loads(path.read_text())["measurements"]:
+            if m["op"] in COLLECTIVE_OPS:
+                k = (m["op"], m["message_bytes"])
+                best[k] = min(best.get(k, math.inf), m["time_s"])
+    rows = []
+    for op in COLLECTIVE_OPS:
+        pts = sorted((size, t) for (o, size), t in best.items() if o == op)
+        if len({size for size, _ in pts}) >= 2:
+            fit = fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts])
+            rows.append(
+                {"op": op, "link_class": "intra-node", "alpha_s": fit.alpha_s, "beta_s_per_byte": fit.beta_s_per_byte}
+            )
+    return rows
+
+
+def profile_keys_for(plans: list[Plan]) -> list:
     mbs = sorted({p.micro_batch_size for p in plans})
     keys = []
     for tp in sorted({s.tp for p in plans for s in p.stages}):
         keys += profile_keys("cpu", mbs, [SEQ], [tp], "fp32", (False, True))
-    todo = missing_keys(db, keys, FIDELITY_MODEL, torch.__version__)
-    for tp in sorted({k.tp for k in todo}):
-        group = [k for k in todo if k.tp == tp]
-        rows = profile_group.fn(FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / "profile"))
-        upsert_profiles(db, rows)
+    return keys
+
+
+def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> None:
+    """Measure every layer shape the plans need (one profiler subprocess per tp) into round `rnd`'s folder."""
+    import torch
+
+    from tasks.profile import profile_group
+
+    keys = profile_keys_for(plans)
+    for tp in sorted({k.tp for k in keys}):
+        group = [k for k in keys if k.tp == tp]
+        profile_group.fn(FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / f"profile-{rnd}"))
+
+
+def fastest_profiles(db: Path, state: Path) -> ProfileTable:
+    """Store, per layer shape, the row of the pass with the smallest forward + backward (the
+    least-disturbed pass, as for runs and snapshots) and load the table."""
+    from storage.profiles import load_profile_table, read_jsonl, upsert_profiles
+
+    best: dict[tuple, dict] = {}
+    for f in sorted(state.glob("profile-*/*.jsonl")):
+        for r in read_jsonl(f):
+            key = (r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"])
+            if key not in best or r["forward_s"] + r["backward_s"] < best[key]["forward_s"] + best[key]["backward_s"]:
+                best[key] = r
+    upsert_profiles(db, best.values())
     return load_profile_table(db, FIDELITY_MODEL, ["cpu"])
 
 
-def speed_probe_flop_per_s(window_s: float = 0.5) -> float:
-    """This process's one-thread 512³ matmul rate over `window_s` of wall time: the share of a core
-    other users of the shared machine leave us right now (a load proxy taken next to each measurement)."""
-    import torch
+def measure_adamw_s_per_param(dtensor: bool = False) -> float:
+    """torch AdamW's step time per parameter over one FIDELITY_MODEL block (plain or DTensor params),
+    one thread, load-guarded; in a subprocess of its own, like the layer profiler (and away from this
+    folder's `profile.py`, which would shadow the stdlib module torch's optimizer imports)."""
+    import subprocess
 
-    torch.set_num_threads(1)
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
-    a @ b
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < window_s:
-        a @ b
-        n += 1
-    return 2 * 512**3 * n / (time.perf_counter() - t0)
+    code = ("import sys, torch; torch.set_num_threads(1); from planner.model import ModelSpec; "
+            "from worker.layer_bench import adamw_s_per_param; "
+            "print(adamw_s_per_param(ModelSpec.model_validate_json(sys.argv[1]), dtensor=sys.argv[2] == '1'))")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code, FIDELITY_MODEL.model_dump_json(), "1" if dtensor else "0"],
+                         cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return float(res.stdout.strip().splitlines()[-1])
 
 
 # ---- stage 4: measure with torchrun -------------------------------------------------------------
@@ -156,7 +214,6 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     from worker.launch import Launch, log_tail, run_logged, torchrun_command
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=state))
-    before = speed_probe_flop_per_s()
     (run_dir / "plan.json").write_text(plan.to_json())
     spec_file = run_dir / "model.json"
     spec_file.write_text(FIDELITY_MODEL.model_dump_json())
@@ -167,19 +224,17 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     # wall time but is outside every step_time_s.
     cmd = torchrun_command(launch) + ["--model-json", str(spec_file)]
     rc, _ = run_logged(cmd, run_dir / "torchrun.log", timeout_s)
-    probe = {"before_flop_per_s": before, "after_flop_per_s": speed_probe_flop_per_s()}
-    (run_dir / "speed_probe.json").write_text(json.dumps(probe))
-    if rc != 0:
+    if rc != 0 and not (
+        rc == 1 and "exitcode  : -6" in log_tail(run_dir / "torchrun.log") and _all_steps(run_dir, steps)
+    ):
+        # gloo's sporadic abort at process exit (STACK.md §1.3) after every step was logged is no failure
         raise RuntimeError(f"{name}: torchrun exited {rc}:\n{log_tail(run_dir / 'torchrun.log')}")
     return run_step_time_s(run_dir)
 
 
-def probe_speed(path: Path) -> float:
-    """Mean of the speed probes taken before and after a measurement (NaN when none was stored)."""
-    if not path.is_file():
-        return float("nan")
-    p = json.loads(path.read_text())
-    return (p["before_flop_per_s"] + p["after_flop_per_s"]) / 2
+def _all_steps(run_dir: Path, steps: int) -> bool:
+    files = list((run_dir / "telemetry").glob("rank_*.jsonl"))
+    return bool(files) and all(len(f.read_text().splitlines()) == steps for f in files)
 
 
 def run_step_time_s(run_dir: Path) -> float:
@@ -233,30 +288,48 @@ def mape(pred: list[float], meas: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2, help="round-robin passes over the plans")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of discover + profile + every plan's run")
     ap.add_argument("--steps", type=int, default=7, help="steps per run (the first 2 are warm-up)")
     ap.add_argument("--state-dir", default="", help="keep DuckDB + runs here (default: a temp folder)")
     ap.add_argument("--only", nargs="*", default=None, help="plan names to run")
     ap.add_argument("--timeout-s", type=float, default=300.0)
-    ap.add_argument("--replay", action="store_true", help="re-price the snapshots and runs stored in --state-dir")
+    ap.add_argument("--replay", action="store_true", help="re-price the snapshots, profiles and runs in --state-dir")
     args = ap.parse_args()
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="meshplan-fidelity-")).resolve()
     state.mkdir(parents=True, exist_ok=True)
     db = state / "meshplan.duckdb"
-    from storage.hardware import list_snapshots, load_snapshot
+    from storage.hardware import load_snapshot
 
     t0 = time.perf_counter()
     print(f"state {state}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    specs = fidelity_plans()
+    names = [n for n in specs if args.only is None or n in args.only]
+    plans = {n: make_plan(n, specs[n]) for n in names}
+    # Each round measures everything once, in the same order: a quiet spell of the shared machine
+    # can then serve hardware, profiles and runs alike, and each takes its least-disturbed round.
+    done = len(list(state.glob("adamw-[0-9]*.json")))  # rounds add to those the state folder holds
+    for rnd in range(done, done + (0 if args.replay else args.rounds)):
+        for n in (1, 2, 4):
+            discover_pass(state, n, rnd, args.timeout_s)
+        profile_pass(state, list(plans.values()), rnd, args.timeout_s)
+        (state / f"adamw-{rnd}.json").write_text(json.dumps(measure_adamw_s_per_param()))
+        (state / f"adamw-dtensor-{rnd}.json").write_text(json.dumps(measure_adamw_s_per_param(dtensor=True)))
+        for n in names:
+            measure(plans[n], n, state, args.steps, args.timeout_s)
+        print(f"round {rnd + 1}/{done + args.rounds} done after {time.perf_counter() - t0:.0f} s, "
+              f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+
+    adam_runs = [json.loads(f.read_text()) for f in state.glob("adamw-[0-9]*.json")]
+    adam = min(adam_runs) if adam_runs else None
+    adam_dt_runs = [json.loads(f.read_text()) for f in state.glob("adamw-dtensor-*.json")]
+    adam_dt = min(adam_dt_runs) if adam_dt_runs else None
+    for label, v in (("plain", adam), ("DTensor", adam_dt)):
+        print(f"AdamW step on {label} params, one rank alone: " + (f"{v * 1e9:.2f} ns/param" if v else "not measured"))
     clusters: dict[int, ClusterSpec] = {}
     calibs: dict[int, Calibration] = {}
     single = 0.0
-    stored_fps = {}
-    if args.replay:  # the snapshots a previous run stored, by rank count
-        frame = list_snapshots(db)
-        stored_fps = dict(zip(frame["num_devices"].to_list(), frame["fingerprint"].to_list(), strict=True))
     for n in (1, 2, 4):
-        fp = stored_fps[n] if args.replay else discover(db, state, n, args.timeout_s)
-        stored = load_snapshot(db, fp)
+        stored = load_snapshot(db, best_snapshot(db, state, n))
         clusters[n] = stored.cluster
         rates = stored.devices["measured_flop_per_s"].to_list()
         single = single or statistics.median(rates)
@@ -265,71 +338,37 @@ def main() -> None:
                 f"{node.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s memory, send/recv α "
                 f"{node.intra_link.latency_s * 1e6:.0f} µs {node.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")  # fmt: skip
         if n > 1:
-            calibs[n] = cpu_calibration(single, rates, stored.fits.to_dicts(), n, os.cpu_count())
+            fits = collective_fit_rows(state, n)
+            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt)
             ar = calibs[n].fit("all_reduce")
-            line += f"; slowdown {calibs[n].compute_slowdown:.2f}"
+            line += f"; contention {calibs[n].compute_slowdown:.2f}"
             line += f", all_reduce α {ar.alpha_s * 1e6:.0f} µs {1 / ar.beta_s_per_byte / 1e9:.2f} GB/s" if ar else ""
         print(line)
-    specs = fidelity_plans()
-    names = [n for n in specs if args.only is None or n in args.only]
-    plans = {n: make_plan(n, specs[n]) for n in names}
-    probe_file = state / "profile_speed_probe.json"
-    if not args.replay:
-        before = speed_probe_flop_per_s()
-        table = profile(db, state, list(plans.values()), args.timeout_s)
-        probe_file.write_text(json.dumps({"before_flop_per_s": before, "after_flop_per_s": speed_probe_flop_per_s()}))
-    table = profile(db, state, list(plans.values()), args.timeout_s)
-    profile_speed = probe_speed(probe_file)
-    print(f"profiled {sum(1 for r in table if not r.estimated)} layer shapes in {time.perf_counter() - t0:.0f} s\n")
+    table = fastest_profiles(db, state)
+    print(f"profiled {sum(1 for r in table if not r.estimated)} layer shapes\n")
 
     measured: dict[str, list[float]] = {n: [] for n in names}
-    speeds: dict[str, list[float]] = {n: [] for n in names}
-    if args.replay:  # re-price the runs a previous invocation measured (run folders in launch order)
-        by_fp = {plans[n].fingerprint(): n for n in names}
-        for d in sorted(state.glob("run-*"), key=lambda d: d.stat().st_mtime):
-            hit = by_fp.get(Plan.model_validate_json((d / "plan.json").read_text()).fingerprint())
-            if hit is not None and (d / "telemetry").is_dir():
-                measured[hit].append(run_step_time_s(d))
-                speeds[hit].append(probe_speed(d / "speed_probe.json"))
-    for rnd in range(0 if args.replay else args.rounds):
-        for n in names:
-            measured[n].append(measure(plans[n], n, state, args.steps, args.timeout_s))
-            speeds[n].append(
-                probe_speed(sorted(state.glob("run-*"), key=lambda d: d.stat().st_mtime)[-1] / "speed_probe.json")
-            )
-        print(f"round {rnd + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.2f}")
+    by_fp = {plans[n].fingerprint(): n for n in names}
+    for d in sorted(state.glob("run-*"), key=lambda d: d.stat().st_mtime):  # run folders in launch order
+        hit = by_fp.get(Plan.model_validate_json((d / "plan.json").read_text()).fingerprint())
+        if hit is not None and (d / "telemetry").is_dir():
+            measured[hit].append(run_step_time_s(d))
 
     rows = []
     for n in names:
         plan, cluster = plans[n], clusters[plans[n].num_devices]
-        cal = calibs[plan.num_devices]
-        pred = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=cal).step_time_s
+        pred = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=calibs[plan.num_devices]).step_time_s
         raw = estimate(plan, FIDELITY_MODEL, cluster, table).step_time_s
-        # load-normalised: the run-time share of a core vs the profile-time share scales compute
-        load = profile_speed / statistics.median(speeds[n])
-        normed = float("nan")
-        if load == load:  # no probes in runs stored by an older bench: no normalised figure
-            normed = estimate(
-                plan,
-                FIDELITY_MODEL,
-                cluster,
-                table,
-                calibration=replace(cal, compute_slowdown=cal.compute_slowdown * load),
-            ).step_time_s
-        rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), statistics.median(measured[n]),
-                     measured[n], normed, load))  # fmt: skip
+        rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), min(measured[n]), measured[n]))
     head = (f"{'plan':<24}{'ranks':>6}{'predicted s':>13}{'measured s':>12}{'error %':>9}{'uncalib s':>11}{'err %':>8}"
-            f"{'FLOPs-only s':>14}{'err %':>8}{'load×':>7}{'normed s':>10}{'err %':>8}  rounds s")  # fmt: skip
+            f"{'FLOPs-only s':>14}{'err %':>8}  rounds s")  # fmt: skip
     print(head)
     print("-" * len(head))
-    for n, k, p, u, b, m, ms, z, ld in rows:
+    for n, k, p, u, b, m, ms in rows:
         print(f"{n:<24}{k:>6}{p:>13.4f}{m:>12.4f}{100 * (p - m) / m:>+9.1f}{u:>11.4f}{100 * (u - m) / m:>+8.1f}"
-              f"{b:>14.4f}{100 * (b - m) / m:>+8.1f}{ld:>7.2f}{z:>10.4f}{100 * (z - m) / m:>+8.1f}  "
-              + " ".join(f"{x:.3f}" for x in ms))  # fmt: skip
-    print(f"\nprofile-time speed probe {profile_speed / 1e9:.1f} GFLOP/s; load× = that / the runs' median probe")
+              f"{b:>14.4f}{100 * (b - m) / m:>+8.1f}  " + " ".join(f"{x:.3f}" for x in ms))  # fmt: skip
     meas = [r[5] for r in rows]
-    for label, col in (("cost model (calibrated)", 2), ("cost model (uncalibrated)", 3), ("FLOPs only (baseline)", 4),
-                       ("calibrated, load-normalised", 7)):  # fmt: skip
+    for label, col in (("cost model (calibrated)", 2), ("cost model (uncalibrated)", 3), ("FLOPs only (baseline)", 4)):
         pred = [r[col] for r in rows]
         print(f"{label:<26}: MAPE {mape(pred, meas):5.1f} %   Spearman ρ {spearman(pred, meas):+.3f}")
     print(f"targets: MAPE ≤ 10 %, ρ ≥ 0.9; load average at end {os.getloadavg()[0]:.2f}; "

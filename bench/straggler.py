@@ -9,7 +9,13 @@ steps), plus a PNG of the per-step tokens/s timelines.
     OMP_NUM_THREADS=1 .venv/bin/python bench/straggler.py [--factors 1.5 2 4] [--steps 60] [--out bench/out]
 
 On a 2-core machine 4 ranks oversubscribe the cores: absolute tokens/s are smoke-test numbers;
-the with/without ratio on the same machine in the same minute is the result.
+the with/without ratio on the same machine in the same minute is the result. "Gain raw" is
+after-switch tokens/s with re-planning over that without, over the same steps; "drift-corrected"
+divides each by its own run's healthy tokens/s (steps 3..S−1), which cancels a load change
+*between* the two runs but not one within a run. Both mean something only while nothing else
+runs un-niced on the machine: another job's ranks make the healthy ranks real stragglers
+(false detections, measured) and change the injected factor relative to its peers
+(worker/faults.py). The whole bench (6 runs of 60 steps) takes ~3.5 min on 2 idle cores.
 """
 
 from __future__ import annotations
@@ -23,30 +29,46 @@ from pathlib import Path
 
 SLOW_RANK, FROM_STEP = 1, 15
 CFG = {"threshold": 0.3, "window": 10, "persistence_steps": 5, "margin_s": 0.5}
-PLAN = {"model": "tiny", "cluster": "cpu", "global_batch_size": 16, "seq_len": 32, "micro_batch_size": 1,
-        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [4, 4, 4, 4],
+# 8 samples per rank and step, as in tests/flows/test_replan_flow.py: with 4 the step is ~30 % all-reduce,
+# control broadcast and Python here, which no batch re-split can win back
+PLAN = {"model": "tiny", "cluster": "cpu", "global_batch_size": 32, "seq_len": 32, "micro_batch_size": 1,
+        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8, 8, 8, 8],
         "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]}  # fmt: skip
 
 
-def timeline(db: str, run_id: str) -> list[tuple[int, float, float]]:
-    """(step, wall time since step 0 ended, tokens/s of that step from the ranks' wall clocks)."""
+def _steps(db: str, run_id: str) -> list[dict]:
+    """Per step: the last rank's wall clock when it finished, tokens trained, and the switch action."""
     from storage.db import query
 
-    rows = query(db, "SELECT step, max(wall_time_s) AS t, sum(tokens) FILTER (WHERE stage = 0 AND tp_index = 0) AS tok "
-                     "FROM step_metrics WHERE run_id = ? GROUP BY step ORDER BY step", [run_id]).to_dicts()  # fmt: skip
-    return [(b["step"], b["t"] - rows[0]["t"], b["tok"] / (b["t"] - a["t"])) for a, b in zip(rows, rows[1:], strict=False)]
+    # the final step's row also holds the final checkpoint save (~1 s): not a training step's time
+    return query(db, "SELECT step, max(wall_time_s) AS t, CAST(sum(tokens) FILTER (WHERE stage = 0 AND tp_index = 0) AS DOUBLE) AS tok, "
+                     "max(switch_action) AS switch FROM step_metrics WHERE run_id = ? GROUP BY step ORDER BY step",
+                 [run_id]).to_dicts()[:-1]  # fmt: skip
 
 
-def window_tps(db: str, run_id: str, first: int, last: int) -> float:
-    from storage.db import query
+def timeline(steps: list[dict], smooth: int = 5) -> list[tuple[int, float, float]]:
+    """(step, seconds since step 0 ended, tokens/s over the last `smooth` steps): single steps swing ±40 % here."""
+    out = []
+    for i in range(smooth, len(steps)):
+        a, b = steps[i - smooth], steps[i]
+        out.append(
+            (
+                b["step"],
+                b["t"] - steps[0]["t"],
+                sum(x["tok"] for x in steps[i - smooth + 1 : i + 1]) / (b["t"] - a["t"]),
+            )
+        )
+    return out
 
-    r = query(db, "SELECT step, max(wall_time_s) AS t, sum(tokens) FILTER (WHERE stage = 0 AND tp_index = 0) AS tok "
-                  "FROM step_metrics WHERE run_id = ? AND step BETWEEN ? AND ? GROUP BY step ORDER BY step",
-              [run_id, first - 1, last]).to_dicts()  # fmt: skip
-    return sum(x["tok"] for x in r[1:]) / (r[-1]["t"] - r[0]["t"])
+
+def window_tps(steps: list[dict], first: int, last: int) -> float:
+    """Measured tokens/s over steps [first, last]: tokens / wall time from the end of step first−1 to that of last."""
+    by = {x["step"]: x for x in steps}
+    return sum(by[s]["tok"] for s in range(first, last + 1)) / (by[last]["t"] - by[first - 1]["t"])
 
 
 def run_pair(tmp: Path, factor: float, steps: int) -> dict:
+    """Train the same plan twice with rank SLOW_RANK slowed `factor`× from FROM_STEP: re-planning on, then off."""
     from flows.train import train_flow
 
     db, plan = str(tmp / "m.duckdb"), tmp / "plan.json"
@@ -57,22 +79,32 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
         t0 = time.perf_counter()
         res = train_flow(db_path=db, plan_path=str(plan), steps=steps, nproc_per_node=4, run_id=run_id,
                          runs_dir=str(tmp / "runs"), checkpoint_every=1000, timeout_s=900, data="synthetic",
-                         replan=replan, replan_config=CFG, slow_rank=SLOW_RANK, slow_factor=factor,
-                         slow_from_step=FROM_STEP)  # fmt: skip
-        out[replan] = {"run_id": run_id, "wall_s": time.perf_counter() - t0, "decisions": res["decisions"]}
-    acted = [d for d in out[True]["decisions"] if d["acted"]]
-    first = out[True]["decisions"][0] if out[True]["decisions"] else None
+                         optimizer="sgd", lr=0.05, replan=replan, replan_config=CFG, slow_rank=SLOW_RANK,
+                         slow_factor=factor, slow_from_step=FROM_STEP)  # fmt: skip
+        out[replan] = {**res, "wall_s": time.perf_counter() - t0, "steps": _steps(db, run_id)}
+    on, off = out[True], out[False]
+    acted = [d for d in on["decisions"] if d["acted"]]
+    first = on["decisions"][0] if on["decisions"] else None
     det = next((d for d in first["detections"] if d["rank"] == SLOW_RANK), None) if first else None
-    switch = acted[0]["step"] + 1 if acted else FROM_STEP + 5
+    final = next((d for d in on["final_detections"] if d["rank"] == SLOW_RANK and d["kind"] == "compute"), None)
+    # the step the ranks switched at (they poll control.json at step boundaries, so after the decision)
+    switch = next((x["step"] for x in on["steps"] if x["switch"]), None)
+    after = (switch if switch is not None else FROM_STEP + 10) + 1  # same steps in both runs
+    healthy_on, healthy_off = window_tps(on["steps"], 3, FROM_STEP - 1), window_tps(off["steps"], 3, FROM_STEP - 1)
+    after_on, after_off = window_tps(on["steps"], after, steps - 2), window_tps(off["steps"], after, steps - 2)
     return {
-        "factor": factor, "db": db, "detected_at": det["detected_at_step"] if det else None,
-        "factor_estimate": det["factor"] if det else None, "action": acted[0]["chosen_action"] if acted else "keep",
-        "switch_step": switch if acted else None,
-        "healthy_tps": window_tps(db, out[True]["run_id"], 3, FROM_STEP - 1),
-        "after_replan_tps": window_tps(db, out[True]["run_id"], switch + 1, steps - 1),
-        "after_keep_tps": window_tps(db, out[False]["run_id"], switch + 1, steps - 1),
-        "timelines": {k: timeline(db, v["run_id"]) for k, v in (("replan", out[True]), ("keep", out[False]))},
-    }
+        "factor": factor, "detected_at": det["detected_at_step"] if det else None,
+        "factor_decided": det["factor"] if det else None, "factor_final": final["factor"] if final else None,
+        "action": acted[0]["chosen_action"] if acted else "keep", "switch_step": switch,
+        "shares": json.loads(acted[0]["new_plan_json"])["batch_shares"] if acted else PLAN["batch_shares"],
+        "healthy_tps": (healthy_on, healthy_off), "after_replan_tps": after_on, "after_keep_tps": after_off,
+        "gain_raw": after_on / after_off, "gain": (after_on / healthy_on) / (after_off / healthy_off),
+        "wall_s": (on["wall_s"], off["wall_s"]),
+        "timelines": {"replan": timeline(on["steps"]), "keep": timeline(off["steps"])},
+        "marks": {k: next((t for s, t, _ in timeline(on["steps"], 1) if s == v), None)
+                  for k, v in (("slowed", FROM_STEP), ("detected", det["detected_at_step"] if det else None),
+                               ("switch", switch))},
+    }  # fmt: skip
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -83,18 +115,40 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), sharey=True, squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
-        for name, style in (("keep", "tab:red"), ("replan", "tab:blue")):
+        for name, color in (("keep", "tab:red"), ("replan", "tab:blue")):
             pts = r["timelines"][name]
-            ax.plot([p[0] for p in pts], [p[2] for p in pts], color=style, label=f"{name}", lw=1.2)
-        ax.axvline(FROM_STEP, color="grey", ls=":", label=f"rank {SLOW_RANK} slowed {r['factor']}×")
-        if r["detected_at"] is not None:
-            ax.axvline(r["detected_at"], color="tab:green", ls="--", label=f"detected (step {r['detected_at']})")
-        ax.set_title(f"slow factor {r['factor']}×")
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("tokens/s (per step)")
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], color=color, lw=1.2,
+                    label="re-planning" if name == "replan" else "no re-planning")  # fmt: skip
+        # markers at the re-planning run's wall clock (the other run's onset is within a second or two)
+        for key, style, label in (("slowed", ":", f"rank {SLOW_RANK} slowed {r['factor']}× (step {FROM_STEP})"),
+                                  ("detected", "--", f"detected (step {r['detected_at']})"),
+                                  ("switch", "-", f"switched (step {r['switch_step']})")):  # fmt: skip
+            if r["marks"][key] is not None:
+                ax.axvline(
+                    r["marks"][key], color="grey" if key == "slowed" else "tab:green", ls=style, lw=0.9, label=label
+                )
+        ax.set_title(
+            f"slow factor {r['factor']}×: gain {r['gain_raw']:.2f}× (drift-corrected {r['gain']:.2f}×)", fontsize=9
+        )
+        ax.set_xlabel("seconds since step 0")
+        ax.legend(fontsize=7, loc="lower left")
+    axes[0][0].set_ylabel("tokens/s (rolling 5 steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| slow factor | detected at step (delay) | factor: decided / final | action (switch step) → shares "
+             "| healthy tok/s (re-plan, keep run) | after switch: re-plan tok/s | after switch: keep tok/s "
+             "| gain raw | gain drift-corrected |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    fmt = lambda v: f"{v:.2f}" if v is not None else "—"  # noqa: E731
+    for r in results:
+        delay = f"{r['detected_at']} (+{r['detected_at'] - FROM_STEP})" if r["detected_at"] is not None else "—"
+        lines.append(f"| {r['factor']}× | {delay} | {fmt(r['factor_decided'])} / {fmt(r['factor_final'])} "
+                     f"| {r['action']} ({r['switch_step']}) → {r['shares']} "
+                     f"| {r['healthy_tps'][0]:.0f}, {r['healthy_tps'][1]:.0f} | {r['after_replan_tps']:.0f} "
+                     f"| {r['after_keep_tps']:.0f} | {r['gain_raw']:.2f}× | {r['gain']:.2f}× |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -108,18 +162,13 @@ def main() -> None:
                       PREFECT_LOGGING_LEVEL="ERROR", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")  # fmt: skip
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     results = [run_pair(Path(tempfile.mkdtemp(prefix=f"f{f}-", dir=home)), f, a.steps) for f in a.factors]
-    lines = ["| slow factor | detected at step (delay) | factor estimate | action (switch step) | healthy tok/s "
-             "| after switch: re-plan tok/s | after switch: keep tok/s | gain |", "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        delay = f"{r['detected_at']} (+{r['detected_at'] - FROM_STEP})" if r["detected_at"] is not None else "—"
-        est = f"{r['factor_estimate']:.2f}" if r["factor_estimate"] else "—"
-        lines.append(f"| {r['factor']}× | {delay} | {est} | {r['action']} ({r['switch_step']}) | {r['healthy_tps']:.0f} "
-                     f"| {r['after_replan_tps']:.0f} | {r['after_keep_tps']:.0f} "
-                     f"| {r['after_replan_tps'] / r['after_keep_tps']:.2f}× |")  # fmt: skip
-    table = "\n".join(lines)
-    print(table)
-    (a.out / "straggler.md").write_text(table + "\n")
+    text = table(results)
+    print(text)
+    print(f"{len(results) * 2} runs in {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()}")
+    (a.out / "straggler.md").write_text(text + "\n")
+    (a.out / "straggler.json").write_text(json.dumps(results, indent=1))
     plot(results, a.out / "straggler.png")
     print(f"plot: {a.out / 'straggler.png'}")
 

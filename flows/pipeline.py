@@ -43,7 +43,8 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
     run = train_flow(db_path=db_path, plan_id=planned["best"], steps=t.steps, nproc_per_node=planned["num_devices"],
                      data=t.data, model=config.model, lr=t.lr, optimizer=t.optimizer, seed=t.seed,
                      checkpoint_every=t.checkpoint_every, max_restarts=t.max_restarts, runs_dir=runs_dir,
-                     timeout_s=t.timeout_s, collective_timeout_s=t.collective_timeout_s)  # fmt: skip
+                     timeout_s=t.timeout_s, collective_timeout_s=t.collective_timeout_s,
+                     show_progress=show_progress)  # fmt: skip
     summary = {"snapshot": hw, "profile": {k: prof[k] for k in ("measured", "reused", "estimated")},
                "plan": planned, "run": {k: v for k, v in run.items() if k != "losses"},
                "first_loss": run["losses"][0] if run["losses"] else None,

@@ -104,13 +104,16 @@ def train_flow(
     slow_link_rank: int = -1,
     slow_link_s_per_mib: float = 0.0,
     slow_link_from_step: int = 0,
+    show_progress: bool = False,
 ) -> dict[str, Any]:
     """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}.
 
     `replan=True` runs the job under the straggler monitor (tasks/supervise.py): decisions go to
     `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
     relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
-    `slow_*` inject faults (worker/faults.py).
+    `slow_*` inject faults (worker/faults.py). `show_progress` shows steps done / total, loss, step
+    time, tokens/s and ETA while the job runs (tasks/progress.py): a rich bar on a terminal, else a
+    line on stdout every few steps.
     """
     if (plan_path is None) == (plan_id is None):
         raise MeshplanError(
@@ -142,10 +145,11 @@ def train_flow(
         cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
         state = supervise_training(
             db_path, run_id, launch, plan, get_model(model or plan.model), cluster, None,
-            monitor_config(**(replan_config or {})), timeout_s, True, poll_s, synthetic, return_state=True,
+            monitor_config(**(replan_config or {})), timeout_s, True, poll_s, synthetic, show_progress,
+            return_state=True,
         )  # fmt: skip
     else:
-        state = launch_training(launch, timeout_s, return_state=True)
+        state = launch_training(launch, timeout_s, show_progress, poll_s, return_state=True)
     supervised = state.result(raise_on_failure=False) if replan and state.is_completed() else None
     job_failed = supervised is not None and supervised["returncode"] != 0
     if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():

@@ -6,13 +6,17 @@ step moves 28 B/param at memory bandwidth. On CPU ranks under gloo each assumpti
 amount discovery (planner.discovery, worker.netbench) already measures:
 
 - Contention. Profiles come from one process on one thread; N training ranks share the node's
-  cores, caches and memory bus. Discovery probes every rank's matmul rate *concurrently*, so
-  slowdown(N) = rate(1 rank) / median rate(N ranks), ≥ 1, multiplies profiled compute. That probe
-  is short (7 matmuls) and its ranks leave the barrier at different times, so with more ranks than
-  cores it under-reads the sharing; processor sharing bounds it from below: with C cores and R
-  ranks runnable at once each progresses at C/R of a core (gloo waits block, they do not spin).
-  A pipeline rank computes a fraction m/(m + p − 1) of the step (the GPipe/1F1B bubble, Narayanan
-  et al. SC'21 §2.2), so R ≈ N·m/(m + p − 1) and slowdown = max(measured, R / C).
+  cores, caches and memory bus. Two separate effects:
+  * Processor sharing (C cores, N > C ranks): the cores run at most C ranks at once, and a rank
+    blocked in a gloo wait sleeps, leaving its core to the others. So each phase of the step takes
+    at least its total CPU work over C (work conservation), and at least its critical path with
+    every rank on a core of its own: phase = max(critical path, Σ_ranks work / C). `estimate`
+    applies this to the pipelined part and to the optimizer step (`num_cores` below); with uneven
+    stages it is well below slowing every rank by N/C, because ranks idle in the bubble free cores.
+  * Shared caches and memory bus (what remains when each rank has a core): discovery probes every
+    rank's matmul rate *concurrently*; rate(1 rank) / median rate(N ranks) with the sharing factor
+    N/C divided out (the probes of N > C ranks share cores too) is `compute_slowdown`, ≥ 1, and
+    multiplies every profiled time.
 - Collectives. gloo's all_reduce / all_gather / reduce_scatter cost far more than a ring over the
   send/recv link predicts (they copy through host buffers and run on gloo's own threads). Discovery
   fits t(bytes) = α + β·bytes per op over its N ranks; a group of d ranks is priced by the ring
@@ -20,7 +24,16 @@ amount discovery (planner.discovery, worker.netbench) already measures:
 - Optimizer. torch's AdamW on CPU runs the single-tensor loop (`torch/optim/adamw.py`
   `_single_tensor_adamw`; foreach defaults to CUDA only): weight decay (r4+w4), lerp of m (r8+w4),
   v·β2 + (1−β2)g² (r4+w4, r8+w4), sqrt(v)/bc2 + ε (r4+w4 ×3) and the addcdiv update (r12+w4):
-  80 B/param, not the fused kernel's 28 (see formulas.ADAM_BYTES_MOVED_PER_PARAM).
+  80 B/param, not the fused kernel's 28 (see formulas.ADAM_BYTES_MOVED_PER_PARAM). Bytes over the
+  probed copy bandwidth still misprice it on CPU: a 64 MB copy probe under a busy neighbour read
+  3.6–6 GB/s, while the step ran at 4.1–5.3 ns/param (41–55 B/param at the quiet 10–11 GB/s; a
+  block's ~3 MB of states per tensor sit in the 4 MB L2). So when a measured time per parameter is
+  given (`adam_s_per_param`: torch's own AdamW timed in one process, like the layer profiles;
+  worker.layer_bench.adamw_s_per_param), it wins, scaled by the contention slowdown as compute is.
+  Stages whose parameters are DTensors (tp > 1: parallelize_module; ZeRO on dp > 1: FSDP2) take
+  `adam_dtensor_s_per_param`, the same step timed on DTensor parameters: every per-tensor op of
+  the single-tensor loop dispatches through DTensor, which on CPU costs more than the math for
+  small tensors (fidelity bench: 60–90 ms per step for tp2/zero2/zero3 ranks vs 12 ms plain).
 - Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
   GradSumSync), and on CPU FSDP2's reduce-scatters run in line (no side stream; the cores are busy
   with the other ranks), so nothing hides them: overlap 0 instead of formulas.DP_OVERLAP_FRACTION.
@@ -33,7 +46,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from planner.errors import MeshplanError
 
@@ -76,29 +89,27 @@ class Calibration:
     compute_slowdown: float = 1.0
     collectives: tuple[tuple[str, CollectiveFit], ...] = ()
     adam_bytes_per_param: float | None = None
+    adam_s_per_param: float | None = None  # measured optimizer step per parameter, one rank alone
+    adam_dtensor_s_per_param: float | None = None  # the same on DTensor parameters (TP, FSDP2)
     grad_sync_overlap: float | None = None
-    num_cores: int | None = None  # the node's cores, for the processor-sharing bound (None: no bound)
+    num_cores: int | None = None  # the node's cores, for processor sharing (None: one core per rank)
     source: str = ""
 
     def fit(self, op: str) -> CollectiveFit | None:
         return dict(self.collectives).get(op)
 
-    def for_pipeline(self, num_ranks: int, pp: int, num_microbatches: int, virtual_stages: int = 1) -> Calibration:
-        """This calibration with the slowdown raised to the processor-sharing bound of a plan
-        (see the module docstring; interleaving shrinks the bubble to (p − 1)/v); unchanged without
-        `num_cores`."""
-        if not self.num_cores:
-            return self
-        busy = num_ranks * num_microbatches / (num_microbatches + (pp - 1) / virtual_stages)
-        return replace(self, compute_slowdown=max(self.compute_slowdown, busy / self.num_cores))
 
-
-def contention_slowdown(single_rank_flop_per_s: float, per_rank_flop_per_s: Iterable[float]) -> float:
-    """rate(1 rank) / median concurrent per-rank rate, never below 1 (noise must not speed ranks up)."""
+def contention_slowdown(
+    single_rank_flop_per_s: float, per_rank_flop_per_s: Iterable[float], num_cores: int | None = None
+) -> float:
+    """rate(1 rank) / median concurrent per-rank rate, with the processor-sharing factor N/C of N > C
+    probing ranks divided out (`estimate` prices sharing itself); never below 1 (noise must not
+    speed ranks up)."""
     rates = list(per_rank_flop_per_s)
     if single_rank_flop_per_s <= 0 or not rates or min(rates) <= 0:
         raise MeshplanError("calibration.rates", rates, "matmul rates must be positive; rerun discovery")
-    return max(1.0, single_rank_flop_per_s / statistics.median(rates))
+    sharing = max(1.0, len(rates) / num_cores) if num_cores else 1.0
+    return max(1.0, single_rank_flop_per_s / statistics.median(rates) / sharing)
 
 
 def collective_fits(
@@ -118,12 +129,16 @@ def cpu_calibration(
     fits: Iterable[Mapping],
     num_ranks: int,
     num_cores: int | None = None,
+    adam_s_per_param: float | None = None,
+    adam_dtensor_s_per_param: float | None = None,
 ) -> Calibration:
-    """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks."""
-    slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s)
+    """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
+    (plus, optionally, the measured optimizer step per parameter; see the module docstring)."""
+    slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s, num_cores)
     ops = collective_fits(fits, num_ranks)
     return Calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
-        adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, grad_sync_overlap=0.0, num_cores=num_cores,
+        adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,
+        adam_dtensor_s_per_param=adam_dtensor_s_per_param, grad_sync_overlap=0.0, num_cores=num_cores,
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )  # fmt: skip

@@ -10,6 +10,13 @@ against flapping; no decision inside the cooldown after a switch and the gate's 
 min_gain (hysteresis) are the second.
 A clean run detects nothing and therefore never decides. The caller acts on a switch and reports
 it back with `switched(plan, step)`.
+
+After a relayout (checkpoint → relaunch) the caller starts a new monitor with `relaunched=True`.
+The old baselines do not carry over: every rank's work per sample changed with its layers, and
+the core count per rank with the world size. So they are re-learnt, over `relaunch_window` steps
+instead of `detect.window`: a slowdown is seen only if it starts after the baseline, so with the
+full window the first warm-up + window = 12 steps after a relaunch are blind (a slowdown starting
+there is swallowed by the baseline, or caught late), with relaunch_window = 5 only 7.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class MonitorConfig:
     # decide once every slowdown's factor rests on this many slowed steps (0: detect.persistence)
     min_evidence_steps: int = 0
     redecide_drift: float = 0.10  # re-decide when a factor moved this much since the last decision
+    relaunch_window: int = 5  # baseline steps after a relayout (see the module doc); ≥ 2 for a spread
 
 
 @dataclass
@@ -72,12 +80,17 @@ class ReplanMonitor:
     cfg: MonitorConfig = MonitorConfig()
     costs: SwitchCosts = SwitchCosts()
     world_size: int = 0
+    relaunched: bool = False  # this monitor follows a relayout: baselines over cfg.relaunch_window steps
     _rows: dict[tuple[int, int], StepSample] = field(default_factory=dict)
     _last_signature: dict[tuple[str, int], float] | None = None
     _last_switch_step: int | None = None
 
     def __post_init__(self) -> None:
         self.world_size = self.world_size or self.plan.num_devices
+
+    def detect_config(self) -> DetectConfig:
+        d = self.cfg.detect
+        return replace(d, window=min(d.window, self.cfg.relaunch_window)) if self.relaunched else d
 
     def observe(self, rows: Iterable[dict[str, Any]]) -> None:
         for s in samples_from_rows(rows):
@@ -110,7 +123,7 @@ class ReplanMonitor:
         since = None if self._last_switch_step is None else last - self._last_switch_step
         if since is not None and since < self.cfg.gate.cooldown_steps:
             return None  # the gate would refuse anyway; decide (once) when the cooldown is over
-        det = detect([s for (st, _), s in self._rows.items() if st in steps], self.cfg.detect)
+        det = detect([s for (st, _), s in self._rows.items() if st in steps], self.detect_config())
         evidence = self.cfg.min_evidence_steps or self.cfg.detect.persistence
         # slowdowns whose factor still rests on too few slowed steps wait for the next poll
         det = replace(det, slowdowns=tuple(s for s in det.slowdowns if s.num_steps >= evidence))
@@ -128,7 +141,7 @@ class ReplanMonitor:
     def detection(self) -> Detection:
         """Detection over every complete step seen so far (the best factor estimates)."""
         steps = set(self.complete_steps())
-        return detect([s for (st, _), s in self._rows.items() if st in steps], self.cfg.detect)
+        return detect([s for (st, _), s in self._rows.items() if st in steps], self.detect_config())
 
     def switched(self, plan: Plan, step: int) -> None:
         """The running job now uses `plan` (from `step` on)."""

@@ -31,6 +31,7 @@ from planner.degrade import degrade_cluster, degrade_profiles
 from planner.model import ModelSpec
 from planner.plan import Plan
 from planner.profiles import ProfileTable
+from planner.search import SearchSpace, search  # at import, not at the first decision: it costs ~0.5 s (1–2 s loaded)
 from planner.straggler import Detection
 
 
@@ -98,10 +99,21 @@ def _with_shares(plan: Plan, shares: list[int]) -> Plan:
 def rebalance_shares(
     plan: Plan, price: Callable[[Plan], tuple[float, list[float]]], max_moves: int = 10_000
 ) -> tuple[Plan, float]:
-    """Greedy exchange of micro-batches between replicas; `price(plan) -> (step_s, per-replica times)`."""
+    """Greedy exchange of micro-batches between replicas; `price(plan) -> (step_s, per-replica times)`.
+
+    A move must lower the step time or, at the same step time, the next-slowest replicas' times
+    (the sorted times, compared lexicographically): with two replicas tied for the slowest, moving
+    work off one of them leaves the step unchanged, and a plain "step must drop" rule stopped
+    there: at [12, 3, 9, 8] for rank 1 at 4× with 32 samples, and at [11, 2, 11, 8] for 3.85×
+    (bench/straggler.py), where [10, 2, 10, 10] takes 10 samples' time, not 12 or 11."""
     mbs = plan.micro_batch_size
     shares = list(plan.batch_shares)
     best, times = price(plan)
+    scale = best if best > 0 else 1.0
+
+    def load(step: float, t: list[float]) -> tuple[float, ...]:
+        return tuple(round(v / scale, 9) for v in (step, *sorted(t, reverse=True)))  # ties within 1e-9
+
     min_units = plan.pp if plan.schedule != "gpipe" and plan.pp > 1 else 1
     for _ in range(max_moves):
         src = max(range(len(shares)), key=lambda r: times[r])
@@ -115,15 +127,17 @@ def rebalance_shares(
             cand[src] -= mbs
             cand[dst] += mbs
             step, t = price(_with_shares(plan, cand))
-            tried.append((step, dst, cand, t))
-        step, _, cand, t = min(tried, key=lambda x: (x[0], x[1]))
-        if step >= best * (1 - 1e-9):
+            tried.append((load(step, t), dst, step, cand, t))
+        key, _, step, cand, t = min(tried, key=lambda x: (x[0], x[1]))
+        if key >= load(best, times):
             break
         best, shares, times = step, cand, t
     return _with_shares(plan, shares), best
 
 
-def replica_times(plan: Plan, model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable | None) -> tuple[float, list[float]]:
+def replica_times(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable | None
+) -> tuple[float, list[float]]:
     """(step time, per-replica step time) — a replica's time is the plan restricted to its share."""
     step = estimate(plan, model, cluster, profiles).step_time_s
     if plan.dp == 1:
@@ -187,8 +201,6 @@ def _search_relayout(
     model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable | None, plan: Plan, budget_s: float
 ) -> Plan | None:
     """The best plan the search finds on the degraded cluster that the runtime can launch."""
-    from planner.search import SearchSpace, search
-
     space = SearchSpace(tps=(1, 2, 4, 8), schedules=("1f1b", "gpipe"), shardings=("none",))
     result = search(model, cluster, profiles, global_batch=plan.global_batch_size, seq=plan.seq_len,
                     dtype=plan.dtype, top_k=5, time_budget_s=budget_s, space=space, baselines=False)  # fmt: skip
@@ -206,4 +218,3 @@ def options_table(result: ReplanResult) -> list[dict]:
         rows.append({"action": opt.action, "step_time_s": opt.step_time_s, "switch_cost_s": opt.switch_cost_s,
                      "net_gain_s": net, "chosen": result.decision.switch and opt == result.decision.chosen})  # fmt: skip
     return rows
-

@@ -91,7 +91,7 @@ def run_netbench(
     out = Path(run_dir) / "snapshot.json"
     out.unlink(missing_ok=True)  # a retry must not ingest the failed attempt's file
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_ranks}",
+        sys.executable, "-m", "worker.launch", f"--nproc-per-node={num_ranks}",  # torchrun on 127.0.0.1 only
         "--max-restarts=0", "-m", "worker.netbench", "--out", str(out),
         "--message-sizes", ",".join(str(s) for s in message_sizes),
         "--repeats", str(repeats), "--matmul-size", str(matmul_size),

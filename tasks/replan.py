@@ -27,11 +27,11 @@ from worker.launch import Launch
 def supervise_training(
     db_path: str, run_id: str, launch: Launch, plan: Plan, model: ModelSpec, cluster: ClusterSpec,
     profiles: ProfileTable | None, cfg: MonitorConfig, timeout_s: float, act: bool, poll_s: float,
-    synthetic_cluster: bool,
-) -> dict[str, Any]:
-    """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""  # fmt: skip
+    synthetic_cluster: bool, show_progress: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""
     sup = Supervisor(launch, plan, model, cluster, profiles, cfg, lambda rec: save_decision(db_path, run_id, rec),
-                     act=act, poll_s=poll_s, synthetic_cluster=synthetic_cluster)  # fmt: skip
+                     act=act, poll_s=poll_s, synthetic_cluster=synthetic_cluster, show_progress=show_progress)  # fmt: skip
     return sup.run(timeout_s)
 
 

@@ -8,8 +8,9 @@ feeds it to a `planner.monitor.ReplanMonitor`, stores every decision (storage.re
   with exit.json, relaunch torchrun on the new plan (relabelled onto ranks 0..n−1; an injected
   fault moves with its device, or disappears with it) resuming from that checkpoint.
 Switch costs are measured on the run: launch = first telemetry row − process start, checkpoint
-save/load from the ranks' telemetry. After a relayout monitoring restarts on the new ranks (a
-fresh baseline), with the cluster rebuilt for the new world only on synthetic CPU clusters.
+save/load from the ranks' telemetry. After a relayout monitoring restarts on the new ranks (fresh
+baselines, re-learnt over MonitorConfig.relaunch_window steps instead of a full window), with the
+cluster rebuilt for the new world only on synthetic CPU clusters.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from planner.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
 from planner.plan import Plan
 from planner.profiles import ProfileTable
 from planner.replan import SwitchCosts, relabel_for_runtime
+from tasks.progress import StepProgress
 from worker.control import TelemetryTail, exit_path, read_control, read_exit, write_control
 from worker.launch import Launch, kill_group, start_logged, torchrun_command
 
@@ -43,10 +45,17 @@ class Supervisor:
     act: bool = True
     poll_s: float = 0.5
     synthetic_cluster: bool = False
+    show_progress: bool = False  # tasks/progress.py: a bar on a terminal, else a line every few steps
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    _progress: StepProgress = dataclasses.field(default_factory=lambda: StepProgress(0, enabled=False), init=False,
+                                                repr=False)  # fmt: skip
 
     def run(self, timeout_s: float) -> dict[str, Any]:
+        with StepProgress(self.launch.steps, enabled=self.show_progress) as self._progress:
+            return self._run(timeout_s)
+
+    def _run(self, timeout_s: float) -> dict[str, Any]:
         run_dir = Path(self.launch.run_dir)
         t0 = time.monotonic()
         deadline = t0 + timeout_s
@@ -69,6 +78,7 @@ class Supervisor:
                         raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed")
                     time.sleep(self.poll_s)
                     rows = tail.read_new()
+                    self._progress.update(rows)
                     if rows and segment["launch_s"] is None:
                         # from process start to the first step's start, as the ranks' clocks saw it
                         segment["launch_s"] = min(r["wall_time_s"] - r["step_time_s"] for r in rows) - t_start
@@ -80,7 +90,9 @@ class Supervisor:
             except BaseException:
                 kill_group(proc)
                 raise
-            monitor.observe(tail.read_new())
+            rows = tail.read_new()
+            monitor.observe(rows)
+            self._progress.update(rows)
             segment["returncode"] = proc.returncode
             self.segments.append(segment)
             ex = read_exit(run_dir)
@@ -91,7 +103,9 @@ class Supervisor:
                         "segments": self.segments, "plan": monitor.plan,
                         "final_detections": [dataclasses.asdict(s) for s in final.slowdowns]}  # fmt: skip
             new_plan, mapping, version = pending
-            costs = dataclasses.replace(costs, checkpoint_save_s=float(ex.get("checkpoint_s") or costs.checkpoint_save_s))
+            costs = dataclasses.replace(
+                costs, checkpoint_save_s=float(ex.get("checkpoint_s") or costs.checkpoint_save_s)
+            )
             (run_dir / "plan.json").write_text(new_plan.to_json())
             launch = dataclasses.replace(
                 launch, nproc_per_node=new_plan.num_devices, control_from_version=version, resume="auto",
@@ -99,7 +113,8 @@ class Supervisor:
             )  # fmt: skip
             cluster = cpu_cluster(new_plan.num_devices) if self.synthetic_cluster else self.cluster
             monitor = ReplanMonitor(new_plan, self.model, cluster, self.profiles, launch.steps,
-                                    dataclasses.replace(self.cfg, relayout=self.synthetic_cluster), costs)  # fmt: skip
+                                    dataclasses.replace(self.cfg, relayout=self.synthetic_cluster), costs,
+                                    relaunched=True)  # re-learns baselines quickly (planner/monitor.py)  # fmt: skip
 
     def _measured_costs(self, costs: SwitchCosts, rows: list[dict[str, Any]], launch_s: float) -> SwitchCosts:
         saves = [r["checkpoint_s"] for r in rows if r.get("checkpoint_s")]

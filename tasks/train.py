@@ -9,6 +9,8 @@ idempotent upserts, so their short retries (a briefly locked file) are safe.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ from prefect.cache_policies import NO_CACHE
 from planner.errors import MeshplanError
 from planner.plan import Plan
 from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
-from worker.launch import Launch, log_tail, run_logged, torchrun_command
+from tasks.progress import StepProgress
+from worker.control import TelemetryTail
+from worker.launch import Launch, kill_group, log_tail, start_logged, torchrun_command
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -43,13 +47,42 @@ def record_run(db_path: str, run_id: str, plan: Plan, steps: int, run_dir: str) 
 
 
 @task(name="launch-training", retries=0, cache_policy=NO_CACHE)
-def launch_training(launch: Launch, timeout_s: float) -> dict[str, Any]:
-    """Run torchrun to completion; {returncode, wall_s}. A non-zero exit raises with the log's tail."""
+def launch_training(
+    launch: Launch, timeout_s: float, show_progress: bool = False, poll_s: float = 0.5
+) -> dict[str, Any]:
+    """Run torchrun to completion; {returncode, wall_s}. A non-zero exit raises with the log's tail.
+
+    While it runs, the ranks' telemetry is polled every `poll_s` for the progress display
+    (tasks/progress.py); the whole process group is killed past `timeout_s` or when interrupted.
+    """
     log = Path(launch.run_dir) / "torchrun.log"
-    rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s)
+    tail = TelemetryTail(launch.run_dir)
+    tail.read_new()  # rows of earlier launches of this run folder are not this job's
+    t0 = time.monotonic()
+    with StepProgress(launch.steps, enabled=show_progress) as progress:
+        proc = start_logged(torchrun_command(launch), log)
+        try:
+            while not _exited(proc, poll_s):
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed")
+                progress.update(tail.read_new())
+        except BaseException:  # timed out, interrupted or cancelled: take the ranks down with us
+            kill_group(proc)
+            raise
+        progress.update(tail.read_new())
+    rc, wall_s = proc.returncode, time.monotonic() - t0
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")
     return {"returncode": rc, "wall_s": wall_s, "launch": dataclasses.asdict(launch)}
+
+
+def _exited(proc: subprocess.Popen, wait_s: float) -> bool:
+    """Wait up to `wait_s` for `proc`; returns at once when it exits (so wall_s is not rounded up to a poll)."""
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 @task(name="ingest-telemetry", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)

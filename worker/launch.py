@@ -1,6 +1,9 @@
 """Build and run the torchrun command for worker.train (stdlib only: the flow process imports it).
 
-One node: `--standalone` (a private rendezvous on a free port, so concurrent runs never collide).
+One node: `python -m worker.launch ARGS` (loopback_torchrun below) — torchrun with a static
+rendezvous whose store listens on 127.0.0.1 only, on a port this launch already holds (so concurrent
+runs never collide), and gloo/NCCL on the loopback interface. Not `--standalone`: its store (like any
+torchrun store, whatever host it is given) listens on every interface ([::]), unauthenticated.
 Several nodes: torchrun's static rendezvous (`--nnodes N --node-rank R --master-addr HOST
 --master-port PORT`), because it numbers global ranks node-major (node_rank * nproc + local_rank)
 — deterministic, which the plan needs since its device ids are global ranks. Run the same command
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +59,10 @@ class Launch:
 
 
 def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
-    cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(launch.nproc_per_node),
+    runner = "worker.launch" if launch.nnodes == 1 else "torch.distributed.run"  # one node: loopback_torchrun
+    cmd = [python, "-m", runner, "--nproc-per-node", str(launch.nproc_per_node),
            "--max-restarts", str(launch.max_restarts)]  # fmt: skip
-    if launch.nnodes == 1:
-        cmd.append("--standalone")
-    else:
+    if launch.nnodes > 1:
         host, sep, port = launch.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise MeshplanError("--rdzv-endpoint", launch.rdzv_endpoint, "write it as HOST:PORT, e.g. 10.0.0.1:29500")
@@ -85,30 +89,81 @@ def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
     return cmd
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (Linux /proc; [] elsewhere), found by parent links, not groups."""
+LOOPBACK = "127.0.0.1"
+JOB_TAG = "MESHPLAN_JOB"  # start_logged/run_logged put a fresh value in each job's environment
+_job_tags: dict[int, str] = {}  # launcher pid -> its job's tag, until kill_group
+
+
+def loopback_torchrun(args: list[str]) -> None:
+    """`python -m worker.launch ARGS`: torchrun ARGS on this node alone, listening on 127.0.0.1 only.
+
+    A torchrun store listens on every interface whatever host it is given (measured on torch 2.13:
+    `--standalone`, `--rdzv-endpoint 127.0.0.1:P` and `--master-addr 127.0.0.1` all gave [::]:P), so
+    the agent's only store (static rendezvous, one node) is handed a socket already listening on
+    127.0.0.1 (TCPStore's master_listen_fd). The port is bound here and held until the store takes
+    it, so concurrent runs cannot race for it. The ranks reach the store at MASTER_ADDR=127.0.0.1;
+    gloo (and NCCL's bootstrap) would listen on the address the hostname resolves to, so both are
+    pinned to the loopback interface unless the caller set them. Linux names it `lo`.
+    """
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static
+    from torch.distributed import TCPStore
+    from torch.distributed.run import main as torchrun_main
+
+    listener = socket.create_server((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+
+    def store_on_listener(host, port, world_size, is_master, *rest, **kwargs):  # the agent builds it once
+        if is_master:
+            kwargs["master_listen_fd"] = listener.detach()
+        return TCPStore(host, port, world_size, is_master, *rest, **kwargs)
+
+    if static.TCPStore is not TCPStore:  # fail loudly rather than listen on [::] if torch changes this
+        raise RuntimeError("torch's static rendezvous no longer builds torch.distributed.TCPStore")
+    static.TCPStore = store_on_listener
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        os.environ.setdefault(var, "lo")
+    torchrun_main(["--nnodes", "1", "--master-addr", LOOPBACK, "--master-port", str(port), *args])
+
+
+def job_processes(pid: int, tag: str | None = None) -> set[int]:
+    """Live processes of the job launched as `pid` (Linux /proc; empty elsewhere), zombies excluded.
+
+    Its descendants by parent links, and every process whose environment holds the job's tag: that
+    also finds a rank after its agent died (re-parented; in a session of its own), and never
+    another job's process."""  # fmt: skip
     parent: dict[int, int] = {}
+    found: set[int] = set()
+    needle = f"{JOB_TAG}={tag}".encode() if tag else None
     for d in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
         try:
-            if d.name.isdigit():  # the field after "(comm)" is the state, then the parent pid
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if not d.name.isdigit():
+                continue
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]  # after "(comm)"
+            if state in ("Z", "X"):  # dead, waiting to be reaped
+                continue
+            parent[int(d.name)] = int(ppid)
+            if needle and needle in (d / "environ").read_bytes().split(b"\0"):
+                found.add(int(d.name))
         except (OSError, ValueError, IndexError):
             continue
-    found, frontier = [], [pid]
+    tree, frontier = {pid}, {pid}
     while frontier:
-        kids = [c for c, p in parent.items() if p in frontier]
-        found += kids
-        frontier = kids
-    return found
+        frontier = {c for c, p in parent.items() if p in frontier} - tree
+        tree |= frontier
+    return found | (tree - {pid})
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, the launcher's process group AND every rank under it.
+    """SIGTERM, then SIGKILL, the launcher's process group AND every rank under it; return once all are dead.
 
     torchrun starts each rank in a session of its own, so killing the launcher's group alone would
     orphan the ranks — and a frozen rank never acts on the agent's SIGTERM. The ranks are listed
-    before anything is signalled: once the agent dies they are re-parented and no longer findable."""  # fmt: skip
-    tree = descendants(proc.pid)
+    before anything is signalled (found by parent links while the agent lives) and again by the
+    job's tag after it died. A SIGKILLed process takes a moment to die (longer on a busy machine;
+    a frozen one too), so the last step repeats until /proc shows none of them alive (at most 10 s):
+    returning earlier let a frozen rank be seen alive after the kill."""  # fmt: skip
+    tag = _job_tags.pop(proc.pid, None)
+    listed = {p: _start_time(p) for p in job_processes(proc.pid, tag)}  # pid -> start time: pids get reused
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -119,20 +174,43 @@ def kill_group(proc: subprocess.Popen) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    for pid in tree:  # the agent stops its ranks when it can; these are the ones it could not
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
+    deadline = time.monotonic() + 10.0  # the agent stops its ranks when it can; these are the ones it could not
+    while time.monotonic() < deadline:
+        left = job_processes(proc.pid, tag) | {p for p, t in listed.items() if t and _start_time(p) == t}
+        if not left - {os.getpid()}:
+            break
+        for pid in left - {os.getpid()}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.05)
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), or None once it is dead or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _popen_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` in its own session/process group, output appended to `log_path`, tagged for kill_group."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, JOB_TAG: tag}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _job_tags[proc.pid] = tag
+    return proc
 
 
 def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
     """Start `cmd` in its own process group, output appended to `log_path`; the caller waits and kills."""
-    env = {**os.environ}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return _popen_logged(cmd, log_path)
 
 
 def run_logged(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
@@ -140,20 +218,17 @@ def run_logged(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, f
 
     Raises TimeoutError after killing the group when it runs past `timeout_s`.
     """
-    env = {**os.environ}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with log_path.open("a") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
-        except BaseException:  # interrupted (Ctrl-C, flow cancelled): take the ranks down with us
-            kill_group(proc)
-            raise
+    proc = _popen_logged(cmd, log_path)
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
+    except BaseException:  # interrupted (Ctrl-C, flow cancelled): take the ranks down with us
+        kill_group(proc)
+        raise
+    _job_tags.pop(proc.pid, None)
     return rc, time.monotonic() - t0
 
 
@@ -162,3 +237,7 @@ def log_tail(log_path: Path, num_chars: int = 4000) -> str:
         return ""
     text = log_path.read_text(errors="replace")
     return text[-num_chars:]
+
+
+if __name__ == "__main__":
+    loopback_torchrun(sys.argv[1:])

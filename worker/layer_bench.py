@@ -8,6 +8,12 @@ Used by `worker.profile_layers` (the subprocess entry point). What is measured a
   `perf_counter` (one thread, see STACK.md §1.4); CUDA records events around each phase and
   synchronises once per block, so kernel-launch queues are not drained between phases.
   Parameter gradients accumulate across iterations, as under gradient accumulation.
+- **tensor-parallel blocks are timed as the runtime runs them**: worker.parallel.apply_tp's DTensor
+  Colwise/Rowwise block (`build_runtime_tp_case`) on a "fake" process group of tp ranks inside this
+  one process. The fake group's collectives return at once, so the time is the local-shape math
+  plus everything DTensor adds around it on this device (dispatch, redistributes, copies: measured
+  5–40 ms per fwd+bwd of the fidelity model's block on CPU, more than the math itself); the
+  all-reduces themselves are priced by the cost model from the measured gloo/NCCL fits.
 - **parameter bytes**: exact, `numel · element_size` over the layer's local parameters.
 - **activation bytes**: the unique storages autograd saves for backward during one forward
   (`saved_tensors_hooks`), excluding parameters. The layer's input *is* counted when autograd saves
@@ -29,6 +35,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -103,6 +110,43 @@ def build_case(spec: ModelSpec, req: Request, device: str, dtype: str, seed: int
     if req.recompute:
         return LayerCase(module, lambda: checkpoint(module, x, use_reentrant=False), lambda out: out.backward(grad))
     return LayerCase(module, lambda: module(x), lambda out: out.backward(grad))
+
+
+FAKE_WORLD_SIZE = 64  # ranks of the fake default group; any tp up to this gets a sub-mesh of its own
+
+
+def _fake_mesh(tp: int, device: str):  # noqa: ANN202 (DeviceMesh imported lazily with the fake backend)
+    """A DeviceMesh of `tp` ranks on torch's in-process "fake" backend (created once per process)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    # torch's own test backend: the only way to run DTensor's real code path in one process
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE)
+    return DeviceMesh(torch.device(device).type, list(range(tp)))
+
+
+def build_runtime_tp_case(spec: ModelSpec, req: Request, device: str, dtype: str, seed: int = 0) -> LayerCase:
+    """A block of `req` under DTensor tensor parallelism exactly as worker.parallel.apply_tp builds it,
+    on a fake group of req.tp ranks (see the module docstring); used for timing only."""
+    from worker.parallel import apply_tp
+
+    if req.layer_kind != "block" or req.tp == 1:
+        return build_case(spec, req, device, dtype, seed)
+    if spec.num_heads % req.tp:  # the local-shape Block's own check and message (worker.model)
+        raise ValueError(f"tp={req.tp} must divide num_heads={spec.num_heads}")
+    torch.manual_seed(seed)
+    dt = TORCH_DTYPES[dtype]
+    module = Block(spec).to(device=device, dtype=dt)
+    # apply_tp only walks `.blocks`: hand it this one block, so the styles stay defined in one place
+    apply_tp(SimpleNamespace(blocks={"0": module}), spec, _fake_mesh(req.tp, device))  # type: ignore[arg-type]
+    b, s, h = req.micro_batch_size, req.seq_len, spec.hidden
+    x = torch.randn(b, s, h, device=device, dtype=dt, requires_grad=True)
+    grad = torch.randn(b, s, h, device=device, dtype=dt)
+    fwd = (lambda: checkpoint(module, x, use_reentrant=False)) if req.recompute else (lambda: module(x))
+    return LayerCase(module, fwd, lambda out: out.backward(grad))
 
 
 def _quartile_spread(values: list[float]) -> float:
@@ -238,3 +282,30 @@ def measure_memory(spec: ModelSpec, req: Request, device: str, dtype: str) -> di
     out["workspace_bytes"] = transient + rebuilt
     out["workspace_method"] = "cpu:2*largest_tensor+recomputed_saved_set"
     return out
+
+
+def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor: bool = False) -> float:
+    """Seconds per (local) parameter of one torch AdamW step (worker.options.make_optimizer's settings)
+    over a block of `spec` on this process's CPU thread, fastest of `rounds` × `steps` steps (load
+    guard, as the layer timings). A real block, because the time per parameter depends on the tensor
+    sizes: the per-tensor states of a small model stay in cache. `dtensor`: the block's parameters
+    are DTensors, as under TP (apply_tp on a fake group of 2, see `build_runtime_tp_case`) or FSDP2,
+    where each of the optimizer's per-tensor ops dispatches through DTensor (measured several times
+    the plain step for the fidelity model's small tensors)."""
+    block = Block(spec)
+    if dtensor:
+        from worker.parallel import apply_tp
+
+        apply_tp(SimpleNamespace(blocks={"0": block}), spec, _fake_mesh(2, "cpu"))  # type: ignore[arg-type]
+    params = list(block.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+    opt.step()  # allocates the states
+    best = math.inf
+    for _ in range(rounds * steps):
+        t0 = time.perf_counter()
+        opt.step()
+        best = min(best, time.perf_counter() - t0)
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
+    return best / local

@@ -27,11 +27,16 @@ def train(
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     replan: Annotated[
-        bool | None, typer.Option("--replan/--no-replan", help="watch for stragglers and re-plan live (default: one node)")
+        bool | None,
+        typer.Option("--replan/--no-replan", help="watch for stragglers and re-plan live (default: one node)"),
     ] = None,
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML for re-planning (default: CPU ranks)")] = None,
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", help="cluster TOML for re-planning (default: CPU ranks)")
+    ] = None,
     slow_rank: Annotated[int, typer.Option("--slow-rank", help="fault injection: rank to slow down")] = -1,
-    slow_factor: Annotated[float, typer.Option("--slow-factor", help="fault injection: compute slowdown (2 = 2x)")] = 1.0,
+    slow_factor: Annotated[
+        float, typer.Option("--slow-factor", help="fault injection: compute slowdown (2 = 2x)")
+    ] = 1.0,
     slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
     slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
     slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
@@ -69,7 +74,7 @@ def train(
         replan=nnodes == 1 if replan is None else replan, replan_config=replan_config,
         cluster_path=str(cluster) if cluster else None, poll_s=r.poll_s, slow_rank=slow_rank, slow_factor=slow_factor,
         slow_from_step=slow_from_step, slow_link_rank=slow_link_rank, slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_from_step,
+        slow_link_from_step=slow_from_step, show_progress=not as_json,
     )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
@@ -82,7 +87,9 @@ def train(
             + (f", predicted {predicted * 1e3:.1f} ms" if predicted else "")
         )
     for d in out["decisions"]:
-        typer.echo(f"re-plan at step {d['step']}: {d['chosen_action']}{' (switched)' if d['acted'] else ''} — {d['reason']}")
+        typer.echo(
+            f"re-plan at step {d['step']}: {d['chosen_action']}{' (switched)' if d['acted'] else ''} — {d['reason']}"
+        )
     losses = [v for v in out["losses"] if v is not None]
     if losses:
         typer.echo(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")

@@ -4,7 +4,9 @@ step = max over replicas r of the pipeline time T_r (formulas.pipeline_time_s, o
 interleaved_time_s) + the slowest stage's tail (exposed gradient sync, ZeRO all-gather, Adam step).
 Per-stage terms come from `stage.stage_coeffs`, evaluated at the stage's block count; the breakdown
 is taken on the critical replica so that compute + bubble + p2p + TP + ZeRO-3 gathers add up to T_r
-and dp_comm + optimizer add up to the tail.
+and dp_comm + optimizer add up to the tail. Calibrated CPU ranks outnumbering their cores stretch the
+pipelined part and the optimizer step to their CPU work over the cores (processor sharing,
+planner.calibrate); the stretch is booked as compute and optimizer time.
 """
 
 from __future__ import annotations
@@ -59,10 +61,6 @@ def estimate(
         model, cluster, profiles, plan_profile_needs(plan), kinds={g.spec.device_kind for g in idx.groups}
     )
     stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
-    if calibration is not None:
-        calibration = calibration.for_pipeline(
-            plan.num_devices, pp, max(plan.num_microbatches(r) for r in range(dp)), plan.virtual_stages
-        )
     nst = len(stages)
     memo: dict[StageContext, StageCoeffs] = {}
     dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(dp)]) for s in stages]
@@ -134,7 +132,24 @@ def estimate(
         tails.append(e + g + o)
         parts.append((e + g, o))
     jt = max(range(pp), key=lambda j: tails[j])
-    step = times[rc] + tails[jt]
+    # Processor sharing on CPU ranks (planner.calibrate): more ranks than cores stretch a phase to its
+    # CPU work over the cores when that exceeds its critical path. Work = every rank's compute in the
+    # pipelined part (tp ranks of a stage each compute their shard), and every rank's optimizer step.
+    share_pipe = share_opt = 0.0
+    cores = calibration.num_cores if calibration is not None else None
+    if cores and plan.num_devices > cores:
+        work_pipe = sum(
+            stages[i].tp * plan.num_microbatches(r) * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b)
+            for r in range(dp)
+            for i in range(nst)
+        )
+        work_opt = sum(
+            stages[i].tp * (coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i]) for r in range(dp) for i in range(nst)
+        )
+        share_pipe = max(0.0, work_pipe / cores - times[rc])
+        share_opt = max(0.0, work_opt / cores - parts[jt][1])
+        notes.append(f"{plan.num_devices} ranks share {cores} cores: +{(share_pipe + share_opt) * 1e3:.1f} ms")
+    step = times[rc] + share_pipe + tails[jt] + share_opt
 
     m = plan.num_microbatches(rc)
     jb = max(range(pp), key=lambda j: rank_tau[rc][j])
@@ -143,7 +158,7 @@ def estimate(
     def total(attr_a: str, attr_b: str) -> float:
         return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
 
-    compute = total("compute_a", "compute_b")
+    compute = total("compute_a", "compute_b") + share_pipe  # shared cores stretch the compute
     tp_comm = total("tp_a", "tp_b")
     zero3 = total("zero3_a", "zero3_b")
     p2p = m * sum(coeffs[rc][i].p2p_b for i in own_b)
@@ -168,7 +183,7 @@ def estimate(
     model_flops = flops.model_flops_per_step(model, plan.global_batch_size, plan.seq_len)
     terms = {
         "compute": compute, "pipeline bubble": bubble, "pipeline p2p": p2p, "tensor-parallel comm": tp_comm,
-        "data-parallel comm": parts[jt][0] + zero3, "optimizer step": parts[jt][1],
+        "data-parallel comm": parts[jt][0] + zero3, "optimizer step": parts[jt][1] + share_opt,
     }  # fmt: skip
     top = max(terms, key=lambda k: terms[k])
     where = jt if top in ("data-parallel comm", "optimizer step") else jb
@@ -181,7 +196,7 @@ def estimate(
         notes.append(f"{estimated} profile rows estimated from datasheet peaks")
     return CostBreakdown(
         step_time_s=step, compute_s=compute, bubble_s=bubble, pp_comm_s=p2p, dp_comm_s=parts[jt][0] + zero3,
-        tp_comm_s=tp_comm, optimizer_s=parts[jt][1], tokens_per_s=plan.global_batch_size * plan.seq_len / step,
+        tp_comm_s=tp_comm, optimizer_s=parts[jt][1] + share_opt, tokens_per_s=plan.global_batch_size * plan.seq_len / step,
         mfu=model_flops / (step * peak_flops), peak_memory_bytes=tuple(peak_mem), memory_capacity_bytes=tuple(cap_mem),
         bottleneck=bottleneck, feasible=not over, notes=tuple(notes),
     )  # fmt: skip

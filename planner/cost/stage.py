@@ -198,9 +198,19 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             g1 = params_a * e * ag_per_byte
             g0 = ag_lat + params_b * e * ag_per_byte
     shard = d if ctx.sharding != "none" else 1
-    adam_b = cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM
-    o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
-    o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
+    # parameters are DTensors under TP and under FSDP2's ZeRO (worker.parallel), plain otherwise
+    dtensor = ctx.tp > 1 or (ctx.sharding != "none" and d > 1)
+    adam_s = cal.adam_dtensor_s_per_param if cal is not None and dtensor else None
+    adam_s = adam_s or (cal.adam_s_per_param if cal is not None else None)
+    if adam_s:
+        # measured optimizer step per parameter (one rank alone), slowed like compute by sharing cores
+        o1, o0 = (slow * adam_s * n / shard for n in (params_a, params_b))
+    else:
+        adam_b = (
+            cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM
+        )
+        o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
+        o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
 
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
     state_a = params_a * bpp

@@ -2,6 +2,7 @@
 and search (and says so) and trains again; a one-off profiler crash is retried and the run succeeds."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -23,7 +24,7 @@ def test_second_run_skips_discovery_profiling_and_search_but_trains_again(tmp_pa
     cfg = load_config(None, SMALL)
     db, runs = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
     first = pipeline_flow(db, cfg, runs)
-    second = pipeline_flow(db, cfg, runs)
+    second = pipeline_flow(db, cfg, runs, show_progress=True)  # as `meshplan run` calls it
 
     assert not first["snapshot"]["reused"] and first["profile"]["measured"] > 0 and not first["plan"]["cached"]
     assert second["snapshot"]["reused"] and second["snapshot"]["fingerprint"] == first["snapshot"]["fingerprint"]
@@ -34,6 +35,8 @@ def test_second_run_skips_discovery_profiling_and_search_but_trains_again(tmp_pa
     assert second["last_loss"] < second["first_loss"]
     log = capsys.readouterr().out
     assert "discover: reused snapshot" in log and "(cached search)" in log
+    progress = re.findall(r"train: steps (\d+)/(\d+) \(", log)  # the training progress lines (not a terminal)
+    assert progress and progress[-1] == ("3", "3") and all(total == "3" for _, total in progress)
 
 
 @pytest.mark.flow

@@ -9,15 +9,17 @@ EXAMPLES = Path(__file__).parents[2] / "examples" / "clusters"
 pytestmark = pytest.mark.flow
 
 
-def _artifacts(key):
+def _artifacts(key, flow_run_id):
+    """The `key` artifacts of this flow run only: other tests' plan flows publish the same keys."""
     import asyncio
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))  # fmt: skip
 
     return asyncio.run(read())
 
@@ -27,13 +29,15 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path):
     from storage.plans import best_plan, plans_frame
 
     db = str(tmp_path / "m.duckdb")
-    out = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
-                    time_budget_s=5.0)  # fmt: skip
+    state = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
+                      time_budget_s=5.0, return_state=True)  # fmt: skip
+    out = state.result()
     assert out["feasible"]
     frame = plans_frame(db, out["search_key"])
     assert frame.filter(frame["baseline"] == "").height >= 1
     assert best_plan(db, out["search_key"]).fingerprint() == out["best"]
-    assert _artifacts("plan-ranking") and _artifacts("plan-report")
+    run_id = state.state_details.flow_run_id
+    assert len(_artifacts("plan-ranking", run_id)) == 1 and len(_artifacts("plan-report", run_id)) == 1
     again = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
                       time_budget_s=5.0)  # fmt: skip
     assert again["best"] == out["best"]

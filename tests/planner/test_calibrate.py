@@ -104,12 +104,67 @@ def test_calibration_is_hashable_so_stage_coefficients_memoise():
     assert hash(cal) == hash(dataclasses.replace(cal))
 
 
-def test_processor_sharing_bounds_the_slowdown_by_busy_ranks_per_core():
-    cal = Calibration(num_ranks=4, compute_slowdown=1.2, num_cores=2)
-    # data parallel, no bubble: 4 busy ranks on 2 cores
-    assert cal.for_pipeline(4, 1, 2).compute_slowdown == pytest.approx(2.0)
-    # pp=4, m=8: each rank computes 8/11 of the step
-    assert cal.for_pipeline(4, 4, 8).compute_slowdown == pytest.approx(4 * 8 / 11 / 2)
-    # fewer busy ranks than cores: the measured figure stands
-    assert cal.for_pipeline(2, 2, 4).compute_slowdown == pytest.approx(1.2)
-    assert Calibration(num_ranks=4, compute_slowdown=1.2).for_pipeline(4, 1, 2).compute_slowdown == 1.2
+def test_contention_slowdown_divides_out_the_sharing_of_more_probing_ranks_than_cores():
+    # 4 ranks on 2 cores each get half a core: a halved rate is sharing, not cache/memory contention
+    assert contention_slowdown(60e9, [30e9] * 4, num_cores=2) == pytest.approx(1.0)
+    assert contention_slowdown(60e9, [24e9] * 4, num_cores=2) == pytest.approx(1.25)
+    assert contention_slowdown(60e9, [40e9] * 2, num_cores=2) == pytest.approx(1.5)
+
+
+def pp_plan(sizes: list[int], m: int):
+    stages, start = [], 0
+    for k, n in enumerate(sizes):
+        stages.append({"layer_start": start, "layer_end": start + n, "device_ids": [k]})
+        start += n
+    return parse_plan({
+        "version": 1, "model": "tiny", "cluster": "cpu", "global_batch_size": m, "seq_len": 64,
+        "micro_batch_size": 1, "schedule": "gpipe", "dtype": "fp32", "stages": stages, "batch_shares": [m],
+    })  # fmt: skip
+
+
+def test_more_ranks_than_cores_stretch_compute_and_optimizer_to_their_cpu_work_over_the_cores():
+    model, cl = get_model("tiny"), cpu_cluster(4)
+    alone = estimate(plan(dp=4), model, cl, calibration=Calibration(num_ranks=4, adam_s_per_param=1e-9))
+    shared = estimate(plan(dp=4), model, cl, calibration=Calibration(num_ranks=4, adam_s_per_param=1e-9, num_cores=2))
+    # 4 identical replicas, no pipeline: the work of 4 ranks over 2 cores takes twice one rank's time
+    assert shared.compute_s == pytest.approx(2 * alone.compute_s)
+    assert shared.optimizer_s == pytest.approx(2 * alone.optimizer_s)
+    assert shared.dp_comm_s == pytest.approx(alone.dp_comm_s)  # waiting in a collective uses no core
+    assert shared.step_time_s == pytest.approx(alone.step_time_s + alone.compute_s + alone.optimizer_s)
+    wide = Calibration(num_ranks=4, adam_s_per_param=1e-9, num_cores=4)
+    assert estimate(plan(dp=4), model, cl, calibration=wide).step_time_s == pytest.approx(alone.step_time_s)
+
+
+def test_idle_pipeline_ranks_leave_their_cores_to_the_busy_ones():
+    # stages of 1 and 3 blocks, 8 micro-batches: with 2 cores each rank has its own; on 1 core the
+    # pipelined part takes the two ranks' work, 8·(1 + 3) block-times, less than slowing both 2×
+    model, cl, p = get_model("tiny"), cpu_cluster(2), pp_plan([1, 3], 8)
+    alone = estimate(p, model, cl, calibration=Calibration(num_ranks=2))
+    two = estimate(p, model, cl, calibration=Calibration(num_ranks=2, num_cores=2))
+    one = estimate(p, model, cl, calibration=Calibration(num_ranks=2, num_cores=1))
+    assert two.step_time_s == pytest.approx(alone.step_time_s)
+    pipe = alone.step_time_s - alone.optimizer_s - alone.dp_comm_s
+    assert alone.step_time_s < one.step_time_s < alone.step_time_s + pipe
+
+
+def test_a_measured_adam_time_per_param_wins_over_bytes_and_is_slowed_like_compute():
+    model, cl = get_model("tiny"), cpu_cluster(1)
+    params = sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
+    cal = Calibration(num_ranks=1, compute_slowdown=1.5, adam_bytes_per_param=80.0, adam_s_per_param=5e-9)
+    assert estimate(plan(), model, cl, calibration=cal).optimizer_s == pytest.approx(1.5 * 5e-9 * params)
+    # ZeRO shards the step: each of dp=2 ranks updates half the parameters
+    cal2 = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9)
+    assert estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=cal2).optimizer_s == (
+        pytest.approx(5e-9 * params / 2)
+    )
+
+
+def test_dtensor_stages_take_the_dtensor_adam_time_and_plain_ones_the_plain_time():
+    model = get_model("tiny")
+    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9, adam_dtensor_s_per_param=20e-9)
+    params = sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
+    # sharding none over dp: GradSumSync keeps plain parameters
+    assert estimate(plan(dp=2), model, cpu_cluster(2), calibration=cal).optimizer_s == pytest.approx(5e-9 * params)
+    # FSDP2 (zero1) makes them DTensors: half the parameters each, at the DTensor rate
+    z = estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=cal)
+    assert z.optimizer_s == pytest.approx(20e-9 * params / 2)

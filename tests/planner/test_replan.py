@@ -75,6 +75,14 @@ def test_rebalance_moves_microbatches_off_the_slow_replica(factor):
     assert r.decision.chosen.step_time_s < r.decision.keep_step_time_s * 0.95
 
 
+def test_rebalance_does_not_stop_on_replicas_tied_for_the_slowest():
+    # rank 1 at 4x, 32 samples: the greedy used to stop at [12, 3, 9, 8] (12 → 11 on rank 0 ties it with
+    # rank 1's 3 × 4 = 12: the step does not drop); the best split has 10 on each healthy replica
+    r = replan(dp4((8, 8, 8, 8)), TINY, cpu_cluster(4), None, slowed(1, 4.0), remaining_steps=200,
+               measured_healthy_step_s=0.1, relayout=False)  # fmt: skip
+    assert r.chosen_plan.batch_shares == (10, 2, 10, 10)
+
+
 def test_calibration_states_gains_in_measured_seconds():
     a = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, 2.0), remaining_steps=50, measured_healthy_step_s=0.1,
                relayout=False)  # fmt: skip
@@ -165,3 +173,26 @@ def test_monitor_detects_switches_once_and_does_not_flap():
     rec = first.record()
     assert rec["chosen_action"] == "rebalance" and rec["detections"][0]["kind"] == "compute"
     assert {o["action"] for o in rec["options"]} == {"keep", "rebalance"}
+
+
+def test_monitor_after_a_relaunch_relearns_its_baseline_within_a_few_steps():
+    """After a relayout the new monitor sees steps from the exit step on, with no baseline; a slowdown
+    8 steps into the new segment is caught within persistence steps, not after a full window."""
+    cfg = MonitorConfig(DetectConfig(threshold=0.2, window=10), GateConfig(margin_s=0.1), relayout=False)
+    exit_step, onset = 30, 38  # warm-up 2 + relaunch_window 5 steps of baseline, then slowed
+    seen = {}
+    for relaunched in (True, False):
+        m = ReplanMonitor(dp4(), TINY, cpu_cluster(4), None, total_steps=200, cfg=cfg, relaunched=relaunched)
+        for st in range(exit_step, exit_step + 25):
+            m.observe(_telemetry([st], slow_rank=2, from_step=onset))
+            dec = m.poll()
+            if dec is not None:
+                seen[relaunched] = dec
+                break
+    dec = seen[True]
+    (s,) = dec.detection.slowdowns
+    assert s.rank == 2 and onset <= s.detected_at_step <= onset + 3 and s.factor == pytest.approx(2.0, rel=0.1)
+    assert dec.step <= onset + 6 and dec.result.decision.chosen.action == "rebalance"
+    # with a full 10-step baseline (steps 32..41) the onset falls inside it: decided later (46), if at all
+    late = seen.get(False)
+    assert late is None or late.step >= dec.step + 3, late.step

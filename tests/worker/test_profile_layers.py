@@ -107,6 +107,44 @@ def test_subprocess_writes_one_line_per_request_and_a_rerun_resumes(tmp_path):
     assert out.read_text().splitlines() == [json.dumps(r) for r in rows]
 
 
+def test_adamw_time_per_param_is_positive_and_plausible():
+    from worker.layer_bench import adamw_s_per_param
+
+    assert 0 < adamw_s_per_param(TINY, steps=2, rounds=1) < 1e-5  # 10 µs/param would be absurd
+
+
+def test_the_fastest_timing_round_is_kept_whole():
+    from worker.profile_layers import fastest
+
+    rounds = [{"forward_s": 2.0, "backward_s": 4.0, "forward_spread_s": 0.1},
+              {"forward_s": 1.5, "backward_s": 3.0, "forward_spread_s": 0.2},
+              {"forward_s": 1.0, "backward_s": 5.0, "forward_spread_s": 0.3}]  # fmt: skip
+    assert fastest(rounds) == rounds[1]
+
+
+def test_tp_blocks_are_timed_as_the_runtimes_dtensor_block_on_a_fake_group():
+    # in a subprocess: the fake default process group must not leak into this test process
+    code = """
+import torch
+from planner.model import PRESETS
+from worker.layer_bench import Request, build_runtime_tp_case, time_case
+from torch.distributed.tensor import DTensor
+spec = PRESETS["tiny"]
+case = build_runtime_tp_case(spec, Request("block", 2, 16, 2, False), "cpu", "fp32")
+w = case.module.attn.wq.weight
+assert isinstance(w, DTensor) and w.to_local().shape[0] == spec.hidden // 2, w
+t = time_case(case, "cpu", repeats=2, warmup=1, min_block_s=0.001)
+assert t["forward_s"] > 0 and t["backward_s"] > 0
+plain = build_runtime_tp_case(spec, Request("head", 2, 16, 2, False), "cpu", "fp32")
+assert not isinstance(plain.module.out.weight, DTensor)
+from worker.layer_bench import adamw_s_per_param
+assert 0 < adamw_s_per_param(spec, steps=2, rounds=1, dtensor=True) < 1e-5
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
 def test_profiler_imports_no_prefect_or_duckdb():
     code = "import sys, worker.profile_layers; print(sorted({m.split('.')[0] for m in sys.modules}))"
     loaded = subprocess.run(

@@ -1,0 +1,95 @@
+"""A single-node job listens on loopback only, and two at once never collide.
+
+Launched the way the train task launches it (worker.launch: torchrun_command + start_logged). Once
+both jobs' ranks have logged steps (so the agent's store and every rank's gloo pairs are up), every
+listening TCP socket owned by a job's processes (agent and ranks) must be bound to 127.0.0.0/8 or
+::1 — never 0.0.0.0 or [::], which `--standalone` gave the store. The ranks must also run with
+gloo pinned to `lo`: here the hostname resolves to 127.0.0.1, so their sockets alone could not
+tell; on a host whose name resolves to its LAN address gloo would listen there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.launch import Launch, job_processes, kill_group, start_logged, torchrun_command
+
+pytestmark = pytest.mark.dist
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of each listening TCP socket that one of `pids` holds (Linux /proc)."""
+    owner = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    owner[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = []
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in owner:  # 0A: LISTEN; [9] is the inode
+                continue
+            addr_hex, port_hex = fields[1].split(":")
+            words = struct.unpack(f"{len(addr_hex) // 8}I", bytes.fromhex(addr_hex))  # host-order 32-bit words
+            addr = socket.inet_ntop(family, struct.pack(f"!{len(words)}I", *words))
+            found.append((owner[fields[9]], addr, int(port_hex, 16)))
+    return found
+
+
+def _is_loopback(addr: str) -> bool:
+    ip = ipaddress.ip_address(addr)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def _wait_for_steps(run_dir: Path, n: int, deadline_s: float = 150.0) -> None:
+    t_end = time.monotonic() + deadline_s
+    while time.monotonic() < t_end:
+        files = sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
+        if len(files) == 2 and all(len(f.read_text().splitlines()) >= n for f in files):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"ranks in {run_dir} did not reach step {n} within {deadline_s} s")
+
+
+def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_plan):
+    procs = []
+    try:
+        for job in ("a", "b"):  # started together: each holds its own port from the start
+            run_dir = tmp_path / job
+            run_dir.mkdir()
+            (run_dir / "plan.json").write_text(json.dumps(make_plan([(0, 2), (2, 4)])))
+            launch = Launch(plan_path=str(run_dir / "plan.json"), run_dir=str(run_dir), run_id=job, steps=1_000_000,
+                            data="synthetic", optimizer="sgd", lr=0.1)  # fmt: skip
+            procs.append(start_logged(torchrun_command(launch), run_dir / "torchrun.log"))
+        for job in ("a", "b"):
+            _wait_for_steps(tmp_path / job, 2)
+        store_ports = []
+        for proc, job in zip(procs, ("a", "b"), strict=True):
+            assert proc.poll() is None, (tmp_path / job / "torchrun.log").read_text()[-3000:]
+            ranks = job_processes(proc.pid)  # the agent is alive, so its children are all found
+            sockets = _listening(ranks | {proc.pid})
+            print(job, sorted(sockets))
+            listeners = {pid for pid, _, _ in sockets}
+            assert proc.pid in listeners and len(listeners & ranks) == 2, f"no store or gloo listening: {sockets}"
+            assert all(_is_loopback(addr) for _, addr, _ in sockets), f"job {job} listens beyond loopback: {sockets}"
+            store_ports += [port for pid, _, port in sockets if pid == proc.pid]
+            for pid in ranks:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                assert b"GLOO_SOCKET_IFNAME=lo" in env and b"MASTER_ADDR=127.0.0.1" in env
+        assert len(store_ports) == len(set(store_ports)) == 2, store_ports
+    finally:
+        for proc in procs:
+            kill_group(proc)
