@@ -19,6 +19,7 @@ from planner.timeline import schedule_picture
 from storage.hardware import resolve_cluster
 from tasks.files import read_cluster_file
 from tasks.plan import load_profiles, search_plans, store_plans
+from tasks.progress import say, working
 
 
 @flow(name="plan", log_prints=True)
@@ -37,12 +38,17 @@ def plan_flow(
     model = get_model(model_name)
     cluster = read_cluster_file(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
     profiles = load_profiles(db_path, model)
-    searched = search_plans(
-        model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, return_state=True
-    )
+    with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
+        searched = search_plans(
+            model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, return_state=True
+        )
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
-        print("plan: search result reused from the cache (same model, cluster, profiles and options)")
+        say("plan: search result reused from the cache (same model, cluster, profiles and options)")
+    else:
+        st = result.stats
+        say(f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
+            f"in {st.wall_s:.2f} s{' (time budget hit)' if st.timed_out else ''}")  # fmt: skip
     title = f"{model.name} on {cluster.name} (batch {global_batch})"
     report = markdown_report(result, title)
     if not isinstance(result, NoFeasiblePlan):
@@ -54,4 +60,4 @@ def plan_flow(
     create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
     return {"feasible": True, "search_key": key, "best": result.best.fingerprint(), "reasons": [],
             "step_time_s": result.best.predicted.step_time_s, "cached": cached,
-            "num_devices": result.best.num_devices}  # fmt: skip
+            "num_devices": result.best.num_devices, "candidates": result.stats.candidates}  # fmt: skip

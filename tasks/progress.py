@@ -17,6 +17,8 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -152,6 +154,25 @@ def _log(line: str) -> None:
         get_run_logger().info(line)
     except MissingContextError:
         return
+
+
+@contextmanager
+def working(what: str) -> Iterator[None]:
+    """Progress for one long call with no steps to count (the plan search): a spinner with `what`
+    on a terminal, otherwise `what` as one plain line (stdout and the Prefect run log) before it runs."""
+    if _is_terminal():
+        from rich.console import Console
+
+        with Console().status(what):
+            yield
+    else:
+        StepProgress._emit(what)
+        yield
+
+
+def say(line: str) -> None:
+    """One plain line on stdout and in the Prefect run log (what the CLI shows at its WARNING log level)."""
+    StepProgress._emit(line)
 
 
 def _is_terminal() -> bool:

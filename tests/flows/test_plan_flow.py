@@ -24,7 +24,7 @@ def _artifacts(key, flow_run_id):
     return asyncio.run(read())
 
 
-def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path):
+def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
     from flows.plan import plan_flow
     from storage.plans import best_plan, plans_frame
 
@@ -38,9 +38,12 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path):
     assert best_plan(db, out["search_key"]).fingerprint() == out["best"]
     run_id = state.state_details.flow_run_id
     assert len(_artifacts("plan-ranking", run_id)) == 1 and len(_artifacts("plan-report", run_id)) == 1
+    shown = capsys.readouterr().out  # the search's progress lines (plain: pytest's stdout is no terminal)
+    assert "plan: searching gpt2-small on" in shown and f"plan: {out['candidates']} candidates priced" in shown
     again = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
                       time_budget_s=5.0)  # fmt: skip
     assert again["best"] == out["best"]
+    assert "search result reused from the cache" in capsys.readouterr().out
     assert plans_frame(db, out["search_key"]).height == frame.height
 
 

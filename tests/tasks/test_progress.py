@@ -83,3 +83,11 @@ def test_only_a_real_terminal_gets_the_bar(capsys, monkeypatch):
     with StepProgress(1) as p:
         p.update(_rows(0))
     assert capsys.readouterr().out.startswith("train: steps 1/1 (100%)")
+
+
+def test_working_shows_one_plain_line_before_a_long_call_when_not_on_a_terminal(capsys):
+    from tasks.progress import working
+
+    with working("plan: searching x"):
+        print("inside")
+    assert capsys.readouterr().out.splitlines() == ["plan: searching x", "inside"]
