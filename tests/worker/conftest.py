@@ -47,8 +47,8 @@ def run_torchrun(
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(json.dumps(plan))
-    cmd = ["timeout", "-k", "10", str(TORCHRUN_TIMEOUT_S), sys.executable, "-m", "torch.distributed.run",
-           "--standalone", "--nproc-per-node", str(nproc), *launcher_args, "-m", "worker.train",
+    cmd = ["timeout", "-k", "10", str(TORCHRUN_TIMEOUT_S), sys.executable, "-m", "worker.launch",
+           "--nproc-per-node", str(nproc), *launcher_args, "-m", "worker.train",
            "--plan", str(plan_path), "--run-dir", str(run_dir), *args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, start_new_session=True)
