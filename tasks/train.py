@@ -9,8 +9,6 @@ idempotent upserts, so their short retries (a briefly locked file) are safe.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from planner.plan import Plan
 from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
 from tasks.progress import StepProgress
 from worker.control import TelemetryTail
-from worker.launch import Launch, kill_group, log_tail, start_logged, torchrun_command
+from worker.launch import Launch, log_tail, run_logged, torchrun_command
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -58,31 +56,13 @@ def launch_training(
     log = Path(launch.run_dir) / "torchrun.log"
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
-    t0 = time.monotonic()
     with StepProgress(launch.steps, enabled=show_progress) as progress:
-        proc = start_logged(torchrun_command(launch), log)
-        try:
-            while not _exited(proc, poll_s):
-                if time.monotonic() - t0 > timeout_s:
-                    raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed")
-                progress.update(tail.read_new())
-        except BaseException:  # timed out, interrupted or cancelled: take the ranks down with us
-            kill_group(proc)
-            raise
+        rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s,
+                                on_poll=lambda: progress.update(tail.read_new()), poll_s=poll_s)  # fmt: skip
         progress.update(tail.read_new())
-    rc, wall_s = proc.returncode, time.monotonic() - t0
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")
     return {"returncode": rc, "wall_s": wall_s, "launch": dataclasses.asdict(launch)}
-
-
-def _exited(proc: subprocess.Popen, wait_s: float) -> bool:
-    """Wait up to `wait_s` for `proc`; returns at once when it exits (so wall_s is not rounded up to a poll)."""
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
 
 
 @task(name="ingest-telemetry", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,19 +214,29 @@ def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
     return _popen_logged(cmd, log_path)
 
 
-def run_logged(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int, float]:
+def run_logged(
+    cmd: list[str], log_path: Path, timeout_s: float, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5
+) -> tuple[int, float]:
     """Run `cmd` in its own process group, output appended to `log_path`; (returncode, wall seconds).
 
+    While it runs, `on_poll` (when given: the train task's progress display) is called every `poll_s`.
     Raises TimeoutError after killing the group when it runs past `timeout_s`.
     """
     t0 = time.monotonic()
+    deadline = t0 + timeout_s
     proc = _popen_logged(cmd, log_path)
     try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
-    except BaseException:  # interrupted (Ctrl-C, flow cancelled): take the ranks down with us
+        while True:
+            wait_s = deadline - time.monotonic()
+            try:  # returns as soon as it exits, so wall seconds are not rounded up to a poll
+                rc = proc.wait(timeout=max(0.0, min(wait_s, poll_s) if on_poll else wait_s))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
+                if on_poll is not None:
+                    on_poll()
+    except BaseException:  # timed out, interrupted (Ctrl-C, flow cancelled): take the ranks down with us
         kill_group(proc)
         raise
     _job_tags.pop(proc.pid, None)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,17 @@ def run_torchrun(
     if proc.returncode != 0:
         pytest.fail(f"torchrun rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def wait_for_steps(run_dir: Path, n: int, deadline_s: float = 150.0) -> None:
+    """Block until both ranks of a 2-rank job in `run_dir` have logged `n` telemetry rows."""
+    t_end = time.monotonic() + deadline_s
+    while time.monotonic() < t_end:
+        files = sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
+        if len(files) == 2 and all(len(f.read_text().splitlines()) >= n for f in files):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"ranks in {run_dir} did not reach step {n} within {deadline_s} s")
 
 
 def read_telemetry(run_dir: Path) -> list[dict]:

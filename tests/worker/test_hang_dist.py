@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.worker.conftest import wait_for_steps
 from worker.launch import Launch, kill_group, run_logged, start_logged, torchrun_command
 from worker.watchdog import STOP_GRACE_S
 
@@ -52,16 +53,6 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
     return pid
 
 
-def _wait_for_steps(run_dir: Path, n: int, deadline_s: float = 150.0) -> None:
-    t_end = time.monotonic() + deadline_s
-    while time.monotonic() < t_end:
-        files = sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
-        if len(files) == 2 and all(len(f.read_text().splitlines()) >= n for f in files):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"ranks did not reach step {n} within {deadline_s} s")
-
-
 def _launch(tmp_path: Path, make_plan, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> list[str]:
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(make_plan([(0, 2), (2, 4)])))
@@ -75,7 +66,7 @@ def test_a_frozen_or_dead_rank_fails_the_job_within_the_bound(tmp_path, make_pla
     log = tmp_path / "torchrun.log"
     proc = start_logged(_launch(tmp_path, make_plan), log)
     try:
-        _wait_for_steps(tmp_path, 3)
+        wait_for_steps(tmp_path, 3)
         os.kill(_rank_pid(tmp_path, 1), sig)
         t0 = time.monotonic()
         bound = COLLECTIVE_TIMEOUT_S + STOP_GRACE_S + MARGIN_S
@@ -99,7 +90,7 @@ def test_launcher_timeout_kills_the_whole_process_group_even_with_a_frozen_rank(
 
     def freeze_rank_1() -> None:  # like a hung GPU: frozen, so the agent's SIGTERM cannot end it
         try:
-            _wait_for_steps(tmp_path, 2)
+            wait_for_steps(tmp_path, 2)
             ranks.update(_rank_pids(tmp_path))
             os.kill(ranks[1], signal.SIGSTOP)
         except (AssertionError, LookupError, OSError, KeyError):

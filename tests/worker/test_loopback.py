@@ -15,11 +15,11 @@ import json
 import os
 import socket
 import struct
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.worker.conftest import wait_for_steps
 from worker.launch import Launch, job_processes, kill_group, start_logged, torchrun_command
 
 pytestmark = pytest.mark.dist
@@ -54,16 +54,6 @@ def _is_loopback(addr: str) -> bool:
     return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
 
 
-def _wait_for_steps(run_dir: Path, n: int, deadline_s: float = 150.0) -> None:
-    t_end = time.monotonic() + deadline_s
-    while time.monotonic() < t_end:
-        files = sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
-        if len(files) == 2 and all(len(f.read_text().splitlines()) >= n for f in files):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"ranks in {run_dir} did not reach step {n} within {deadline_s} s")
-
-
 def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_plan):
     procs = []
     try:
@@ -75,7 +65,7 @@ def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_pla
                             data="synthetic", optimizer="sgd", lr=0.1)  # fmt: skip
             procs.append(start_logged(torchrun_command(launch), run_dir / "torchrun.log"))
         for job in ("a", "b"):
-            _wait_for_steps(tmp_path / job, 2)
+            wait_for_steps(tmp_path / job, 2)
         store_ports = []
         for proc, job in zip(procs, ("a", "b"), strict=True):
             assert proc.poll() is None, (tmp_path / job / "torchrun.log").read_text()[-3000:]
