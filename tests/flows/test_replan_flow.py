@@ -33,6 +33,10 @@ CFG = {"threshold": 0.3, "window": 10, "persistence_steps": 5, "margin_s": 0.5}
 # at lr 0.05 (measured), while its weights move 0.02: ATOL 1e-4 separates the two.
 SGD = {"data": "synthetic", "optimizer": "sgd", "lr": 0.05}
 ATOL = 1e-4
+# Past ~80 steps at lr 0.05 the tiny model turns chaotic: over 120 steps the same reference with its
+# batch summed in 1, 2 or 4 micro-batches drifts 2e-5, 5e-5, 9e-5 (fp64: 4e-5; failed CI once at 1.4e-4).
+# At lr 0.02 over 120 steps: summation order 1e-7, fp64 1e-6, one step lost or repeated 9e-3, weights move 0.013.
+LONG_LR = 0.02
 # 8 samples per rank and step, and the gain that held: see test_measured_throughput_after_the_switch_beats_keeping_the_old_plan
 SHARE = 8
 GAIN_MIN = 1.15  # issue asks 1.3x; measured 1.23-1.56x on 2 shared cores: 1.15 is the bar CI holds
@@ -50,7 +54,7 @@ def _dp4_plan(tmp: Path) -> str:
 def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool, **kw) -> dict:
     return train_flow(db_path=db, plan_path=plan, steps=steps, nproc_per_node=kw.pop("nproc", 4), run_id=run_id,
                       runs_dir=str(tmp / "runs"), checkpoint_every=kw.pop("checkpoint_every", 1000), timeout_s=600,
-                      replan=replan, replan_config=CFG, **SGD, **kw)  # fmt: skip
+                      replan=replan, replan_config=CFG, **{**SGD, **kw})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -159,12 +163,12 @@ def test_a_clean_run_triggers_no_replan(tmp_path):
     assert again["action"] == "keep" or again["detections"], again
 
 
-def _params_equal_reference(ckpt: Path, steps: int) -> float:
+def _params_equal_reference(ckpt: Path, steps: int, lr: float) -> float:
     from planner.model import get_model
     from worker.checkpoint import load_full_model_state
     from worker.reference import train_reference
 
-    ref, _ = train_reference(get_model("tiny"), 8, 32, steps, "synthetic", 0, SGD["lr"], "sgd")
+    ref, _ = train_reference(get_model("tiny"), 8, 32, steps, "synthetic", 0, lr, "sgd")
     got = load_full_model_state(ckpt, get_model("tiny"))
     return max((got[k] - ref[k]).abs().max().item() for k in ref)
 
@@ -178,7 +182,7 @@ def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_
     # steps repays it, over ~60 it did not (the monitor then rightly kept the plan)
     db, steps = str(tmp_path / "m.duckdb"), 120
     out = _train(db, str(tmp_path / "pp4.json"), "relayout", tmp_path, steps, True, slow_rank=2, slow_factor=10.0,
-                 slow_from_step=10, checkpoint_every=20)  # fmt: skip
+                 slow_from_step=10, checkpoint_every=20, lr=LONG_LR)  # fmt: skip
     first = out["decisions"][0]
     assert first["chosen_action"] == "relayout" and first["acted"]
     new_plan = json.loads(first["new_plan_json"])
@@ -197,5 +201,5 @@ def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_
     assert old == list(range(exit_step)) and new[0] == exit_step, "resumed exactly at the exit checkpoint"
     assert sorted(set(old) | set(new)) == list(range(steps)) and not set(old) & set(new)
     # what the exit saved is exactly exit_step steps of training; the relaunch loaded and continued it
-    assert _params_equal_reference(run_dir / "checkpoints" / f"step_{exit_step:08d}", exit_step) < ATOL
-    assert_matches_reference(run_dir, "tiny", steps, lr=SGD["lr"], atol=ATOL)
+    assert _params_equal_reference(run_dir / "checkpoints" / f"step_{exit_step:08d}", exit_step, LONG_LR) < ATOL
+    assert_matches_reference(run_dir, "tiny", steps, lr=LONG_LR, atol=ATOL)
