@@ -174,19 +174,25 @@ def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> 
     keys = profile_keys_for(plans)
     for tp in sorted({k.tp for k in keys}):
         group = [k for k in keys if k.tp == tp]
-        profile_group.fn(FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / f"profile-{rnd}"))
+        real_tp = tp <= len(os.sched_getaffinity(0))  # as flows.profile: a real tp group where the cores allow
+        profile_group.fn(FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / f"profile-{rnd}"),
+                         real_tp=real_tp)  # fmt: skip
 
 
 def fastest_profiles(db: Path, state: Path) -> ProfileTable:
     """Store, per layer shape, the row of the pass with the smallest forward + backward (the
-    least-disturbed pass, as for runs and snapshots) and load the table."""
+    least-disturbed pass, as for runs and snapshots) and load the table. Rows timed on a real tp group
+    (all-reduces included) win over fake-group ones of older passes: they measure something else."""
     from storage.profiles import load_profile_table, read_jsonl, upsert_profiles
+
+    def rank(r: dict) -> tuple[bool, float]:
+        return not r.get("tp_comm_included", False), r["forward_s"] + r["backward_s"]
 
     best: dict[tuple, dict] = {}
     for f in sorted(state.glob("profile-*/*.jsonl")):
         for r in read_jsonl(f):
             key = (r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"])
-            if key not in best or r["forward_s"] + r["backward_s"] < best[key]["forward_s"] + best[key]["backward_s"]:
+            if key not in best or rank(r) < rank(best[key]):
                 best[key] = r
     upsert_profiles(db, best.values())
     return load_profile_table(db, FIDELITY_MODEL, ["cpu"])

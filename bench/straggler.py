@@ -29,10 +29,10 @@ from pathlib import Path
 
 SLOW_RANK, FROM_STEP = 1, 15
 CFG = {"threshold": 0.3, "window": 10, "persistence_steps": 5, "margin_s": 0.5}
-# 8 samples per rank and step, as in tests/flows/test_replan_flow.py: with 4 the step is ~30 % all-reduce,
-# control broadcast and Python here, which no batch re-split can win back
-PLAN = {"model": "tiny", "cluster": "cpu", "global_batch_size": 32, "seq_len": 32, "micro_batch_size": 1,
-        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8, 8, 8, 8],
+# 16 samples per rank and step, as in tests/flows/test_replan_flow.py: with 4 the step is ~30 % all-reduce,
+# control broadcast and Python here, with 8 ~20 %, with 16 ~11 %, which no batch re-split can win back
+PLAN = {"model": "tiny", "cluster": "cpu", "global_batch_size": 64, "seq_len": 32, "micro_batch_size": 1,
+        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [16, 16, 16, 16],
         "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]}  # fmt: skip
 
 

@@ -90,8 +90,10 @@ def profile_flow(
         for group in shape_groups(todo).values():
             task = profile_group.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
             runs += 1
+            # tp blocks are timed on a real tp group where this node has tp devices (CPU: cores)
+            real_tp = group[0].tp <= here.get("device_count", 1)
             state = task(model, group, here["torch_version"], repeats, min_block_s, timeout_s, run_dir, show_progress,
-                         return_state=True)  # fmt: skip
+                         real_tp, return_state=True)  # fmt: skip
             if state.is_completed():
                 measured += ingest_rows(db_path, state.result())
                 continue

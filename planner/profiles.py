@@ -49,6 +49,8 @@ class LayerProfile:
     efficiency: float | None = None
     forward_spread_s: float = 0.0
     backward_spread_s: float = 0.0
+    # timed on a real tp group: the times include the block's tp all-reduces (worker.layer_bench)
+    tp_comm_included: bool = False
 
     @property
     def train_s(self) -> float:

@@ -24,7 +24,7 @@ KEY_COLUMNS = ("model_fingerprint", "device_kind", "layer_kind", "micro_batch_si
                "recompute", "torch_version")  # fmt: skip
 VALUE_COLUMNS = ("model_name", "forward_s", "backward_s", "forward_spread_s", "backward_spread_s", "param_bytes",
                  "activation_bytes", "workspace_bytes", "achieved_flop_per_s", "estimated", "efficiency",
-                 "efficiency_source", "repeats", "timing_method", "measured_at")  # fmt: skip
+                 "efficiency_source", "repeats", "timing_method", "measured_at", "tp_comm_included")  # fmt: skip
 COLUMNS = KEY_COLUMNS + VALUE_COLUMNS
 ESTIMATE_TORCH_VERSION = ""
 
@@ -39,7 +39,7 @@ def _row_tuple(row: dict[str, Any]) -> tuple:
                                          "workspace_bytes", "estimated", "measured_at") if row.get(c) is None]  # fmt: skip
     if missing:
         raise ValueError(f"profile row lacks {missing}: {row}")
-    return tuple(row.get(c) for c in COLUMNS)
+    return tuple(bool(row.get(c)) if c == "tp_comm_included" else row.get(c) for c in COLUMNS)
 
 
 def upsert_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -130,6 +130,7 @@ def _profile(r: dict[str, Any]) -> LayerProfile:
         key=key, forward_s=r["forward_s"], backward_s=r["backward_s"], param_bytes=r["param_bytes"],
         activation_bytes=r["activation_bytes"], workspace_bytes=r["workspace_bytes"], estimated=r["estimated"],
         efficiency=r["efficiency"], forward_spread_s=r["forward_spread_s"], backward_spread_s=r["backward_spread_s"],
+        tp_comm_included=bool(r.get("tp_comm_included")),
     )  # fmt: skip
 
 

@@ -77,8 +77,13 @@ def profile_group(
     timeout_s: float,
     run_dir: str,
     show_progress: bool = False,
+    real_tp: bool = False,
 ) -> list[dict[str, Any]]:
-    """Measure one (device kind, seq, tp) group in a subprocess; returns the rows of its JSONL file."""
+    """Measure one (device kind, seq, tp) group in a subprocess; returns the rows of its JSONL file.
+
+    `real_tp` (and tp > 1): the profiler runs as tp real ranks under torchrun (worker.launch:
+    loopback only) and times tp blocks on that group, all-reduces included; the caller sets it when
+    this node has tp devices (`local_device()["device_count"]`)."""
     out = group_out_path(run_dir, model, keys)
     out.parent.mkdir(parents=True, exist_ok=True)
     requests = [{"layer_kind": k.layer_kind, "micro_batch_size": k.micro_batch_size, "seq_len": k.seq_len,
@@ -94,6 +99,9 @@ def profile_group(
         cmd += ["--device", "cpu"]
     if show_progress:
         cmd.append("--progress")
+    if real_tp and keys[0].tp > 1:
+        cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(keys[0].tp), "-m",
+               "worker.profile_layers", *cmd[len(WORKER):], "--tp-group", "real"]  # fmt: skip
     res = _run(cmd, timeout_s, show_stderr=show_progress)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:]) or "(stderr shown above)"

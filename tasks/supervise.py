@@ -30,7 +30,7 @@ from planner.profiles import ProfileTable
 from planner.replan import SwitchCosts, relabel_for_runtime
 from tasks.progress import StepProgress
 from worker.control import TelemetryTail, exit_path, read_control, read_exit, write_control
-from worker.launch import Launch, kill_group, start_logged, torchrun_command
+from worker.launch import Launch, job_exited, kill_group, start_logged, torchrun_command
 
 
 @dataclasses.dataclass
@@ -90,6 +90,7 @@ class Supervisor:
             except BaseException:
                 kill_group(proc)
                 raise
+            job_exited(proc)
             rows = tail.read_new()
             monitor.observe(rows)
             self._progress.update(rows)

@@ -210,8 +210,14 @@ def _popen_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    """Start `cmd` in its own process group, output appended to `log_path`; the caller waits and kills."""
+    """Start `cmd` in its own process group, output appended to `log_path`; the caller waits, and then
+    calls `job_exited` (or `kill_group` to take it down)."""
     return _popen_logged(cmd, log_path)
+
+
+def job_exited(proc: subprocess.Popen) -> None:
+    """Forget the tag of a job that exited by itself (kill_group forgets it when it kills the job)."""
+    _job_tags.pop(proc.pid, None)
 
 
 def run_logged(
@@ -239,7 +245,7 @@ def run_logged(
     except BaseException:  # timed out, interrupted (Ctrl-C, flow cancelled): take the ranks down with us
         kill_group(proc)
         raise
-    _job_tags.pop(proc.pid, None)
+    job_exited(proc)
     return rc, time.monotonic() - t0
 
 

@@ -9,11 +9,15 @@ Used by `worker.profile_layers` (the subprocess entry point). What is measured a
   synchronises once per block, so kernel-launch queues are not drained between phases.
   Parameter gradients accumulate across iterations, as under gradient accumulation.
 - **tensor-parallel blocks are timed as the runtime runs them**: worker.parallel.apply_tp's DTensor
-  Colwise/Rowwise block (`build_runtime_tp_case`) on a "fake" process group of tp ranks inside this
-  one process. The fake group's collectives return at once, so the time is the local-shape math
-  plus everything DTensor adds around it on this device (dispatch, redistributes, copies: measured
-  5–40 ms per fwd+bwd of the fidelity model's block on CPU, more than the math itself); the
-  all-reduces themselves are priced by the cost model from the measured gloo/NCCL fits.
+  Colwise/Rowwise block (`build_runtime_tp_case`). Where this node has tp devices (CPU: tp ≤ cores)
+  the profiler runs as tp real ranks under torchrun and the block is timed on the real tp group, so
+  the time includes its all-reduces and each one's wait for the slower rank (measured on 2 CPU
+  ranks: 25–47 ms per fwd+bwd of the fidelity model's block at mbs 2, against 22 ms on a fake group
+  plus 4 fitted all-reduces of 0.5 ms); such rows are flagged `tp_comm_included` and the cost model
+  adds no all-reduces of its own. Otherwise it runs on a "fake" process group of tp ranks inside this
+  one process, whose collectives return at once: the local-shape math plus everything DTensor adds
+  around it (dispatch, redistributes, copies), with the all-reduces priced by the cost model from
+  the measured gloo/NCCL fits.
 - **parameter bytes**: exact, `numel · element_size` over the layer's local parameters.
 - **activation bytes**: the unique storages autograd saves for backward during one forward
   (`saved_tensors_hooks`), excluding parameters. The layer's input *is* counted when autograd saves
@@ -128,9 +132,12 @@ def _fake_mesh(tp: int, device: str):  # noqa: ANN202 (DeviceMesh imported lazil
     return DeviceMesh(torch.device(device).type, list(range(tp)))
 
 
-def build_runtime_tp_case(spec: ModelSpec, req: Request, device: str, dtype: str, seed: int = 0) -> LayerCase:
+def build_runtime_tp_case(
+    spec: ModelSpec, req: Request, device: str, dtype: str, seed: int = 0, mesh: Any = None
+) -> LayerCase:
     """A block of `req` under DTensor tensor parallelism exactly as worker.parallel.apply_tp builds it,
-    on a fake group of req.tp ranks (see the module docstring); used for timing only."""
+    on `mesh` (a real group of req.tp ranks) or else a fake one (see the module docstring); used for
+    timing only."""
     from worker.parallel import apply_tp
 
     if req.layer_kind != "block" or req.tp == 1:
@@ -141,7 +148,8 @@ def build_runtime_tp_case(spec: ModelSpec, req: Request, device: str, dtype: str
     dt = TORCH_DTYPES[dtype]
     module = Block(spec).to(device=device, dtype=dt)
     # apply_tp only walks `.blocks`: hand it this one block, so the styles stay defined in one place
-    apply_tp(SimpleNamespace(blocks={"0": module}), spec, _fake_mesh(req.tp, device))  # type: ignore[arg-type]
+    tp_mesh = mesh if mesh is not None else _fake_mesh(req.tp, device)
+    apply_tp(SimpleNamespace(blocks={"0": module}), spec, tp_mesh)  # type: ignore[arg-type]
     b, s, h = req.micro_batch_size, req.seq_len, spec.hidden
     x = torch.randn(b, s, h, device=device, dtype=dt, requires_grad=True)
     grad = torch.randn(b, s, h, device=device, dtype=dt)
@@ -156,8 +164,18 @@ def _quartile_spread(values: list[float]) -> float:
     return q3 - q1
 
 
-def time_case(case: LayerCase, device: str, repeats: int, warmup: int, min_block_s: float) -> dict[str, Any]:
-    """Median forward/backward seconds per iteration over `repeats` blocks, with IQR spreads."""
+def time_case(
+    case: LayerCase,
+    device: str,
+    repeats: int,
+    warmup: int,
+    min_block_s: float,
+    agree: Callable[[int], int] | None = None,
+) -> dict[str, Any]:
+    """Median forward/backward seconds per iteration over `repeats` blocks, with IQR spreads.
+
+    `agree` makes the ranks of a real tp group run the same number of iterations per block (each
+    one's collectives must meet the others'): it maps this rank's choice to the group's."""  # fmt: skip
     cuda = device.startswith("cuda")
     for _ in range(warmup):
         case.backward(case.forward())
@@ -193,6 +211,8 @@ def time_case(case: LayerCase, device: str, repeats: int, warmup: int, min_block
 
     f1, b1 = block(1)  # sizes the blocks: one iteration's cost
     inner = max(1, math.ceil(min_block_s / max(f1 + b1, 1e-9)))
+    if agree is not None:
+        inner = agree(inner)
     fwd, bwd = [], []
     for _ in range(repeats):
         f, b = block(inner)

@@ -10,6 +10,10 @@ embedding and the head have no recompute variant (full recompute checkpoints blo
 measurement answers both flags. `--print-device` prints the local device kind and torch version.
 Timings are load-guarded: each shape is timed in `--rounds` round-robin passes and the fastest pass
 is kept (see `run`). The flow (not this process) writes the rows into DuckDB.
+
+`--tp-group real`: this process is one of tp ranks started by torchrun (`python -m worker.launch
+--nproc-per-node TP -m worker.profile_layers … --tp-group real`); tensor-parallel blocks are timed
+on that real group, collectives included (worker.layer_bench), and rank 0 writes the rows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +74,54 @@ def read_done(out: Path) -> set[tuple[str, int, int, int, bool]]:
     return done
 
 
-def time_request(spec: ModelSpec, req: Request, device: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One timing round of a layer shape (median of blocks, worker.layer_bench.time_case). On CPU a
-    TP block is timed as the runtime's DTensor block (build_runtime_tp_case); on GPU, where that
-    path is not verified yet, at its local shapes."""
+@dataclass
+class TpGroup:
+    """The real tp group of a `--tp-group real` run: its mesh, this rank, and the device it runs on."""
+
+    mesh: Any
+    rank: int
+    device: str
+
+    def agree(self, n: int) -> int:
+        """The largest of the ranks' `n` (every rank then runs as many iterations)."""
+        import torch.distributed as dist
+
+        t = torch.tensor([n], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def share(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def join_tp_group(device: str) -> TpGroup:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on GPU: one GPU per rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if device.startswith("cuda"):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    return TpGroup(mesh, dist.get_rank(), device)
+
+
+def time_request(
+    spec: ModelSpec, req: Request, device: str, dtype: str, args: argparse.Namespace, group: TpGroup | None = None
+) -> dict[str, Any]:
+    """One timing round of a layer shape (median of blocks, worker.layer_bench.time_case). A TP block
+    is timed as the runtime's DTensor block (build_runtime_tp_case): on the real tp `group` when
+    given, else on a fake group (on CPU; on GPU, where that path is not verified yet, at its local
+    shapes)."""
+    if group is not None:
+        case = build_runtime_tp_case(spec, req, group.device, dtype, mesh=group.mesh)
+        return time_case(case, group.device, args.repeats, args.warmup, args.min_block_s, agree=group.agree)
     build = build_runtime_tp_case if device == "cpu" else build_case
     case = build(spec, req, device, dtype)
     return time_case(case, device, args.repeats, args.warmup, args.min_block_s)
@@ -122,9 +171,20 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or default_dtype(device)
     if not device.startswith("cuda"):
         torch.set_num_threads(args.threads)
+    group = join_tp_group(device) if args.tp_group == "real" else None
+    lead = group is None or group.rank == 0  # the one process that writes rows
+    if group is not None:
+        device = group.device
+        world = group.mesh.size()
+        wrong = sorted({r.tp for r in requests_from_args(args, spec)} - {world})
+        if wrong:
+            raise SystemExit(f"--tp-group real: requests with tp {wrong} in a group of {world} ranks; "
+                             f"launch one run per tp with --nproc-per-node equal to it")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    todo = [r for r in requests_from_args(args, spec) if r.as_key() not in read_done(out)]
+    todo = [r for r in requests_from_args(args, spec) if r.as_key() not in read_done(out)] if lead else []
+    if group is not None:
+        todo = group.share(todo)  # every rank must time the same shapes in the same order
     # Embedding and head rows differ only in the recompute flag: measure each shape once.
     groups: dict[tuple, list[Request]] = {}
     for r in todo:
@@ -135,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
         "torch_version": torch.__version__, "num_threads": torch.get_num_threads() if device == "cpu" else None,
         "host": platform.node(), "timing_method": "cuda:events" if device.startswith("cuda") else "cpu:perf_counter",
     }  # fmt: skip
+    if group is not None:
+        common["timing_method"] += f"; tp blocks on a real group of {group.mesh.size()} ranks"
     peak = catalog_peak(kind, dtype)
-    progress = _progress(len(groups)) if args.progress else None
+    progress = _progress(len(groups)) if args.progress and lead else None
     written = 0
     # Load guard: every shape is timed in `rounds` round-robin passes, so a slow phase of the shared
     # machine hits one round of many shapes rather than every round of one shape; the fastest round
@@ -147,21 +209,24 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(args.rounds - 1):
         for shape, reqs in groups.items():
             try:
-                timings[shape].append(time_request(spec, reqs[0], device, dtype, args))
+                timings[shape].append(time_request(spec, reqs[0], device, dtype, args, group))
             except (RuntimeError, ValueError):
                 continue
-    with out.open("a") as f:
+    with open(out if lead else os.devnull, "a") as f:
         for shape, reqs in groups.items():
             first = reqs[0]
             if progress:
                 progress[0].update(progress[1], description=f"{kind} {first.layer_kind} mbs={first.micro_batch_size} "
                                    f"seq={first.seq_len} tp={first.tp}")  # fmt: skip
-            timings[shape].append(time_request(spec, first, device, dtype, args))
+            timings[shape].append(time_request(spec, first, device, dtype, args, group))
+            if not lead:
+                continue
             result = measure(spec, first, device, dtype, args, fastest(timings[shape]))
             for r in reqs:
                 row = {**common, "layer_kind": r.layer_kind, "micro_batch_size": r.micro_batch_size,
                        "seq_len": r.seq_len, "tp": r.tp, "recompute": r.recompute, **result,
                        "estimated": False,
+                       "tp_comm_included": group is not None and r.layer_kind == "block" and r.tp > 1,
                        "efficiency": result["achieved_flop_per_s"] / peak if peak else None,
                        "efficiency_source": "achieved / catalog peak" if peak else None,
                        "measured_at": dt.datetime.now(dt.UTC).isoformat()}  # fmt: skip
@@ -173,6 +238,11 @@ def run(args: argparse.Namespace) -> int:
                 progress[0].advance(progress[1])
     if progress:
         progress[0].stop()
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
     return written
 
 
@@ -207,6 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-block-s", type=float, default=0.05, help="minimum duration of one timed block")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (1: stable timings on shared machines)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    p.add_argument("--tp-group", choices=("fake", "real"), default="fake",
+                   help="time tp blocks on a fake in-process group, or as one of tp real ranks under torchrun")  # fmt: skip
     p.add_argument("--print-device", action="store_true", help="print the local device kind and exit")
     args = p.parse_args(argv)
     if not args.print_device and not (args.spec_json and args.out):
@@ -218,8 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.print_device:
         device, kind = local_device()
+        count = torch.cuda.device_count() if device.startswith("cuda") else len(os.sched_getaffinity(0))
         print(json.dumps({"device": device, "device_kind": kind, "dtype": default_dtype(device),
-                          "torch_version": torch.__version__}))  # fmt: skip
+                          "torch_version": torch.__version__, "device_count": count}))  # fmt: skip
         return
     crash_once("profile")
     n = run(args)

@@ -1,7 +1,8 @@
 """Per-stage cost coefficients: everything a stage costs, as linear functions of its block count n.
 
-A stage with n blocks costs, per micro-batch, τ(n) = a·n + b (compute from profiles, TP collectives,
-ZeRO-3 gathers not hidden by compute, p2p sends to the next stage); after the pipeline drains its
+A stage with n blocks costs, per micro-batch, τ(n) = a·n + b (compute from profiles, TP collectives
+unless a block's profile already holds them, ZeRO-3 gathers not hidden by compute, p2p sends to the
+next stage); after the pipeline drains its
 tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n (gradient sync not hidden by the last backward,
 ZeRO-1/2 parameter all-gather, Adam step); its allocation is mem_a·n + mem_b bytes. `estimate`
 evaluates these at the plan's n, and the search evaluates them for every n at once, so the two
@@ -111,7 +112,9 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     else:
         tp_ar = F.ring_allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s)
 
-    compute_a, tp_a = slow * blk.train_s, F.tp_allreduces_per_block(ctx.recompute) * tp_ar
+    # a block profiled on a real tp group already holds its all-reduces (and their waits)
+    tp_a = 0.0 if blk.tp_comm_included else F.tp_allreduces_per_block(ctx.recompute) * tp_ar
+    compute_a = slow * blk.train_s
     bwd_a = slow * blk.backward_s
     compute_b = tp_b = bwd_b = 0.0
     params_a = float(flops.layer_params("block", model, ctx.tp))

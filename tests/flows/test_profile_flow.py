@@ -56,3 +56,27 @@ def test_cli_grid_options_accept_spaces_commas_and_repeats():
     assert grid_values(tokens, "--seq") == [32]
     with pytest.raises(MeshplanError, match="--mbs"):
         grid_values(["--mbs", "1,x"], "--mbs")
+
+
+def test_tp_blocks_are_timed_on_a_real_tp_group_and_priced_without_a_second_all_reduce(tmp_path):
+    """tp=2 on this machine (≥ 2 cores): the profiler runs as 2 gloo ranks under torchrun and times the
+    DTensor block on that group, all-reduces included; the cost model then adds none of its own."""
+    from planner.cost.devices import Link
+    from planner.cost.stage import StageContext, stage_coeffs
+
+    db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
+    out = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **{**TINY, "tp": [2]})
+    assert out["measured"] == 3 and out["profiler_runs"] == 1
+    rows = profile_frame(db).sort("layer_kind")
+    assert rows.height == 3, "one row per shape: only rank 0 of the group writes"
+    assert rows["timing_method"].str.contains("real group of 2 ranks").all()
+    assert dict(zip(rows["layer_kind"], rows["tp_comm_included"], strict=True)) == {
+        "block": True, "embedding": False, "head": False}  # fmt: skip
+    table = load_profile_table(db, PRESETS["tiny"], ["cpu"])
+    block = next(r for r in table if r.key.layer_kind == "block")
+    assert block.tp_comm_included and block.forward_s > 0 and block.backward_s > 0
+    link = Link(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
+    ctx = StageContext("cpu", "fp32", 1, 16, 2, False, True, True, 1, "none", 1, 1.0, 1e10, link, link, None, 2)
+    coeffs = stage_coeffs(ctx, PRESETS["tiny"], table)
+    assert coeffs.tp_a == 0 and coeffs.compute_a == block.train_s
+    assert coeffs.tp_b > 0  # embedding and head were timed alone: their all-reduces are still priced
