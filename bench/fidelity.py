@@ -6,7 +6,7 @@ Every round measures, in this order:
 1. Discover: worker.netbench under torchrun at 1, 2 and 4 ranks (per-rank matmul rate, memory
    bandwidth, gloo α–β fits per op), a snapshot file per rank count.
 2. Profile one model (FIDELITY_MODEL below) with worker.profile_layers: every (layer kind, mbs, tp,
-   recompute) the plans use, one process, one thread (itself the fastest of 3 round-robin passes).
+   recompute) the plans use, one process, one thread (itself the median of 3 round-robin passes).
 3. The optimizer: torch AdamW's step time per parameter over one block (worker.layer_bench).
 4. Every plan once with torchrun + worker.train: the median over steady steps (warm-up dropped)
    of the slowest rank's step_time_s.

@@ -35,7 +35,8 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
                         run_dir=str(Path(runs_dir) / "profile"), show_progress=show_progress)  # fmt: skip
     _say(f"profile: {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
     planned = plan_flow(db_path=db_path, model_name=config.model, snapshot=hw["fingerprint"],
-                        global_batch=s.global_batch, seq=s.seq, top_k=s.top_k, time_budget_s=s.time_budget_s)  # fmt: skip
+                        global_batch=s.global_batch, seq=s.seq, top_k=s.top_k, time_budget_s=s.time_budget_s,
+                        cpu_dtype=p.dtype)  # fmt: skip
     if not planned["feasible"]:
         raise MeshplanError("model", config.model, "no plan fits this machine: " + "; ".join(planned["reasons"]))
     _say(f"plan: best {planned['best']} predicted {planned['step_time_s'] * 1e3:.1f} ms/step"

@@ -13,12 +13,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from planner.model import get_model
+from planner.profiling import is_gpu
 from planner.search import NoFeasiblePlan
 from planner.search.report import markdown_report, ranking_rows
 from planner.timeline import schedule_picture
 from storage.hardware import resolve_cluster
 from tasks.files import read_cluster_file
-from tasks.plan import load_profiles, search_plans, store_plans
+from tasks.plan import load_calibration, load_profiles, search_plans, store_plans
 from tasks.progress import say, working
 
 
@@ -32,16 +33,26 @@ def plan_flow(
     top_k: int = 5,
     time_budget_s: float = 10.0,
     snapshot: str | None = None,
+    cpu_dtype: str = "fp32",
 ) -> dict[str, Any]:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
-    newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}."""
+    newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}.
+
+    Plans train in bf16 on GPUs and in `cpu_dtype` on a cluster of CPU ranks: the dtype the profile
+    stage measures there and worker.train runs there (planner.profiling.device_dtype)."""
     model = get_model(model_name)
     cluster = read_cluster_file(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
+    dtype = "bf16" if any(is_gpu(k) for k in cluster.device_kinds()) else cpu_dtype
     profiles = load_profiles(db_path, model)
+    # a discovered CPU machine is priced with what discovery and profiling measured (planner.calibrate)
+    calibration = None if cluster_file else load_calibration(db_path, model, snapshot)
+    if calibration is not None:
+        say(f"plan: calibrated to {calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
         searched = search_plans(
-            model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, return_state=True
-        )
+            model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, calibration, dtype,
+            return_state=True,
+        )  # fmt: skip
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")

@@ -5,6 +5,8 @@
    is already measured for this model and torch version; the rest runs in one profiler subprocess
    per (device kind, seq, tp) group, each retried and timed out on its own, its rows upserted.
    Re-running measures nothing already known, and the cost grows with distinct shapes, not layers.
+   On a CPU, torch AdamW's step time per parameter (plain and DTensor parameters) is measured once
+   per model and torch version afterwards; returned as "optimizer", a failure reported, not fatal.
 3. Kinds not present here get roofline estimates (planner.profiling), calibrated on measured GPUs
    when there are any, stored flagged `estimated` with the efficiency used.
 4. Communication: discovery (stage 1) owns the collective bench and its α–β fits; this flow makes
@@ -34,6 +36,7 @@ from planner.profiling import (
     validate_shapes,
 )
 from storage.profiles import estimate_rows as estimate_storage_rows
+from storage.profiles import load_optimizer_profile, missing_optimizer_profile, upsert_optimizer_profiles
 from tasks.files import read_cluster_file
 from tasks.profile import (
     comm_fits,
@@ -44,6 +47,7 @@ from tasks.profile import (
     load_profiles,
     local_device,
     profile_group,
+    profile_optimizer,
 )
 
 
@@ -79,8 +83,10 @@ def profile_flow(
     local_kind = here["device_kind"]
     run_dir = run_dir or str(Path(db_path).resolve().parent / "profile-runs" / model.fingerprint())
 
-    measured = reused = runs = 0
+    measured = reused = runs = optimizer_measured = 0
     failed: list[str] = []
+    optimizer_failed: list[str] = []
+    optimizer: dict[str, float] = {}
     if local_kind in kinds:
         local_dtype = dtype if local_kind == "cpu" else here["dtype"]
         wanted = profile_keys(local_kind, mbs, seq, tp, local_dtype, recompute, LAYER_KINDS)
@@ -100,6 +106,18 @@ def profile_flow(
             # Keep what the dead run measured, report it, and carry on with the other groups.
             measured += ingest_partial(db_path, str(group_out_path(run_dir, model, group)))
             failed.append(f"{group[0].device_kind} seq={group[0].seq_len} tp={group[0].tp}: {state.message}")
+        # The optimizer step per parameter (CPU only: it times torch AdamW on this process's thread),
+        # after the layer profiler, never beside it. Its failure is reported in "failed" but never
+        # fails the flow: the planner then prices the step from its model of memory traffic.
+        if local_kind == "cpu" and missing_optimizer_profile(db_path, model, local_kind, here["torch_version"]):
+            task = profile_optimizer.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
+            state = task(model, here["torch_version"], timeout_s, run_dir, return_state=True)
+            if state.is_completed():
+                upsert_optimizer_profiles(db_path, state.result())
+                optimizer_measured = 1
+            else:
+                optimizer_failed.append(f"{local_kind} optimizer: {state.message}")
+        optimizer = load_optimizer_profile(db_path, model, local_kind)
 
     estimated, efficiency = 0, {}
     others = [k for k in kinds if k != local_kind]
@@ -123,11 +141,12 @@ def profile_flow(
         "model": model.name, "fingerprint": model.fingerprint(), "device_kinds": kinds, "local_device": local_kind,
         "torch_version": here["torch_version"], "measured": measured, "reused": reused, "estimated": estimated,
         "profiler_runs": runs, "efficiency": efficiency, "comm_fits": [dataclasses.asdict(f) for f in fits],
-        "failed": failed, "run_dir": run_dir,
+        "failed": failed + optimizer_failed, "run_dir": run_dir, "optimizer": optimizer,
+        "optimizer_measured": optimizer_measured,
     }  # fmt: skip
     if failed:
         raise RuntimeError(f"{len(failed)} profiler group(s) failed (rows measured before failing were kept): "
-                           + "; ".join(failed))  # fmt: skip
+                           + "; ".join(summary["failed"]))  # fmt: skip
     return summary
 
 

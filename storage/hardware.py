@@ -167,19 +167,24 @@ def list_snapshots(db_path: str | Path) -> pl.DataFrame:
         ).pl()
 
 
-def resolve_cluster(db_path: str | Path, fingerprint: str | None = None) -> ClusterSpec:
-    """The cluster of snapshot `fingerprint`, or of the newest probed snapshot when none is named."""
+def resolve_snapshot(db_path: str | Path, fingerprint: str | None = None) -> HardwareSnapshot:
+    """Snapshot `fingerprint`, or the newest probed snapshot when none is named."""
     from planner.errors import MeshplanError
 
     if fingerprint:
         snap = find_snapshot(db_path, fingerprint) if Path(db_path).exists() else None
         if snap is None:
             raise MeshplanError("--snapshot", fingerprint, "no such hardware snapshot; `meshplan db` lists them")
-        return snap.cluster
+        return snap
     probed = list_snapshots(db_path).filter(pl.col("source") == "probe") if Path(db_path).exists() else None
     if probed is None or probed.height == 0:
         raise MeshplanError(
             "--cluster", None, "no cluster file given and this machine was never discovered; "
             "pass --cluster FILE or run `meshplan discover` first",
         )  # fmt: skip
-    return load_snapshot(db_path, probed["fingerprint"][0]).cluster
+    return load_snapshot(db_path, probed["fingerprint"][0])
+
+
+def resolve_cluster(db_path: str | Path, fingerprint: str | None = None) -> ClusterSpec:
+    """The cluster of snapshot `fingerprint`, or of the newest probed snapshot when none is named."""
+    return resolve_snapshot(db_path, fingerprint).cluster

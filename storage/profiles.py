@@ -150,3 +150,65 @@ def missing_keys(
     with connect(db_path) as con:
         have = {ProfileKey(*row) for row in con.execute(sql, params).fetchall()}
     return [k for k in keys if k not in have]
+
+
+# ---- optimizer step time per parameter (schema/0008_optimizer_profiles.sql) ----------------------
+
+OPTIMIZER_KEY_COLUMNS = ("model_fingerprint", "device_kind", "dtensor", "torch_version")
+OPTIMIZER_VALUE_COLUMNS = ("model_name", "optimizer", "s_per_param", "measured_at")
+OPTIMIZER_COLUMNS = OPTIMIZER_KEY_COLUMNS + OPTIMIZER_VALUE_COLUMNS
+
+_UPSERT_OPTIMIZER = (
+    f"INSERT INTO optimizer_profiles ({', '.join(OPTIMIZER_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in OPTIMIZER_COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(OPTIMIZER_KEY_COLUMNS)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in OPTIMIZER_VALUE_COLUMNS)
+)
+
+
+def _optimizer_tuple(row: dict[str, Any]) -> tuple:
+    missing = [c for c in OPTIMIZER_KEY_COLUMNS + ("s_per_param", "measured_at") if row.get(c) is None]
+    if missing:
+        raise ValueError(f"optimizer profile row lacks {missing}: {row}")
+    values = {**row, "dtensor": bool(row["dtensor"]), "optimizer": row.get("optimizer") or "adamw"}
+    return tuple(values.get(c) for c in OPTIMIZER_COLUMNS)
+
+
+def upsert_optimizer_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Insert or update optimizer rows (dicts with OPTIMIZER_COLUMNS; extra keys ignored) in one
+    transaction; returns how many. Idempotent: a retried write leaves one row per key."""
+    tuples = [_optimizer_tuple(r) for r in rows]
+    if not tuples:
+        return 0
+    with connect(db_path) as con:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.executemany(_UPSERT_OPTIMIZER, tuples)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return len(tuples)
+
+
+def load_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: str) -> dict[str, float]:
+    """{"plain": s, "dtensor": s}: seconds per local parameter of one optimizer step of this model on
+    `device_kind`, only the variants stored (newest measurement across torch versions); {} if none."""
+    if not Path(db_path).exists():
+        return {}
+    sql = ("SELECT dtensor, s_per_param FROM optimizer_profiles WHERE model_fingerprint = ? AND device_kind = ? "
+           "ORDER BY measured_at, torch_version")  # fmt: skip
+    with connect(db_path) as con:
+        rows = con.execute(sql, [model.fingerprint(), device_kind]).fetchall()
+    return {("dtensor" if dtensor else "plain"): s for dtensor, s in rows}  # later (newer) rows win
+
+
+def missing_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: str, torch_version: str) -> bool:
+    """Whether the plain or the DTensor measurement of this model, device kind and torch version is missing."""
+    if not Path(db_path).exists():
+        return True
+    sql = ("SELECT DISTINCT dtensor FROM optimizer_profiles WHERE model_fingerprint = ? AND device_kind = ? "
+           "AND torch_version = ?")  # fmt: skip
+    with connect(db_path) as con:
+        have = {bool(d) for (d,) in con.execute(sql, [model.fingerprint(), device_kind, torch_version]).fetchall()}
+    return have != {False, True}

@@ -7,9 +7,12 @@ connection); reading and writing the database are NO_CACHE, and the write is an 
 
 from __future__ import annotations
 
+import statistics
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from planner.calibrate import Calibration, cpu_calibration
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.profiles import ProfileTable
@@ -25,13 +28,32 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
     return load_profiles_or_empty(db_path, model)[0]
 
 
+@task(name="load-calibration", cache_policy=NO_CACHE)
+def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
+    """Measured corrections (planner.calibrate) for a discovered snapshot whose devices are all CPU
+    ranks under gloo: discovery's collective fits and the profiled optimizer step per parameter.
+    None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
+    Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1."""
+    from storage.hardware import resolve_snapshot
+    from storage.profiles import load_optimizer_profile
+
+    snap = resolve_snapshot(db_path, snapshot)
+    rates = [r for r in snap.devices["measured_flop_per_s"].to_list() if r]
+    if set(snap.devices["kind"].to_list()) != {"cpu"} or not rates or snap.fits.height == 0:
+        return None
+    adam = load_optimizer_profile(db_path, model, "cpu")
+    return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), None,
+                           adam.get("plain"), adam.get("dtensor"))  # fmt: skip
+
+
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)
 def search_plans(
     model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable, global_batch: int, seq: int, top_k: int,
-    time_budget_s: float,
+    time_budget_s: float, calibration: Calibration | None = None, dtype: str = "bf16",
 ) -> SearchResult | NoFeasiblePlan:  # fmt: skip
     return search(
-        model, cluster, profiles, global_batch=global_batch, seq=seq, top_k=top_k, time_budget_s=time_budget_s
+        model, cluster, profiles, global_batch=global_batch, seq=seq, dtype=dtype, top_k=top_k,
+        time_budget_s=time_budget_s, calibration=calibration,
     )
 
 

@@ -137,3 +137,40 @@ def comm_fits(db_path: str, hardware_fingerprint: str) -> list[CommFit]:
 
     snap = load_snapshot(db_path, hardware_fingerprint)
     return comm_fits_from_snapshot(snap.cluster, snap.fits.to_dicts())
+
+
+@task(name="profile-optimizer", retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
+def profile_optimizer(
+    model: ModelSpec, torch_version: str, timeout_s: float, run_dir: str | None = None
+) -> list[dict[str, Any]]:
+    """Measure torch AdamW's CPU step time per parameter (plain and DTensor parameters) over one block
+    of `model` in a profiler subprocess; returns two rows for storage.profiles.upsert_optimizer_profiles.
+    The spec file goes into `run_dir` when given, else into a temporary folder."""
+    import datetime as dt
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="meshplan-optimizer-") as tmp:
+        folder = Path(run_dir) if run_dir else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        spec_file = folder / f"optimizer-{model.fingerprint()[:12]}.spec.json"
+        spec_file.write_text(model.model_dump_json())
+        res = _run(WORKER + ["--optimizer", "--spec-json", f"@{spec_file}"], timeout_s, show_stderr=False)
+    if res.returncode != 0:
+        tail = "\n".join(res.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"optimizer profiler exited {res.returncode}; last lines:\n{tail}")
+    lines = res.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError("optimizer profiler printed nothing")
+    out = json.loads(lines[-1])
+    if out["torch_version"] != torch_version:
+        raise RuntimeError(f"optimizer profiler ran torch {out['torch_version']}, the flow expected {torch_version}")
+    bad = {k: out[k] for k in ("plain", "dtensor") if not 0 < float(out[k]) < float("inf")}
+    if bad:
+        raise RuntimeError(f"optimizer profiler measured implausible seconds per parameter: {bad}")
+    stamp = dt.datetime.now(dt.UTC).isoformat()
+    return [
+        {"model_fingerprint": model.fingerprint(), "device_kind": out["device_kind"], "dtensor": dtensor,
+         "torch_version": out["torch_version"], "model_name": model.name, "optimizer": "adamw",
+         "s_per_param": float(out["plain" if not dtensor else "dtensor"]), "measured_at": stamp}
+        for dtensor in (False, True)
+    ]  # fmt: skip

@@ -306,8 +306,8 @@ def measure_memory(spec: ModelSpec, req: Request, device: str, dtype: str) -> di
 
 def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor: bool = False) -> float:
     """Seconds per (local) parameter of one torch AdamW step (worker.options.make_optimizer's settings)
-    over a block of `spec` on this process's CPU thread, fastest of `rounds` × `steps` steps (load
-    guard, as the layer timings). A real block, because the time per parameter depends on the tensor
+    over a block of `spec` on this process's CPU thread, the median of `rounds` × `steps` steps (the
+    typical step, as the layer timings keep their median round). A real block, because the time per parameter depends on the tensor
     sizes: the per-tensor states of a small model stay in cache. `dtensor`: the block's parameters
     are DTensors, as under TP (apply_tp on a fake group of 2, see `build_runtime_tp_case`) or FSDP2,
     where each of the optimizer's per-tensor ops dispatches through DTensor (measured several times
@@ -322,10 +322,10 @@ def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor
         p.grad = torch.zeros_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
     opt.step()  # allocates the states
-    best = math.inf
+    times = []
     for _ in range(rounds * steps):
         t0 = time.perf_counter()
         opt.step()
-        best = min(best, time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
-    return best / local
+    return statistics.median(times) / local

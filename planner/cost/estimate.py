@@ -191,7 +191,14 @@ def estimate(
     if over:
         j = max(over, key=lambda j: peak_mem[j] - cap_mem[j])
         bottleneck = f"memory (stage {j}: {peak_mem[j] / GIB:.1f} GiB > {cap_mem[j] / GIB:.1f} GiB)"
-    estimated = sum(1 for r in table if r.estimated)
+    # of the rows this plan prices with (a search hands over its whole table, estimates included)
+    needs = plan_profile_needs(plan)
+    kinds_used = {spec.device_kind for row in specs_rs for spec, _ in row}
+    estimated = sum(
+        1 for r in table
+        if r.estimated and r.key.device_kind in kinds_used
+        and ProfileNeed(r.key.micro_batch_size, r.key.seq_len, r.key.tp, r.key.recompute, r.key.dtype) in needs
+    )  # fmt: skip
     if estimated:
         notes.append(f"{estimated} profile rows estimated from datasheet peaks")
     return CostBreakdown(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner import flops
+from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link, cross_node_link
 from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
@@ -30,6 +31,7 @@ class Pricer:
     profiles: ProfileTable
     dtype: str
     seq: int
+    calib: Calibration | None = None  # measured corrections (planner.calibrate), as estimate() takes them
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
@@ -99,7 +101,7 @@ def stage_arrays(
                 kind=c.kind, dtype=pr.dtype, mbs=mbs, seq=pr.seq, tp=st.tp, recompute=i < recompute_prefix,
                 first=i == 0, last=i == pp - 1, pp=pp, sharding=sharding, dp=dp, inflight=0.0,
                 memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s, tp_link=c.intra,
-                dp_link=dplink[i], next_link=None, next_tp=st.tp,
+                dp_link=dplink[i], next_link=None, next_tp=st.tp, calib=pr.calib,
             )  # fmt: skip
             prev_ctx = (key, pr.coeffs(ctx))
         co = prev_ctx[1]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from planner.calibrate import Calibration
 from planner.cluster import ClusterSpec
 from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
@@ -49,7 +50,7 @@ def _layout(
 
 def megatron_baseline(
     model: ModelSpec, cluster: ClusterSpec, table: ProfileTable, *, global_batch: int, seq: int, dtype: str,
-    index: DeviceIndex | None = None,
+    index: DeviceIndex | None = None, calibration: Calibration | None = None,
 ) -> Plan | None:  # fmt: skip
     node = min(n.num_devices for n in cluster.nodes)
     tps = [t for t in range(node, 0, -1) if node % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0]
@@ -64,7 +65,7 @@ def megatron_baseline(
                 model, model.name, cluster.name, pp=pp, tp=tp, dp=dp, mbs=1, gb=global_batch, seq=seq, dtype=dtype,
                 schedule="1f1b", recompute=recompute, sharding=sharding, algorithm="baseline-megatron",
             )  # fmt: skip
-            cost = estimate(plan, model, cluster, table, idx)
+            cost = estimate(plan, model, cluster, table, idx, calibration)
             if cost.feasible:
                 return plan.model_copy(update={"predicted": cost})
     return None
@@ -81,8 +82,9 @@ def _states_cannot_fit(
 
 
 def uniform_baseline(
-    best: Plan, model: ModelSpec, cluster: ClusterSpec, table: ProfileTable, index: DeviceIndex | None = None
-) -> Plan | None:
+    best: Plan, model: ModelSpec, cluster: ClusterSpec, table: ProfileTable, index: DeviceIndex | None = None,
+    calibration: Calibration | None = None,
+) -> Plan | None:  # fmt: skip
     tp, pp, mbs = min(s.tp for s in best.stages), best.pp, best.micro_batch_size
     dp = min(cluster.num_devices // (tp * pp), best.global_batch_size // mbs)
     if dp < 1:
@@ -95,7 +97,7 @@ def uniform_baseline(
             dtype=best.dtype, schedule=best.schedule, recompute=recompute, sharding=best.stages[0].sharding,
             algorithm="baseline-uniform",
         )  # fmt: skip
-        last = plan.model_copy(update={"predicted": estimate(plan, model, cluster, table, idx)})
+        last = plan.model_copy(update={"predicted": estimate(plan, model, cluster, table, idx, calibration)})
         if last.predicted.feasible:  # type: ignore[union-attr]
             return last
     return last

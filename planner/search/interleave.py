@@ -49,7 +49,7 @@ def interleaved_arrays(
                 kind=c.kind, dtype=pr.dtype, mbs=mbs, seq=pr.seq, tp=st.tp, recompute=j < recompute_prefix,
                 first=e == 0, last=e == entries - 1, pp=pp, sharding=sharding, dp=dp, inflight=0.0,
                 memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s, tp_link=c.intra,
-                dp_link=dplink[j], next_link=None, next_tp=st.tp,
+                dp_link=dplink[j], next_link=None, next_tp=st.tp, calib=pr.calib,
             )  # fmt: skip
             co = pr.coeffs(ctx)
             p2p = 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import combinations, permutations, product
 
+from planner.calibrate import Calibration
 from planner.cluster import ClusterSpec
 from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
@@ -88,6 +89,7 @@ def oracle_search(
     seq: int | None = None,
     dtype: str = "bf16",
     space: SearchSpace | None = None,
+    calibration: Calibration | None = None,
 ) -> Plan | None:
     """The cheapest feasible plan of the whole space (None when nothing fits)."""
     space = space or SearchSpace()
@@ -118,7 +120,7 @@ def oracle_search(
                                 classes, shape, choice, model=model.name, cluster=cluster.name, seq=seq,
                                 dtype=dtype, provenance=Provenance(algorithm="oracle"),
                             )  # fmt: skip
-                            cost = estimate(plan, model, cluster, profiles, idx)
+                            cost = estimate(plan, model, cluster, profiles, idx, calibration)
                             if cost.feasible and (best is None or cost.step_time_s < best.predicted.step_time_s):  # type: ignore[union-attr]
                                 best = plan.model_copy(update={"predicted": cost})
     return best

@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from planner.calibrate import Calibration
 from planner.cluster import ClusterSpec
 from planner.cost import COST_MODEL_VERSION, estimate
 from planner.cost import formulas as F
@@ -112,6 +113,7 @@ def search(
     time_budget_s: float = 10.0,
     space: SearchSpace | None = None,
     baselines: bool = True,
+    calibration: Calibration | None = None,
 ) -> SearchResult | NoFeasiblePlan:
     t0 = time.perf_counter()
     space = space or SearchSpace()
@@ -125,7 +127,7 @@ def search(
         stats.wall_s = time.perf_counter() - t0
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
     table = profiles_for(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
-    pr = Pricer(model, classes, table, dtype, seq)
+    pr = Pricer(model, classes, table, dtype, seq, calibration)
     found: list[tuple[float, int, _Found]] = []  # max-heap of the best top_k + 1 by internal cost
     keep = top_k + 1
     L = model.num_layers
@@ -143,9 +145,15 @@ def search(
         if key not in floor_memo:
             c = classes[cls]
             recs = (False, True) if space.recompute else (False,)
-            train = min(table.lookup(ProfileKey(c.kind, "block", mbs, seq, tp, r, dtype)).train_s for r in recs)
-            ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
-            floor_memo[key] = train + 4 * ar
+            fit = calibration.fit("all_reduce") if calibration is not None else None
+            if fit is not None:  # as stage_coeffs prices them
+                ar = fit.time_s(pr.hidden_bytes(mbs), tp)
+            else:
+                ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
+            slow = calibration.compute_slowdown if calibration is not None else 1.0
+            rows = [table.lookup(ProfileKey(c.kind, "block", mbs, seq, tp, r, dtype)) for r in recs]
+            # a row timed on a real tp group holds its all-reduces already (stage_coeffs adds none)
+            floor_memo[key] = min(slow * r.train_s + (0.0 if r.tp_comm_included else 4 * ar) for r in rows)
         return floor_memo[key]
 
     dom_memo: dict[tuple[int, int, int], bool] = {}
@@ -296,7 +304,8 @@ def search(
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
     prov = Provenance(
         algorithm=ALGORITHM, cost_model_version=COST_MODEL_VERSION,
-        config_fingerprint=_fingerprint(global_batch, seq, dtype, top_k, space), profile_fingerprint=table_fingerprint(table),
+        config_fingerprint=_fingerprint(global_batch, seq, dtype, top_k, space, calibration),
+        profile_fingerprint=table_fingerprint(table),
         cluster_fingerprint=cluster.fingerprint(), model_fingerprint=model.fingerprint(),
     )  # fmt: skip
     idx = DeviceIndex(cluster)
@@ -305,7 +314,7 @@ def search(
         plan = build_plan(
             classes, f.shape, f.choice, model=model.name, cluster=cluster.name, seq=seq, dtype=dtype, provenance=prov
         )
-        cost = estimate(plan, model, cluster, table, idx)
+        cost = estimate(plan, model, cluster, table, idx, calibration)
         if cost.feasible and plan.fingerprint() not in plans:
             plans[plan.fingerprint()] = plan.model_copy(update={"predicted": cost})
     ranked = sorted(plans.values(), key=lambda p: p.predicted.step_time_s)[:top_k]  # type: ignore[union-attr]
@@ -314,9 +323,9 @@ def search(
         from planner.search.baselines import megatron_baseline, uniform_baseline
 
         base["megatron"] = megatron_baseline(
-            model, cluster, table, global_batch=global_batch, seq=seq, dtype=dtype, index=idx
+            model, cluster, table, global_batch=global_batch, seq=seq, dtype=dtype, index=idx, calibration=calibration
         )
-        base["uniform"] = uniform_baseline(ranked[0], model, cluster, table, index=idx)
+        base["uniform"] = uniform_baseline(ranked[0], model, cluster, table, index=idx, calibration=calibration)
     stats.wall_s = time.perf_counter() - t0
     return SearchResult(tuple(ranked), stats, base)
 
@@ -380,6 +389,6 @@ def _lower_bound(arr, L: int, m: int) -> float:
     return L * float(arr.a.min()) + float(arr.b.sum()) + (m - 1) * (L + float((arr.b * inv).sum())) / float(inv.sum())
 
 
-def _fingerprint(gb: int, seq: int, dtype: str, k: int, space: SearchSpace) -> str:
-    blob = json.dumps([gb, seq, dtype, k, repr(space)], sort_keys=True)
+def _fingerprint(gb: int, seq: int, dtype: str, k: int, space: SearchSpace, calib: Calibration | None = None) -> str:
+    blob = json.dumps([gb, seq, dtype, k, repr(space)] + ([repr(calib)] if calib is not None else []), sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -52,3 +52,37 @@ def test_plan_flow_reports_an_infeasible_model(tmp_path):
 
     out = plan_flow(str(tmp_path / "m.duckdb"), "gpt3-175b", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=8)
     assert not out["feasible"] and "gpt3-175b needs" in out["reasons"][0]
+
+
+@pytest.mark.dist
+def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_path, capsys):
+    """Discovery's gloo fits and the profiled optimizer step reach the search (planner.calibrate): the
+    stored best plan costs exactly what estimate(..., calibration) says, not the datasheet model."""
+    from flows.discover import discover_flow
+    from flows.plan import plan_flow
+    from flows.profile import profile_flow
+    from planner.cost import estimate
+    from planner.model import get_model
+    from storage.hardware import load_snapshot
+    from storage.plans import best_plan
+    from storage.profiles import load_optimizer_profile, load_profile_table
+    from tasks.plan import load_calibration
+
+    db = str(tmp_path / "m.duckdb")
+    snap = discover_flow(db, snapshot_file=str(Path(__file__).parents[1] / "data" / "netbench_cpu_2ranks.json"))
+    profile_flow(db_path=db, model_name="tiny", mbs=[1, 2], seq=[32], tp=[1], recompute=[False], repeats=2,
+                 min_block_s=0.002, comm=False, run_dir=str(tmp_path / "runs"))  # fmt: skip
+    model = get_model("tiny")
+    out = plan_flow(db, "tiny", global_batch=4, seq=32, snapshot=snap["fingerprint"])
+    assert out["feasible"] and "plan: calibrated to discovery" in capsys.readouterr().out
+    calib = load_calibration.fn(db, model, snap["fingerprint"])
+    adam = load_optimizer_profile(db, model, "cpu")
+    assert calib is not None and (calib.adam_s_per_param, calib.adam_dtensor_s_per_param) == (adam["plain"], adam["dtensor"])
+    assert calib.fit("all_reduce") is not None and calib.grad_sync_overlap == 0.0
+    plan, cluster = best_plan(db, out["search_key"]), load_snapshot(db, snap["fingerprint"]).cluster
+    # CPU ranks train in fp32, the dtype profiled: the plan is priced on measured rows, none estimated
+    assert plan.dtype == "fp32" and not any("estimated" in n for n in plan.predicted.notes), plan.predicted.notes
+    table = load_profile_table(db, model)
+    calibrated = estimate(plan, model, cluster, table, calibration=calib).step_time_s
+    assert out["step_time_s"] == pytest.approx(calibrated, rel=1e-9)
+    assert calibrated != pytest.approx(estimate(plan, model, cluster, table).step_time_s, rel=1e-3)

@@ -101,3 +101,39 @@ def test_interleaved_schedule_search_matches_the_oracle(hidden):
     fast = search(model, cluster, global_batch=4, space=space, baselines=False)
     assert fast.best.predicted.step_time_s == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
     assert fast.best.schedule == "interleaved-1f1b" and fast.best.virtual_stages == 2
+
+
+@st.composite
+def calibrations(draw):
+    """Measured corrections as discovery derives them (planner.calibrate), any size within reason."""
+    from planner.calibrate import Calibration, CollectiveFit
+
+    n = 4
+    fits = tuple(
+        (op, CollectiveFit(draw(st.floats(1e-6, 5e-3)), draw(st.floats(1e-11, 5e-9)), n))
+        for op in ("all_gather", "all_reduce", "reduce_scatter")
+    )
+    return Calibration(
+        num_ranks=n, compute_slowdown=draw(st.floats(1.0, 1.5)), collectives=fits,
+        adam_s_per_param=draw(st.floats(1e-9, 5e-8)), adam_dtensor_s_per_param=draw(st.floats(1e-9, 1e-7)),
+        grad_sync_overlap=draw(st.sampled_from([0.0, 0.5])), source="hypothesis",
+    )  # fmt: skip
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "8")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@given(instances(), calibrations())
+def test_calibrated_search_finds_what_the_calibrated_oracle_finds(inst, calib):
+    """With measured corrections the search's pruning bounds and inner costs stay exact: its best plan
+    costs what exhaustive search under the same calibration finds, and every plan it returns is priced
+    by estimate(..., calibration)."""
+    cluster, model, gb = inst
+    oracle = oracle_search(model, cluster, global_batch=gb, space=SPACE, calibration=calib)
+    fast = search(model, cluster, global_batch=gb, space=SPACE, baselines=False, top_k=3, calibration=calib)
+    if oracle is None:
+        assert not fast.feasible
+        return
+    assert fast.best.predicted.step_time_s == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
+    for p in fast.plans:
+        again = estimate(p, model, cluster, calibration=calib).step_time_s
+        assert p.predicted.step_time_s == pytest.approx(again, rel=1e-9)

@@ -6,13 +6,17 @@ import sys
 
 from planner.model import PRESETS
 from planner.profiles import ProfileKey, estimate_layer
+from storage.db import connect
 from storage.profiles import (
     estimate_rows,
     ingest_jsonl,
+    load_optimizer_profile,
     load_profile_table,
     missing_keys,
+    missing_optimizer_profile,
     profile_frame,
     read_jsonl,
+    upsert_optimizer_profiles,
     upsert_profiles,
 )
 
@@ -112,3 +116,37 @@ def test_storage_profiles_imports_no_prefect_or_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert "'prefect'" not in loaded and "'torch'" not in loaded
+
+
+def _optimizer(dtensor=False, s=2e-8, torch_version=TORCH, at="2026-12-02T10:00:00+00:00", kind="cpu"):
+    return {"model_fingerprint": TINY.fingerprint(), "device_kind": kind, "dtensor": dtensor,
+            "torch_version": torch_version, "model_name": "tiny", "s_per_param": s, "measured_at": at,
+            "host": "ignored extra field"}  # fmt: skip
+
+
+def test_optimizer_profiles_round_trip_upsert_idempotently_and_newest_wins(tmp_path):
+    db = tmp_path / "m.duckdb"
+    assert load_optimizer_profile(db, TINY, "cpu") == {} and not db.exists()  # no file: nothing, none created
+    assert missing_optimizer_profile(db, TINY, "cpu", TORCH)
+
+    assert upsert_optimizer_profiles(db, [_optimizer()]) == 1
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 2e-8}  # only the stored variant
+    assert missing_optimizer_profile(db, TINY, "cpu", TORCH)  # the DTensor one is still missing
+
+    rows = [_optimizer(s=3e-8), _optimizer(dtensor=True, s=1.2e-7)]
+    assert upsert_optimizer_profiles(db, rows) == 2
+    assert upsert_optimizer_profiles(db, rows) == 2  # a retried write duplicates nothing
+    with connect(db) as con:
+        count, optimizers = con.execute("SELECT count(*), list(DISTINCT optimizer) FROM optimizer_profiles").fetchone()
+    assert count == 2 and optimizers == ["adamw"]
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 3e-8, "dtensor": 1.2e-7}
+    assert not missing_optimizer_profile(db, TINY, "cpu", TORCH)
+    assert missing_optimizer_profile(db, TINY, "cpu", "2.14.0")
+    assert missing_optimizer_profile(db, PRESETS["tiny-llama"], "cpu", TORCH)
+    assert load_optimizer_profile(db, TINY, "T4") == {}
+
+    # Another torch version: the newest measurement wins, whichever version it came from.
+    upsert_optimizer_profiles(db, [_optimizer(s=9e-8, torch_version="2.12.0", at="2026-11-01T00:00:00+00:00"),
+                                   _optimizer(dtensor=True, s=5e-8, torch_version="2.14.0",
+                                              at="2026-12-24T00:00:00+00:00")])  # fmt: skip
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 3e-8, "dtensor": 5e-8}

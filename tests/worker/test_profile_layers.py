@@ -113,13 +113,15 @@ def test_adamw_time_per_param_is_positive_and_plausible():
     assert 0 < adamw_s_per_param(TINY, steps=2, rounds=1) < 1e-5  # 10 µs/param would be absurd
 
 
-def test_the_fastest_timing_round_is_kept_whole():
-    from worker.profile_layers import fastest
+def test_the_median_timing_round_is_kept_whole():
+    from worker.profile_layers import typical
 
     rounds = [{"forward_s": 2.0, "backward_s": 4.0, "forward_spread_s": 0.1},
               {"forward_s": 1.5, "backward_s": 3.0, "forward_spread_s": 0.2},
-              {"forward_s": 1.0, "backward_s": 5.0, "forward_spread_s": 0.3}]  # fmt: skip
-    assert fastest(rounds) == rounds[1]
+              {"forward_s": 1.0, "backward_s": 5.5, "forward_spread_s": 0.3}]  # fmt: skip
+    assert typical(rounds) == rounds[0]  # totals 6.0, 4.5, 6.5: the middle one, with its own spread
+    assert typical(rounds[1:]) == rounds[1]  # an even count keeps the lower middle
+    assert typical(rounds[:1]) == rounds[0]
 
 
 def test_tp_blocks_are_timed_as_the_runtimes_dtensor_block_on_a_fake_group():
