@@ -42,20 +42,24 @@ def _row_tuple(row: dict[str, Any]) -> tuple:
     return tuple(bool(row.get(c)) if c == "tp_comm_included" else row.get(c) for c in COLUMNS)
 
 
-def upsert_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Insert or update rows (dicts with COLUMNS; extra keys ignored) in one transaction; returns how many."""
-    tuples = [_row_tuple(r) for r in rows]
+def _upsert_all(db_path: str | Path, sql: str, tuples: list[tuple]) -> int:
+    """Run one upsert statement over `tuples` in one transaction (all rows or none); returns how many."""
     if not tuples:
         return 0
     with connect(db_path) as con:
         con.execute("BEGIN TRANSACTION")
         try:
-            con.executemany(_UPSERT, tuples)
+            con.executemany(sql, tuples)
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
     return len(tuples)
+
+
+def upsert_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Insert or update rows (dicts with COLUMNS; extra keys ignored) in one transaction; returns how many."""
+    return _upsert_all(db_path, _UPSERT, [_row_tuple(r) for r in rows])
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -177,18 +181,7 @@ def _optimizer_tuple(row: dict[str, Any]) -> tuple:
 def upsert_optimizer_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     """Insert or update optimizer rows (dicts with OPTIMIZER_COLUMNS; extra keys ignored) in one
     transaction; returns how many. Idempotent: a retried write leaves one row per key."""
-    tuples = [_optimizer_tuple(r) for r in rows]
-    if not tuples:
-        return 0
-    with connect(db_path) as con:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.executemany(_UPSERT_OPTIMIZER, tuples)
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
-    return len(tuples)
+    return _upsert_all(db_path, _UPSERT_OPTIMIZER, [_optimizer_tuple(r) for r in rows])
 
 
 def load_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: str) -> dict[str, float]:
