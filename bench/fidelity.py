@@ -10,10 +10,12 @@ Every round measures, in this order:
 3. The optimizer: torch AdamW's step time per parameter over one block (worker.layer_bench).
 4. Every plan once with torchrun + worker.train: the median over steady steps (warm-up dropped)
    of the slowest rank's step_time_s.
-Load guard: a neighbour on the shared machine only ever adds time, so of each quantity the
-least-disturbed round is kept (the fastest snapshot, profile row, optimizer step and run); it
-estimates the machine with nobody else on it, for measurements and predictions alike, and repeating
-everything per round gives each of them the same chance at a quiet spell. The kept snapshots and
+Rounds: everything is measured once per round, and of each quantity (snapshot, collective time per
+message size, profile row, optimizer step, run) one round's value is kept, the same way for
+measurements and predictions: `--keep median` (default) the typical round, which is what a user's
+run will see on a machine as busy as it usually is (a 2-core VM moves the same run by ±30 % between
+rounds); `--keep best` the least-disturbed round (a neighbour only ever adds time), an estimate of
+the machine with nobody else on it. The kept snapshots and
 profiles go into a DuckDB file in the state folder; `--replay` re-prices a state folder.
 Prediction: planner.cost.estimate on the cluster discovered at the plan's rank count plus the
 profiles, with the calibration from discovery (planner.calibrate; nothing fitted on these runs),
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -54,6 +55,14 @@ FIDELITY_MODEL = ModelSpec(name="fidelity-gpt", family="gpt", num_layers=8, hidd
                            vocab_size=512, seq_len=128)  # fmt: skip
 SEQ = 128
 WARMUP_STEPS = 2
+KEEP = {"mode": "median"}  # which round's value is kept (--keep): "median" or "best"
+
+
+def keep(values: list, key=lambda v: v, best_is_max: bool = False):  # noqa: ANN001, ANN201
+    """The kept one of `values` (see --keep): the median-ranked by `key` (lower middle of an even
+    count), or the best (smallest key, or largest with `best_is_max`)."""
+    ranked = sorted(values, key=key, reverse=best_is_max)
+    return ranked[0] if KEEP["mode"] == "best" else ranked[(len(ranked) - 1) // 2]
 
 
 def _stage(a: int, b: int, devs: list[int], tp: int = 1, dp: int = 1, rec: str = "none", shard: str = "none") -> dict:
@@ -122,8 +131,8 @@ def discover_pass(state: Path, num_ranks: int, rnd: int, timeout_s: float) -> No
 
 
 def best_snapshot(db: Path, state: Path, num_ranks: int) -> str:
-    """Store the least-disturbed snapshot of `num_ranks` ranks (the highest median per-rank matmul
-    rate: a neighbour's burst only slows ranks down); its hardware fingerprint."""
+    """Store the kept snapshot of `num_ranks` ranks by its median per-rank matmul rate (best: the
+    highest, as a neighbour's burst only slows ranks down); its hardware fingerprint."""
     from tasks.discover import ingest_snapshot
 
     def rate(path: Path) -> float:
@@ -132,20 +141,20 @@ def best_snapshot(db: Path, state: Path, num_ranks: int) -> str:
     paths = sorted(state.glob(f"discover-{num_ranks}-*/snapshot.json"))
     if not paths:
         raise RuntimeError(f"no netbench snapshot of {num_ranks} ranks in {state}; run without --replay first")
-    return ingest_snapshot.fn(str(db), str(max(paths, key=rate)))
+    return ingest_snapshot.fn(str(db), str(keep(paths, rate, best_is_max=True)))
 
 
 def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
-    """α–β fits of the collectives over `num_ranks` ranks on the fastest time of each message size
+    """α–β fits of the collectives over `num_ranks` ranks on the kept time of each message size
     across all rounds' snapshots (per point, as for everything else), as discovery's fit rows."""
     from planner.alphabeta import fit_alpha_beta
 
-    best: dict[tuple[str, int], float] = {}
+    times: dict[tuple[str, int], list[float]] = {}
     for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
         for m in json.loads(path.read_text())["measurements"]:
             if m["op"] in COLLECTIVE_OPS:
-                k = (m["op"], m["message_bytes"])
-                best[k] = min(best.get(k, math.inf), m["time_s"])
+                times.setdefault((m["op"], m["message_bytes"]), []).append(m["time_s"])
+    best = {k: keep(v) for k, v in times.items()}
     rows = []
     for op in COLLECTIVE_OPS:
         pts = sorted((size, t) for (o, size), t in best.items() if o == op)
@@ -179,21 +188,24 @@ def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> 
                          real_tp=real_tp)  # fmt: skip
 
 
-def fastest_profiles(db: Path, state: Path) -> ProfileTable:
-    """Store, per layer shape, the row of the pass with the smallest forward + backward (the
-    least-disturbed pass, as for runs and snapshots) and load the table. Rows timed on a real tp group
-    (all-reduces included) win over fake-group ones of older passes: they measure something else."""
+def kept_profiles(db: Path, state: Path) -> ProfileTable:
+    """Store, per layer shape, the kept pass's row by forward + backward (as for runs and snapshots)
+    and load the table. Rows timed on a real tp group (all-reduces included) win over fake-group ones
+    of older passes: they measure something else."""
     from storage.profiles import load_profile_table, read_jsonl, upsert_profiles
 
-    def rank(r: dict) -> tuple[bool, float]:
-        return not r.get("tp_comm_included", False), r["forward_s"] + r["backward_s"]
+    def rank(r: dict) -> float:
+        return r["forward_s"] + r["backward_s"]
 
-    best: dict[tuple, dict] = {}
+    passes: dict[tuple, list[dict]] = {}
     for f in sorted(state.glob("profile-*/*.jsonl")):
         for r in read_jsonl(f):
             key = (r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"])
-            if key not in best or rank(r) < rank(best[key]):
-                best[key] = r
+            passes.setdefault(key, []).append(r)
+    best = {}
+    for key, rows in passes.items():
+        real = [r for r in rows if r.get("tp_comm_included")] or rows
+        best[key] = keep(real, rank)
     upsert_profiles(db, best.values())
     return load_profile_table(db, FIDELITY_MODEL, ["cpu"])
 
@@ -300,7 +312,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="plan names to run")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--replay", action="store_true", help="re-price the snapshots, profiles and runs in --state-dir")
+    ap.add_argument("--keep", choices=("median", "best"), default="median", help="which round of each quantity is kept")
     args = ap.parse_args()
+    KEEP["mode"] = args.keep
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="meshplan-fidelity-")).resolve()
     state.mkdir(parents=True, exist_ok=True)
     db = state / "meshplan.duckdb"
@@ -312,7 +326,7 @@ def main() -> None:
     names = [n for n in specs if args.only is None or n in args.only]
     plans = {n: make_plan(n, specs[n]) for n in names}
     # Each round measures everything once, in the same order: a quiet spell of the shared machine
-    # can then serve hardware, profiles and runs alike, and each takes its least-disturbed round.
+    # can then serve hardware, profiles and runs alike, and each keeps one round's value (--keep).
     done = len(list(state.glob("adamw-[0-9]*.json")))  # rounds add to those the state folder holds
     for rnd in range(done, done + (0 if args.replay else args.rounds)):
         for n in (1, 2, 4):
@@ -326,9 +340,9 @@ def main() -> None:
               f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
 
     adam_runs = [json.loads(f.read_text()) for f in state.glob("adamw-[0-9]*.json")]
-    adam = min(adam_runs) if adam_runs else None
+    adam = keep(adam_runs) if adam_runs else None
     adam_dt_runs = [json.loads(f.read_text()) for f in state.glob("adamw-dtensor-*.json")]
-    adam_dt = min(adam_dt_runs) if adam_dt_runs else None
+    adam_dt = keep(adam_dt_runs) if adam_dt_runs else None
     for label, v in (("plain", adam), ("DTensor", adam_dt)):
         print(f"AdamW step on {label} params, one rank alone: " + (f"{v * 1e9:.2f} ns/param" if v else "not measured"))
     clusters: dict[int, ClusterSpec] = {}
@@ -350,7 +364,7 @@ def main() -> None:
             line += f"; contention {calibs[n].compute_slowdown:.2f}"
             line += f", all_reduce α {ar.alpha_s * 1e6:.0f} µs {1 / ar.beta_s_per_byte / 1e9:.2f} GB/s" if ar else ""
         print(line)
-    table = fastest_profiles(db, state)
+    table = kept_profiles(db, state)
     print(f"profiled {sum(1 for r in table if not r.estimated)} layer shapes\n")
 
     measured: dict[str, list[float]] = {n: [] for n in names}
@@ -365,7 +379,7 @@ def main() -> None:
         plan, cluster = plans[n], clusters[plans[n].num_devices]
         pred = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=calibs[plan.num_devices]).step_time_s
         raw = estimate(plan, FIDELITY_MODEL, cluster, table).step_time_s
-        rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), min(measured[n]), measured[n]))
+        rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), keep(measured[n]), measured[n]))
     head = (f"{'plan':<24}{'ranks':>6}{'predicted s':>13}{'measured s':>12}{'error %':>9}{'uncalib s':>11}{'err %':>8}"
             f"{'FLOPs-only s':>14}{'err %':>8}  rounds s")  # fmt: skip
     print(head)
