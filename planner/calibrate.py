@@ -34,6 +34,11 @@ amount discovery (planner.discovery, worker.netbench) already measures:
   `adam_dtensor_s_per_param`, the same step timed on DTensor parameters: every per-tensor op of
   the single-tensor loop dispatches through DTensor, which on CPU costs more than the math for
   small tensors (fidelity bench: 60–90 ms per step for tp2/zero2/zero3 ranks vs 12 ms plain).
+- Pipelining. torch.distributed.pipelining's schedule costs, per micro-batch and stage boundary,
+  far more than the α–β of its p2p on gloo CPU ranks (Python bookkeeping, batched isend/irecv,
+  waits): discovery times a 2-stage 1F1B step of trivial stages (worker.netbench.bench_pipeline;
+  4.5–6 ms per micro-batch against a 0.2–0.6 ms send/recv round trip). What the cost model does
+  not already price, `pipeline_overhead_s`, is added to every stage's p2p per micro-batch.
 - Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
   GradSumSync), and on CPU FSDP2's reduce-scatters run in line (no side stream; the cores are busy
   with the other ranks), so nothing hides them: overlap 0 instead of formulas.DP_OVERLAP_FRACTION.
@@ -93,6 +98,7 @@ class Calibration:
     adam_dtensor_s_per_param: float | None = None  # the same on DTensor parameters (TP, FSDP2)
     grad_sync_overlap: float | None = None
     num_cores: int | None = None  # the node's cores, for processor sharing (None: one core per rank)
+    pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
     source: str = ""
 
     def fit(self, op: str) -> CollectiveFit | None:
@@ -110,6 +116,15 @@ def contention_slowdown(
         raise MeshplanError("calibration.rates", rates, "matmul rates must be positive; rerun discovery")
     sharing = max(1.0, len(rates) / num_cores) if num_cores else 1.0
     return max(1.0, single_rank_flop_per_s / statistics.median(rates) / sharing)
+
+
+def pipeline_overhead_s(microbatch_s: float, message_bytes: float, latency_s: float, bandwidth: float) -> float:
+    """The schedule's own cost per micro-batch and boundary, from discovery's trivial 2-stage 1F1B
+    step: its measured time per micro-batch less the forward and backward p2p the cost model already
+    prices on the link (formulas.p2p_s); never below 0."""
+    from planner.cost.formulas import p2p_s
+
+    return max(0.0, microbatch_s - 2 * p2p_s(message_bytes, bandwidth, latency_s))
 
 
 def collective_fits(
@@ -131,6 +146,7 @@ def cpu_calibration(
     num_cores: int | None = None,
     adam_s_per_param: float | None = None,
     adam_dtensor_s_per_param: float | None = None,
+    pipeline_overhead: float = 0.0,
 ) -> Calibration:
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
     (plus, optionally, the measured optimizer step per parameter; see the module docstring)."""
@@ -140,5 +156,6 @@ def cpu_calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
         adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,
         adam_dtensor_s_per_param=adam_dtensor_s_per_param, grad_sync_overlap=0.0, num_cores=num_cores,
+        pipeline_overhead_s=pipeline_overhead,
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )  # fmt: skip

@@ -12,7 +12,7 @@ import statistics
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from planner.calibrate import Calibration, cpu_calibration
+from planner.calibrate import Calibration, cpu_calibration, pipeline_overhead_s
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.profiles import ProfileTable
@@ -31,7 +31,8 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
 @task(name="load-calibration", cache_policy=NO_CACHE)
 def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
     """Measured corrections (planner.calibrate) for a discovered snapshot whose devices are all CPU
-    ranks under gloo: discovery's collective fits and the profiled optimizer step per parameter.
+    ranks under gloo: discovery's collective fits and pipeline-schedule overhead, and the profiled
+    optimizer step per parameter.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
     Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1."""
     from storage.hardware import resolve_snapshot
@@ -42,8 +43,15 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     if set(snap.devices["kind"].to_list()) != {"cpu"} or not rates or snap.fits.height == 0:
         return None
     adam = load_optimizer_profile(db_path, model, "cpu")
+    pipe = snap.measurements.filter(snap.measurements["op"] == "pipeline_microbatch")
+    link = snap.cluster.nodes[0].intra_link
+    overhead = (
+        pipeline_overhead_s(statistics.median(pipe["time_s"].to_list()), pipe["message_bytes"][0], link.latency_s,
+                            link.bandwidth_bytes_per_s)
+        if pipe.height else 0.0  # snapshots from before the pipeline bench have none
+    )  # fmt: skip
     return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), None,
-                           adam.get("plain"), adam.get("dtensor"))  # fmt: skip
+                           adam.get("plain"), adam.get("dtensor"), overhead)  # fmt: skip
 
 
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)

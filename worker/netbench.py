@@ -4,7 +4,8 @@
 
 One code path: gloo on CPU (one thread per rank), NCCL on GPU (one GPU per rank). Measured per
 message size (median of repeats, slowest rank for collectives): all_reduce, all_gather and
-reduce_scatter over all ranks, and send/recv ping-pong between rank pairs, each pair classed as
+reduce_scatter over all ranks, send/recv ping-pong between rank pairs (and a trivial 2-stage 1F1B pipeline
+step of torch.distributed.pipelining between ranks 0 and 1, `bench_pipeline`), each pair classed as
 intra-node or inter-node by node name (MESHPLAN_NODE_NAME overrides the hostname, so two simulated
 nodes on one machine are told apart). An op the backend lacks is recorded as unsupported, not faked.
 Message bytes follow nccl-tests: the whole buffer (all_reduce buffer, all_gather output,
@@ -117,6 +118,45 @@ def bench_pairs(sizes: list[int], repeats: int, device: str) -> list[dict]:
     return rows
 
 
+PIPE_HIDDEN, PIPE_MICROBATCHES = 256, 8
+
+
+def bench_pipeline(repeats: int, device: str) -> list[dict]:
+    """One 1F1B step of torch.distributed.pipelining over ranks 0 and 1 with trivial stages (a
+    256-wide Linear on one token, so compute and bytes are negligible): what the runtime's schedule
+    costs per micro-batch slot beyond the layers and the α–β of the p2p (the cost model's pipeline
+    overhead, planner.calibrate). Measured on 2 gloo CPU ranks: 4.5–6 ms per micro-batch, against a 0.2–0.6 ms
+    send/recv round trip. Other ranks only join the barriers."""
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    rank = dist.get_rank()
+    rows: list[dict] = []
+    group = dist.new_group([0, 1])  # every rank takes part in creating it
+    if rank < 2:
+        m = PIPE_MICROBATCHES
+        torch.manual_seed(0)
+        stage = PipelineStage(nn.Linear(PIPE_HIDDEN, PIPE_HIDDEN).to(device), rank, 2, torch.device(device),
+                              group=group)  # fmt: skip
+        sched = Schedule1F1B(stage, m, loss_fn=lambda y, t: (y - t).pow(2).mean())
+        x = torch.randn(m, 1, PIPE_HIDDEN, device=device)
+        target = torch.randn(m, 1, PIPE_HIDDEN, device=device)
+
+        def step() -> None:
+            if rank == 0:
+                sched.step(x)
+            else:
+                sched.step(target=target, losses=[])
+
+        step()  # warm-up: buffers and shapes
+        t = median_time_s(step, device, repeats=repeats, inner=1)
+        if rank == 0:  # per micro-batch: the cost model prices the step as m × (stage 0's τ) here
+            rows.append({"op": "pipeline_microbatch", "message_bytes": PIPE_HIDDEN * 4, "time_s": t / m, "src": 0,
+                         "dst": 1})  # fmt: skip
+    dist.barrier()
+    return rows
+
+
 def _link_class(nodes: list[str]) -> str:
     return "intra-node" if len(set(nodes)) == 1 else "inter-node"
 
@@ -173,6 +213,8 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
         probe = probe_device(device, matmul_size, repeats)
         collectives, unsupported = bench_collectives(sizes, repeats, device)
         pairs = bench_pairs(sizes, repeats, device)
+        if dist.get_world_size() >= 2:
+            pairs += bench_pipeline(repeats, device)
         report = {
             "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
             "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,

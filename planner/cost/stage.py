@@ -150,6 +150,7 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         # (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 §4.1)
         msg = hidden_bytes / min(ctx.tp, ctx.next_tp)
         p2p_b = 2 * F.p2p_s(msg, ctx.next_link.bandwidth_bytes_per_s, ctx.next_link.latency_s)
+        p2p_b += cal.pipeline_overhead_s if cal is not None else 0.0  # the schedule's own, measured
 
     zero3_a = zero3_b = 0.0
     e0 = e1 = g0 = g1 = 0.0

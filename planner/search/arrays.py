@@ -111,6 +111,7 @@ def stage_arrays(
             nx = stages[i + 1]
             ln = next_link(c, st, pr.classes[nx.cls], nx)
             p2p = 2 * F.p2p_s(hidden / min(st.tp, nx.tp), ln.bandwidth_bytes_per_s, ln.latency_s)
+            p2p += pr.calib.pipeline_overhead_s if pr.calib is not None else 0.0  # as stage_coeffs
         k = F.inflight_microbatches(schedule, i, pp, m)
         cols.append((co.a, co.b + p2p, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1, co.state_a + k * co.act_a,
                      co.state_b + k * co.act_b, co.workspace_bytes, c.memory_bytes, F.runtime_reserve_bytes(c.kind)))  # fmt: skip

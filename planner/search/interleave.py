@@ -57,6 +57,7 @@ def interleaved_arrays(
                 nx = ranks[(e + 1) % pp]
                 ln = next_link(c, st, pr.classes[nx.cls], nx)
                 p2p = 2 * F.p2p_s(hidden / min(st.tp, nx.tp), ln.bandwidth_bytes_per_s, ln.latency_s)
+                p2p += pr.calib.pipeline_overhead_s if pr.calib is not None else 0.0  # as stage_coeffs
             b += co.b + p2p
             e0 += co.e0
             z0 += co.g0 + co.o0

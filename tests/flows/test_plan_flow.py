@@ -61,6 +61,7 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     from flows.discover import discover_flow
     from flows.plan import plan_flow
     from flows.profile import profile_flow
+    from planner.calibrate import pipeline_overhead_s
     from planner.cost import estimate
     from planner.model import get_model
     from storage.hardware import load_snapshot
@@ -69,7 +70,8 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     from tasks.plan import load_calibration
 
     db = str(tmp_path / "m.duckdb")
-    snap = discover_flow(db, snapshot_file=str(Path(__file__).parents[1] / "data" / "netbench_cpu_2ranks.json"))
+    snap = discover_flow(db, num_ranks=2, message_sizes=[1024, 65536, 1048576], repeats=2, matmul_size=256,
+                         timeout_s=180, run_dir=str(tmp_path / "discover"))  # fmt: skip
     profile_flow(db_path=db, model_name="tiny", mbs=[1, 2], seq=[32], tp=[1], recompute=[False], repeats=2,
                  min_block_s=0.002, comm=False, run_dir=str(tmp_path / "runs"))  # fmt: skip
     model = get_model("tiny")
@@ -79,6 +81,12 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     adam = load_optimizer_profile(db, model, "cpu")
     assert calib is not None and (calib.adam_s_per_param, calib.adam_dtensor_s_per_param) == (adam["plain"], adam["dtensor"])
     assert calib.fit("all_reduce") is not None and calib.grad_sync_overlap == 0.0
+    # the pipeline schedule's own cost: discovery's trivial 1F1B step less the p2p the model prices
+    stored = load_snapshot(db, snap["fingerprint"])
+    (pipe,) = stored.measurements.filter(stored.measurements["op"] == "pipeline_microbatch").iter_rows(named=True)
+    link = stored.cluster.nodes[0].intra_link
+    assert calib.pipeline_overhead_s == pipeline_overhead_s(pipe["time_s"], pipe["message_bytes"], link.latency_s,
+                                                            link.bandwidth_bytes_per_s)  # fmt: skip
     plan, cluster = best_plan(db, out["search_key"]), load_snapshot(db, snap["fingerprint"]).cluster
     # CPU ranks train in fp32, the dtype profiled: the plan is priced on measured rows, none estimated
     assert plan.dtype == "fp32" and not any("estimated" in n for n in plan.predicted.notes), plan.predicted.notes

@@ -168,3 +168,11 @@ def test_dtensor_stages_take_the_dtensor_adam_time_and_plain_ones_the_plain_time
     # FSDP2 (zero1) makes them DTensors: half the parameters each, at the DTensor rate
     z = estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=cal)
     assert z.optimizer_s == pytest.approx(20e-9 * params / 2)
+
+
+def test_pipeline_overhead_is_the_measured_micro_batch_less_the_priced_p2p_and_never_negative():
+    from planner.calibrate import pipeline_overhead_s
+
+    # 2 p2p of 1 KB at α 0.1 ms and 1 GB/s: 2 × (1e-4 + 1.024e-6) s are priced already
+    assert pipeline_overhead_s(5e-3, 1024, 1e-4, 1e9) == pytest.approx(5e-3 - 2 * (1e-4 + 1024 / 1e9))
+    assert pipeline_overhead_s(1e-4, 1024, 1e-4, 1e9) == 0.0  # faster than the link model: nothing extra

@@ -116,7 +116,8 @@ def calibrations(draw):
     return Calibration(
         num_ranks=n, compute_slowdown=draw(st.floats(1.0, 1.5)), collectives=fits,
         adam_s_per_param=draw(st.floats(1e-9, 5e-8)), adam_dtensor_s_per_param=draw(st.floats(1e-9, 1e-7)),
-        grad_sync_overlap=draw(st.sampled_from([0.0, 0.5])), source="hypothesis",
+        grad_sync_overlap=draw(st.sampled_from([0.0, 0.5])), pipeline_overhead_s=draw(st.floats(0.0, 5e-3)),
+        source="hypothesis",
     )  # fmt: skip
 
 

@@ -48,7 +48,10 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     assert pairs and {m["link_class"] for m in pairs} == {INTER}
     assert {m["message_bytes"] for m in pairs} == {1024, 65536, 1048576}
     ops = {m["op"] for m in snap["measurements"]} | {u["op"] for u in snap["unsupported"]}
-    assert ops == {"send_recv", "all_reduce", "all_gather", "reduce_scatter"}
+    assert ops == {"send_recv", "all_reduce", "all_gather", "reduce_scatter", "pipeline_microbatch"}
+    # one trivial 2-stage 1F1B step of torch.distributed.pipelining between the two ranks
+    (pipe,) = [m for m in snap["measurements"] if m["op"] == "pipeline_microbatch"]
+    assert pipe["link_class"] == INTER and pipe["num_ranks"] == 2 and 0 < pipe["time_s"] < 1.0
     assert all(m["time_s"] > 0 for m in snap["measurements"])
     assert all(r["probe"]["matmul_flop_per_s"] > 1e6 for r in snap["ranks"])
 
