@@ -42,9 +42,9 @@ SHARE = 16
 GAIN_MIN = 1.3  # what the issue asks
 
 
-def _dp4_plan(tmp: Path) -> str:
-    plan = {"model": "tiny", "cluster": "cpu", "global_batch_size": 4 * SHARE, "seq_len": 32, "micro_batch_size": 1,
-            "schedule": "1f1b", "dtype": "fp32", "batch_shares": [SHARE] * 4,
+def _dp4_plan(tmp: Path, share: int = SHARE) -> str:
+    plan = {"model": "tiny", "cluster": "cpu", "global_batch_size": 4 * share, "seq_len": 32, "micro_batch_size": 1,
+            "schedule": "1f1b", "dtype": "fp32", "batch_shares": [share] * 4,
             "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]}  # fmt: skip
     path = tmp / "dp4.json"
     path.write_text(json.dumps(plan))
@@ -151,7 +151,10 @@ def test_replan_flow_decides_from_stored_telemetry_and_records_it(slowed):
 
 
 def test_a_clean_run_triggers_no_replan(tmp_path):
-    db, plan = str(tmp_path / "m.duckdb"), _dp4_plan(tmp_path)
+    # 8 samples per rank, as this test ran green in every CI run before the gain test went to 16: at 16,
+    # with 4 ranks on 2 cores next to the supervising flow, CI once saw rank 0 persistently 1.38x slower
+    # (a real straggler the OS made, which the monitor then rightly rebalanced)
+    db, plan = str(tmp_path / "m.duckdb"), _dp4_plan(tmp_path, share=8)
     out = _train(db, plan, "clean", tmp_path, 40, True)
     # On a 2-core box shared with other jobs the OS can make one rank a real straggler for a while;
     # that may be detected (and is then recorded), but no fault means no switch.
