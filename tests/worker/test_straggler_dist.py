@@ -54,10 +54,13 @@ def test_link_delay_shows_as_communication_and_is_detected_as_a_link(tmp_path, t
     comm = lambda steps: median(r["comm_wait_s"] for r in rows if r["rank"] == 0 and r["step"] in steps)  # noqa: E731
     # 4 × 30 ms of sends, partly hidden in time rank 0 would have waited anyway (the GPipe bubble)
     assert comm(range(9, 14)) - comm(range(1, 9)) > 0.5 * 4 * 0.03
-    found = detect(samples_from_rows(rows), DetectConfig(threshold=0.2, window=6, warmup=1))
+    # threshold 0.4, not 0.2: a peer of the slow link idles ~120 ms a step now, and on the 2-core CI VM
+    # its compute ran 1.32x slower after such idle spells (a wake-up and cold-cache echo, seen once in
+    # CI) -- real, but no straggler; the link itself is 8x out of line, far above either threshold
+    found = detect(samples_from_rows(rows), DetectConfig(threshold=0.4, window=6, warmup=1))
     # a slow link is slow for both of its ends: rank 1 waits on rank 0's late sends (2 ranks cannot tell)
-    assert 0 in found.link_factors() and found.link_factors()[0] > 1.2
-    assert not found.compute_factors()
+    assert 0 in found.link_factors() and found.link_factors()[0] > 1.4
+    assert not found.compute_factors(), f"the link delay was taken for a slow device: {found.compute_factors()}"
 
 
 def test_checkpoint_exit_then_resume_into_another_plan_loses_no_step(tmp_path, torchrun, make_plan, telemetry):
