@@ -1,6 +1,6 @@
 """Fidelity of the time model: predicted vs measured step time of real torchrun runs on this machine.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 3] [--steps 7] [--state-dir DIR] [--replay]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 5] [--steps 10] [--state-dir DIR] [--replay]
 
 Every round measures, in this order:
 1. Discover: worker.netbench under torchrun at 1, 2 and 4 ranks (per-rank matmul rate, memory
@@ -24,7 +24,7 @@ model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks �
 
 The model: GPT, d=256, 4 heads, 8 layers, seq 128, vocab 512. A block's fwd+bwd at mbs=1 is ~10 ms on
 one core, so per-micro-batch gloo and pipelining overheads (~0.1–1 ms) are visible but do not
-dominate, and a 4-rank step stays under ~1 s so 10 plans × 3 rounds fit in about 20 minutes.
+dominate, and a 4-rank step stays under ~1 s so 10 plans × 5 rounds fit in about half an hour.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner import flops  # noqa: E402
-from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration  # noqa: E402
+from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration, pipeline_overhead_s  # noqa: E402
 from planner.cluster import ClusterSpec  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
@@ -164,6 +164,22 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
                 {"op": op, "link_class": "intra-node", "alpha_s": fit.alpha_s, "beta_s_per_byte": fit.beta_s_per_byte}
             )
     return rows
+
+
+def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> float:
+    """The pipeline schedule's own cost per micro-batch beyond the p2p's α–β (planner.calibrate), from
+    the kept round's `pipeline_microbatch` time at `num_ranks` ranks, as tasks.plan.load_calibration
+    derives it from a snapshot; 0 when discovery did not time it (1 rank)."""
+    times = []
+    for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
+        pts = [m for m in json.loads(path.read_text())["measurements"] if m["op"] == "pipeline_microbatch"]
+        if pts:
+            times.append((statistics.median(m["time_s"] for m in pts), pts[0]["message_bytes"]))
+    if not times:
+        return 0.0
+    t, size = keep(times, key=lambda x: x[0])
+    link = cluster.nodes[0].intra_link
+    return pipeline_overhead_s(t, size, link.latency_s, link.bandwidth_bytes_per_s)
 
 
 def profile_keys_for(plans: list[Plan]) -> list:
@@ -306,8 +322,8 @@ def mape(pred: list[float], meas: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of discover + profile + every plan's run")
-    ap.add_argument("--steps", type=int, default=7, help="steps per run (the first 2 are warm-up)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of discover + profile + every plan's run")
+    ap.add_argument("--steps", type=int, default=10, help="steps per run (the first 2 are warm-up)")
     ap.add_argument("--state-dir", default="", help="keep DuckDB + runs here (default: a temp folder)")
     ap.add_argument("--only", nargs="*", default=None, help="plan names to run")
     ap.add_argument("--timeout-s", type=float, default=300.0)
@@ -359,9 +375,10 @@ def main() -> None:
                 f"{node.intra_link.latency_s * 1e6:.0f} µs {node.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")  # fmt: skip
         if n > 1:
             fits = collective_fit_rows(state, n)
-            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt)
+            pipe = pipeline_overhead_for(state, n, clusters[n])
+            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt, pipe)
             ar = calibs[n].fit("all_reduce")
-            line += f"; contention {calibs[n].compute_slowdown:.2f}"
+            line += f"; contention {calibs[n].compute_slowdown:.2f}, pipelining {pipe * 1e3:.2f} ms/micro-batch"
             line += f", all_reduce α {ar.alpha_s * 1e6:.0f} µs {1 / ar.beta_s_per_byte / 1e9:.2f} GB/s" if ar else ""
         print(line)
     table = kept_profiles(db, state)

@@ -307,7 +307,8 @@ def measure_memory(spec: ModelSpec, req: Request, device: str, dtype: str) -> di
 def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor: bool = False) -> float:
     """Seconds per (local) parameter of one torch AdamW step (worker.options.make_optimizer's settings)
     over a block of `spec` on this process's CPU thread, the median of `rounds` × `steps` steps (the
-    typical step, as the layer timings keep their median round). A real block, because the time per parameter depends on the tensor
+    typical step, as the layer timings keep their median round), on random gradients of a training
+    step's scale (zeros take another, slower path). A real block, because the time per parameter depends on the tensor
     sizes: the per-tensor states of a small model stay in cache. `dtensor`: the block's parameters
     are DTensors, as under TP (apply_tp on a fake group of 2, see `build_runtime_tp_case`) or FSDP2,
     where each of the optimizer's per-tensor ops dispatches through DTensor (measured several times
@@ -318,8 +319,14 @@ def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor
 
         apply_tp(SimpleNamespace(blocks={"0": block}), spec, _fake_mesh(2, "cpu"))  # type: ignore[arg-type]
     params = list(block.parameters())
+    gen = torch.Generator().manual_seed(0)
     for p in params:
-        p.grad = torch.zeros_like(p)
+        # gradients of a training step's scale, not zeros: on zero gradients (m = v = 0) the same
+        # step runs ~2x slower per parameter (measured 16.9 vs 7.0 ns, torch 2.13 CPU), and this
+        # overpriced every plan's optimizer step ~2x against the runs (bench/fidelity.py)
+        local = p.to_local() if hasattr(p, "to_local") else p
+        g = torch.randn(local.shape, generator=gen, dtype=local.dtype) * 1e-3
+        p.grad = type(p).from_local(g, p.device_mesh, p.placements) if hasattr(p, "to_local") else g
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
     opt.step()  # allocates the states
     times = []
