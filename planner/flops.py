@@ -70,6 +70,14 @@ def layer_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
     return -(-m.head_params() // tp)
 
 
+def largest_tensor_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
+    """Parameters of a layer's largest weight on one tp rank (worker/model.py's shapes: a block's
+    h×max(h, ffn) projection, the padded-vocabulary embedding or head)."""
+    if kind == "block":
+        return -(-m.hidden * max(m.hidden, m.ffn) // tp)
+    return -(-m.padded_vocab * m.hidden // tp)
+
+
 def block_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtype: str = "bf16") -> float:
     """Bytes one block keeps for backward, per tp rank, without recompute (analytic estimate).
 

@@ -21,6 +21,10 @@ ADAM_BYTES_MOVED_PER_PARAM = 28
 # Below 1 because the first bucket waits for its grads and NCCL kernels steal SMs from backward;
 # an assumption until fitted against measured steps.
 DP_OVERLAP_FRACTION = 0.8
+# Data parallelism without sharding (worker.parallel.GradSumSync) packs gradients smaller than this
+# into one flat buffer per bucket and unpacks the reduced sum: two copies of their bytes. A gradient
+# this big or bigger is reduced in place.
+GRAD_BUCKET_BYTES = 25 * 2**20
 # Memory no plan may use: CUDA context (~0.5 GiB), NCCL communicator buffers and the cuBLAS
 # workspace (~0.5–1 GiB on Hopper-class GPUs); CPU ranks only pay for the Python/torch runtime.
 RUNTIME_RESERVE_BYTES_GPU = int(1.5 * 2**30)
@@ -118,6 +122,13 @@ def state_bytes_per_param(dtype: str, sharding: str, dp: int) -> float:
     if sharding == "zero3":
         w /= dp
     return w + g + opt
+
+
+def grad_pack_s(nbytes: float, copy_bandwidth_bytes_per_s: float) -> float:
+    """Packing `nbytes` of gradients into a bucket and unpacking the sum: two copies, each moving every
+    byte twice (read + write) at the node's copy bandwidth (counted, as discovery measures it, as
+    bytes read + written per second)."""
+    return 4.0 * nbytes / copy_bandwidth_bytes_per_s
 
 
 def adam_step_s(

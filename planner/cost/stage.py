@@ -2,11 +2,11 @@
 
 A stage with n blocks costs, per micro-batch, τ(n) = a·n + b (compute from profiles, TP collectives
 unless a block's profile already holds them, ZeRO-3 gathers not hidden by compute, p2p sends to the
-next stage); after the pipeline drains its
-tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n (gradient sync not hidden by the last backward,
-ZeRO-1/2 parameter all-gather, Adam step); its allocation is mem_a·n + mem_b bytes. `estimate`
-evaluates these at the plan's n, and the search evaluates them for every n at once, so the two
-agree by construction.
+next stage); after the pipeline drains its tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n
+(gradient sync not hidden by the last backward; ZeRO-1/2 parameter all-gather or, unsharded, the
+gradient bucket copies; Adam step); its allocation is mem_a·n + mem_b bytes. `estimate` evaluates
+these at the plan's n, and the search evaluates them for every n at once, so the two agree by
+construction.
 
 `StageContext.calib` (planner.calibrate, passed by `estimate(..., calibration=...)`; the search
 passes none) swaps datasheet assumptions for measured ones: profiled times × the rank contention
@@ -119,6 +119,13 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     compute_b = tp_b = bwd_b = 0.0
     params_a = float(flops.layer_params("block", model, ctx.tp))
     params_b = 0.0
+
+    def packed(kind: str, params: float) -> float:
+        """Gradient bytes GradSumSync copies through its bucket buffer (F.GRAD_BUCKET_BYTES)."""
+        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES  # type: ignore[arg-type]
+        return params * e if small else 0.0
+
+    packed_b = 0.0
     act_b = 0.0
     workspace = float(blk.workspace_bytes)
     rows_const = []
@@ -129,6 +136,7 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         bwd_b += slow * emb.backward_s
         tp_b += tp_ar  # vocab-parallel embedding: one all-reduce of its output (Megatron-LM)
         params_b += flops.layer_params("embedding", model, ctx.tp)
+        packed_b += packed("embedding", flops.layer_params("embedding", model, ctx.tp))
         act_b += emb.activation_bytes
         workspace = max(workspace, emb.workspace_bytes)
     if ctx.last:
@@ -138,9 +146,11 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         bwd_b += slow * head.backward_s
         tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
         params_b += flops.layer_params("head", model, ctx.tp)
+        packed_b += packed("head", flops.layer_params("head", model, ctx.tp))
         if model.tied and ctx.pp > 1:
             # the last stage keeps its own copy of a tied embedding for the LM head (Megatron-LM)
             params_b += -(-model.padded_vocab * model.hidden // ctx.tp)
+            packed_b += packed("head", -(-model.padded_vocab * model.hidden // ctx.tp))
         act_b += head.activation_bytes
         workspace = max(workspace, head.workspace_bytes)
 
@@ -197,6 +207,10 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         per_byte, sync_lat = (ar_per_byte, ar_lat) if ctx.sharding == "none" else (rs_per_byte, rs_lat)
         e1 = params_a * e * per_byte - overlap * bwd_a
         e0 = sync_lat + params_b * e * per_byte - overlap * bwd_b
+        if ctx.sharding == "none":
+            # GradSumSync's bucket copies run after the backward, in line with the all-reduces
+            g1 = F.grad_pack_s(packed("block", params_a), ctx.memory_bandwidth_bytes_per_s)
+            g0 = F.grad_pack_s(packed_b, ctx.memory_bandwidth_bytes_per_s)
         if ctx.sharding in ("zero1", "zero2"):
             # updated shards are all-gathered after the step, before the next forward: exposed
             g1 = params_a * e * ag_per_byte

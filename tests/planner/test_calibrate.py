@@ -16,7 +16,7 @@ from planner.cluster import parse_cluster
 from planner.cost import estimate
 from planner.errors import MeshplanError
 from planner.flops import layer_params
-from planner.model import get_model
+from planner.model import ModelSpec, get_model
 from planner.plan import parse_plan
 
 LINK = {"kind": "gloo-loopback", "bandwidth_bytes_per_s": 4e9, "latency_s": 50e-6}
@@ -94,9 +94,26 @@ def test_calibrated_gradient_all_reduce_uses_the_measured_fit_unhidden():
     assert cal.compute_slowdown == 1.0 and cal.grad_sync_overlap == 0.0
     grad_bytes = 4 * sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
     c = estimate(plan(dp=2), model, cl, calibration=cal)
-    assert c.dp_comm_s == pytest.approx(2e-3 + 1e-9 * grad_bytes)
+    # plus GradSumSync's copies into its bucket buffer and back (all of tiny's tensors are small)
+    assert c.dp_comm_s == pytest.approx(2e-3 + 1e-9 * grad_bytes + 4 * grad_bytes / 10e9)
     # the uncalibrated ring on the 4 GB/s send/recv link, mostly hidden by backward, is far cheaper
     assert estimate(plan(dp=2), model, cl).dp_comm_s < c.dp_comm_s / 2
+
+
+def test_unsharded_dp_prices_bucket_copies_of_small_gradients_only():
+    """GradSumSync packs gradients under 25 MiB into its bucket and back (two copies, each moving every
+    byte twice at the copy bandwidth) and reduces bigger ones in place: a block whose projections are
+    64 MiB each costs no copy, its 4 MiB embedding and head do."""
+    wide = ModelSpec(name="wide", family="gpt", num_layers=4, hidden=2048, num_heads=16, vocab_size=512, seq_len=64)
+    assert 4 * wide.hidden * wide.ffn >= 25 * 2**20 > 4 * wide.padded_vocab * wide.hidden
+    cl = cpu_cluster(2)
+    fit_rows = [{"op": "all_reduce", "link_class": "intra-node", "alpha_s": 2e-3, "beta_s_per_byte": 1e-9}]
+    cal = cpu_calibration(50e9, [50e9, 50e9], fit_rows, 2)
+    p = parse_plan({**plan(dp=2).model_dump(mode="json"), "model": "wide"})
+    c = estimate(p, wide, cl, calibration=cal)
+    small = 4 * (layer_params("embedding", wide, 1) + layer_params("head", wide, 1))
+    grad_bytes = 4 * layer_params("block", wide, 1) * 4 + small
+    assert c.dp_comm_s == pytest.approx(2e-3 + 1e-9 * grad_bytes + 4 * small / 10e9)
 
 
 def test_calibration_is_hashable_so_stage_coefficients_memoise():
