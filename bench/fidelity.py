@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner import flops  # noqa: E402
-from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration, pipeline_overhead_s  # noqa: E402
+from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration, pipeline_overhead_from  # noqa: E402
 from planner.cluster import ClusterSpec  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
@@ -167,19 +167,15 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 
 
 def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> float:
-    """The pipeline schedule's own cost per micro-batch beyond the p2p's α–β (planner.calibrate), from
-    the kept round's `pipeline_microbatch` time at `num_ranks` ranks, as tasks.plan.load_calibration
-    derives it from a snapshot; 0 when discovery did not time it (1 rank)."""
-    times = []
-    for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
-        pts = [m for m in json.loads(path.read_text())["measurements"] if m["op"] == "pipeline_microbatch"]
-        if pts:
-            times.append((statistics.median(m["time_s"] for m in pts), pts[0]["message_bytes"]))
-    if not times:
-        return 0.0
-    t, size = keep(times, key=lambda x: x[0])
+    """The pipeline schedule's own cost per micro-batch beyond the p2p's α–β, of the kept round at
+    `num_ranks` ranks on the kept cluster's link, as tasks.plan.load_calibration derives it from a
+    snapshot (planner.calibrate.pipeline_overhead_from); 0 when discovery did not time it (1 rank)."""
     link = cluster.nodes[0].intra_link
-    return pipeline_overhead_s(t, size, link.latency_s, link.bandwidth_bytes_per_s)
+    rounds = [
+        json.loads(path.read_text())["measurements"] for path in state.glob(f"discover-{num_ranks}-*/snapshot.json")
+    ]
+    timed = [pipeline_overhead_from(ms, link) for ms in rounds if any(m["op"] == "pipeline_microbatch" for m in ms)]
+    return keep(timed) if timed else 0.0
 
 
 def profile_keys_for(plans: list[Plan]) -> list:

@@ -52,8 +52,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.errors import MeshplanError
+
+if TYPE_CHECKING:
+    from planner.cluster import LinkSpec
 
 # Bytes one parameter moves in torch's single-tensor (CPU) AdamW step; derivation in the module docstring.
 ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
@@ -125,6 +129,17 @@ def pipeline_overhead_s(microbatch_s: float, message_bytes: float, latency_s: fl
     from planner.cost.formulas import p2p_s
 
     return max(0.0, microbatch_s - 2 * p2p_s(message_bytes, bandwidth, latency_s))
+
+
+def pipeline_overhead_from(measurements: Iterable[Mapping], link: LinkSpec) -> float:
+    """`pipeline_overhead_s` from one discovery snapshot's measurement rows: the median time of its
+    `pipeline_microbatch` rows on the node's intra-node link; 0 when it has none (one rank, or a
+    snapshot from before the pipeline bench)."""
+    pts = [m for m in measurements if m["op"] == "pipeline_microbatch"]
+    if not pts:
+        return 0.0
+    t = statistics.median(m["time_s"] for m in pts)
+    return pipeline_overhead_s(t, pts[0]["message_bytes"], link.latency_s, link.bandwidth_bytes_per_s)
 
 
 def collective_fits(

@@ -12,7 +12,7 @@ import statistics
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from planner.calibrate import Calibration, cpu_calibration, pipeline_overhead_s
+from planner.calibrate import Calibration, cpu_calibration, pipeline_overhead_from
 from planner.cluster import ClusterSpec
 from planner.model import ModelSpec
 from planner.profiles import ProfileTable
@@ -43,13 +43,7 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     if set(snap.devices["kind"].to_list()) != {"cpu"} or not rates or snap.fits.height == 0:
         return None
     adam = load_optimizer_profile(db_path, model, "cpu")
-    pipe = snap.measurements.filter(snap.measurements["op"] == "pipeline_microbatch")
-    link = snap.cluster.nodes[0].intra_link
-    overhead = (
-        pipeline_overhead_s(statistics.median(pipe["time_s"].to_list()), pipe["message_bytes"][0], link.latency_s,
-                            link.bandwidth_bytes_per_s)
-        if pipe.height else 0.0  # snapshots from before the pipeline bench have none
-    )  # fmt: skip
+    overhead = pipeline_overhead_from(snap.measurements.to_dicts(), snap.cluster.nodes[0].intra_link)
     return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), None,
                            adam.get("plain"), adam.get("dtensor"), overhead)  # fmt: skip
 

@@ -22,7 +22,7 @@ from planner import flops
 from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link
-from planner.flops import DTYPE_BYTES
+from planner.flops import DTYPE_BYTES, LayerKind
 from planner.model import ModelSpec
 from planner.profiles import ProfileKey, ProfileTable
 
@@ -97,6 +97,15 @@ def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool)
     return profiles.lookup(ProfileKey(ctx.kind, layer, ctx.mbs, ctx.seq, ctx.tp, recompute, ctx.dtype))  # type: ignore[arg-type]
 
 
+def boundary_p2p_s(hidden_bytes: float, tp: int, next_tp: int, link: Link, calib: Calibration | None) -> float:
+    """One micro-batch at a stage boundary: the activation forward and its gradient backward, where
+    with equal tp each rank sends 1/tp (Megatron's scatter/gather optimisation, Narayanan et al.
+    SC'21 §4.1), plus the schedule's own measured cost (planner.calibrate.pipeline_overhead_s).
+    stage_coeffs and the search's arrays price every boundary with this one function."""
+    p2p = 2 * F.p2p_s(hidden_bytes / min(tp, next_tp), link.bandwidth_bytes_per_s, link.latency_s)
+    return p2p + (calib.pipeline_overhead_s if calib is not None else 0.0)
+
+
 def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> StageCoeffs:
     """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`."""
     e = DTYPE_BYTES[ctx.dtype]
@@ -120,9 +129,9 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     params_a = float(flops.layer_params("block", model, ctx.tp))
     params_b = 0.0
 
-    def packed(kind: str, params: float) -> float:
+    def packed(kind: LayerKind, params: float) -> float:
         """Gradient bytes GradSumSync copies through its bucket buffer (F.GRAD_BUCKET_BYTES)."""
-        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES  # type: ignore[arg-type]
+        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES
         return params * e if small else 0.0
 
     packed_b = 0.0
@@ -135,8 +144,9 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         compute_b += slow * emb.train_s
         bwd_b += slow * emb.backward_s
         tp_b += tp_ar  # vocab-parallel embedding: one all-reduce of its output (Megatron-LM)
-        params_b += flops.layer_params("embedding", model, ctx.tp)
-        packed_b += packed("embedding", flops.layer_params("embedding", model, ctx.tp))
+        emb_params = flops.layer_params("embedding", model, ctx.tp)
+        params_b += emb_params
+        packed_b += packed("embedding", emb_params)
         act_b += emb.activation_bytes
         workspace = max(workspace, emb.workspace_bytes)
     if ctx.last:
@@ -145,22 +155,18 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         compute_b += slow * head.train_s
         bwd_b += slow * head.backward_s
         tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
-        params_b += flops.layer_params("head", model, ctx.tp)
-        packed_b += packed("head", flops.layer_params("head", model, ctx.tp))
+        head_params = flops.layer_params("head", model, ctx.tp)
         if model.tied and ctx.pp > 1:
             # the last stage keeps its own copy of a tied embedding for the LM head (Megatron-LM)
-            params_b += -(-model.padded_vocab * model.hidden // ctx.tp)
-            packed_b += packed("head", -(-model.padded_vocab * model.hidden // ctx.tp))
+            head_params += -(-model.padded_vocab * model.hidden // ctx.tp)
+        params_b += head_params
+        packed_b += packed("head", head_params)
         act_b += head.activation_bytes
         workspace = max(workspace, head.workspace_bytes)
 
     p2p_b = 0.0
     if ctx.next_link is not None:
-        # activation forward + its gradient backward; with equal tp each rank sends 1/tp
-        # (Megatron's scatter/gather optimisation, Narayanan et al. SC'21 §4.1)
-        msg = hidden_bytes / min(ctx.tp, ctx.next_tp)
-        p2p_b = 2 * F.p2p_s(msg, ctx.next_link.bandwidth_bytes_per_s, ctx.next_link.latency_s)
-        p2p_b += cal.pipeline_overhead_s if cal is not None else 0.0  # the schedule's own, measured
+        p2p_b = boundary_p2p_s(hidden_bytes, ctx.tp, ctx.next_tp, ctx.next_link, cal)
 
     zero3_a = zero3_b = 0.0
     e0 = e1 = g0 = g1 = 0.0

@@ -15,7 +15,7 @@ from planner import flops
 from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link, cross_node_link
-from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
+from planner.cost.stage import StageCoeffs, StageContext, boundary_p2p_s, stage_coeffs
 from planner.model import ModelSpec
 from planner.profiles import ProfileTable
 from planner.search.classes import DeviceClass
@@ -110,8 +110,7 @@ def stage_arrays(
         if i + 1 < pp:
             nx = stages[i + 1]
             ln = next_link(c, st, pr.classes[nx.cls], nx)
-            p2p = 2 * F.p2p_s(hidden / min(st.tp, nx.tp), ln.bandwidth_bytes_per_s, ln.latency_s)
-            p2p += pr.calib.pipeline_overhead_s if pr.calib is not None else 0.0  # as stage_coeffs
+            p2p = boundary_p2p_s(hidden, st.tp, nx.tp, ln, pr.calib)
         k = F.inflight_microbatches(schedule, i, pp, m)
         cols.append((co.a, co.b + p2p, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1, co.state_a + k * co.act_a,
                      co.state_b + k * co.act_b, co.workspace_bytes, c.memory_bytes, F.runtime_reserve_bytes(c.kind)))  # fmt: skip

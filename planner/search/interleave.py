@@ -13,7 +13,7 @@ import numpy as np
 
 from planner.cost import formulas as F
 from planner.cost.devices import Link
-from planner.cost.stage import StageContext
+from planner.cost.stage import StageContext, boundary_p2p_s
 from planner.search.arrays import Pricer, StageSpec, next_link
 from planner.search.inner import StageArrays
 
@@ -56,8 +56,7 @@ def interleaved_arrays(
             if e + 1 < entries:
                 nx = ranks[(e + 1) % pp]
                 ln = next_link(c, st, pr.classes[nx.cls], nx)
-                p2p = 2 * F.p2p_s(hidden / min(st.tp, nx.tp), ln.bandwidth_bytes_per_s, ln.latency_s)
-                p2p += pr.calib.pipeline_overhead_s if pr.calib is not None else 0.0  # as stage_coeffs
+                p2p = boundary_p2p_s(hidden, st.tp, nx.tp, ln, pr.calib)
             b += co.b + p2p
             e0 += co.e0
             z0 += co.g0 + co.o0
