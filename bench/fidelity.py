@@ -166,6 +166,17 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
     return rows
 
 
+def fsdp_rows_for(state: Path, num_ranks: int) -> list[dict]:
+    """Discovery's FSDP2 bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp), the kept time
+    of each (op, size) across rounds, for planner.calibrate.fsdp_overhead_from; [] when none."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
+        for m in json.loads(path.read_text())["measurements"]:
+            if m["op"] in ("fsdp_module", "fsdp_tensor"):
+                times.setdefault((m["op"], m["message_bytes"]), []).append(m["time_s"])
+    return [{"op": op, "message_bytes": size, "time_s": keep(v)} for (op, size), v in sorted(times.items())]
+
+
 def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> float:
     """The pipeline schedule's own cost per micro-batch beyond the p2p's α–β, of the kept round at
     `num_ranks` ranks on the kept cluster's link, as tasks.plan.load_calibration derives it from a
@@ -372,9 +383,13 @@ def main() -> None:
         if n > 1:
             fits = collective_fit_rows(state, n)
             pipe = pipeline_overhead_for(state, n, clusters[n])
-            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt, pipe)
+            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt, pipe,
+                                        fsdp_rows_for(state, n))  # fmt: skip
             ar = calibs[n].fit("all_reduce")
             line += f"; contention {calibs[n].compute_slowdown:.2f}, pipelining {pipe * 1e3:.2f} ms/micro-batch"
+            fs = calibs[n].fsdp
+            line += (f", FSDP2 {fs.module_s * 1e3:.2f} ms/module + {fs.s_per_byte * 1e9:.2f} ms/GB"
+                     f" + {fs.tensor_s * 1e3:.2f} ms/tensor") if fs else ""  # fmt: skip
             line += f", all_reduce α {ar.alpha_s * 1e6:.0f} µs {1 / ar.beta_s_per_byte / 1e9:.2f} GB/s" if ar else ""
         print(line)
     table = kept_profiles(db, state)

@@ -39,6 +39,12 @@ amount discovery (planner.discovery, worker.netbench) already measures:
   waits): discovery times a 2-stage 1F1B step of trivial stages (worker.netbench.bench_pipeline;
   4.5–6 ms per micro-batch against a 0.2–0.6 ms send/recv round trip). What the cost model does
   not already price, `pipeline_overhead_s`, is added to every stage's p2p per micro-batch.
+- FSDP2. Around each all-gather and reduce-scatter FSDP2 runs Python per module and per tensor
+  (hooks, DTensor views, copy-in/copy-out of flat buffers) that the collectives' fits do not see:
+  on 2 gloo CPU ranks a module's ZeRO-3 step (two all-gathers, one reduce-scatter) took 6.3–6.8 ms
+  at 16 KiB, of which the fits price ~1.6 ms. Discovery times it on trivial modules of two sizes
+  and tensor counts (worker.netbench.bench_fsdp); `FsdpOverhead` is what remains after the fits'
+  own price, booked per module on every all-gather and reduce-scatter of ZeRO stages.
 - Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
   GradSumSync), and on CPU FSDP2's reduce-scatters run in line (no side stream; the cores are busy
   with the other ranks), so nothing hides them: overlap 0 instead of formulas.DP_OVERLAP_FRACTION.
@@ -91,6 +97,22 @@ class CollectiveFit:
 
 
 @dataclass(frozen=True, slots=True)
+class FsdpOverhead:
+    """FSDP2's own cost for one sharded module in one ZeRO-3 step (an all-gather before forward, one
+    before backward, a reduce-scatter after), beyond what the collectives' fits price:
+    module_s + s_per_byte·(module bytes) + tensor_s·(tensors − 1). Measured by discovery
+    (worker.netbench.bench_fsdp); the cost model books a third of it on each of the three."""
+
+    module_s: float
+    s_per_byte: float
+    tensor_s: float
+
+    def op_s(self, num_tensors: int, num_bytes: float) -> float:
+        """One all-gather or reduce-scatter of a module with `num_tensors` tensors of `num_bytes` in all."""
+        return (self.module_s + self.s_per_byte * num_bytes + self.tensor_s * max(0, num_tensors - 1)) / 3
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     """Measured corrections the cost model applies to a plan running on `num_ranks` ranks of one node."""
 
@@ -103,6 +125,7 @@ class Calibration:
     grad_sync_overlap: float | None = None
     num_cores: int | None = None  # the node's cores, for processor sharing (None: one core per rank)
     pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
+    fsdp: FsdpOverhead | None = None  # FSDP2's own cost per sharded module, beyond its collectives
     source: str = ""
 
     def fit(self, op: str) -> CollectiveFit | None:
@@ -142,6 +165,28 @@ def pipeline_overhead_from(measurements: Iterable[Mapping], link: LinkSpec) -> f
     return pipeline_overhead_s(t, pts[0]["message_bytes"], link.latency_s, link.bandwidth_bytes_per_s)
 
 
+def fsdp_overhead_from(measurements: Iterable[Mapping], fits: Mapping[str, CollectiveFit]) -> FsdpOverhead | None:
+    """`FsdpOverhead` from one discovery snapshot's `fsdp_module` rows (two module sizes) and
+    `fsdp_tensor` row, less the two all-gathers and the reduce-scatter of the module's bytes over the
+    bench's 2 ranks that `fits` already price; None when the snapshot has no such rows (one rank, or
+    a snapshot from before the FSDP bench)."""
+    rows = list(measurements)
+    mods = sorted((float(m["message_bytes"]), float(m["time_s"])) for m in rows if m["op"] == "fsdp_module")
+    if len({b for b, _ in mods}) < 2:
+        return None
+    ag, rs = fits.get("all_gather"), fits.get("reduce_scatter")
+
+    def residual(nbytes: float, t: float) -> float:
+        priced = 2 * ag.time_s(nbytes, 2) if ag is not None else 0.0
+        return t - priced - (rs.time_s(nbytes, 2) if rs is not None else 0.0)
+
+    (b1, t1), (b2, t2) = mods[0], mods[-1]
+    r1, r2 = residual(b1, t1), residual(b2, t2)
+    per_byte = max(0.0, (r2 - r1) / (b2 - b1))
+    tensors = [float(m["time_s"]) for m in rows if m["op"] == "fsdp_tensor"]
+    return FsdpOverhead(max(0.0, r1 - per_byte * b1), per_byte, statistics.median(tensors) if tensors else 0.0)
+
+
 def collective_fits(
     fits: Iterable[Mapping], num_ranks: int, link_class: str = "intra-node"
 ) -> dict[str, CollectiveFit]:
@@ -162,15 +207,18 @@ def cpu_calibration(
     adam_s_per_param: float | None = None,
     adam_dtensor_s_per_param: float | None = None,
     pipeline_overhead: float = 0.0,
+    measurements: Iterable[Mapping] = (),
 ) -> Calibration:
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
-    (plus, optionally, the measured optimizer step per parameter; see the module docstring)."""
+    (plus, optionally, the measured optimizer step per parameter, and the snapshot's measurement rows
+    for FSDP2's own cost; see the module docstring)."""
     slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s, num_cores)
     ops = collective_fits(fits, num_ranks)
+    fsdp = fsdp_overhead_from(measurements, ops)
     return Calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
         adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,
         adam_dtensor_s_per_param=adam_dtensor_s_per_param, grad_sync_overlap=0.0, num_cores=num_cores,
-        pipeline_overhead_s=pipeline_overhead,
+        pipeline_overhead_s=pipeline_overhead, fsdp=fsdp,
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )  # fmt: skip

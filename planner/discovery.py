@@ -88,10 +88,17 @@ def snapshot_fingerprint(snapshot: dict[str, Any]) -> str:
     return hardware_fingerprint(snapshot_identity(snapshot))
 
 
+# Runtime overheads the netbench times (pipelining schedule, FSDP2 per module and tensor): inputs of
+# planner.calibrate, not transfers, so never α–β fitted.
+OVERHEAD_OPS = frozenset({"pipeline_microbatch", "fsdp_module", "fsdp_tensor"})
+
+
 def fit_snapshot(snapshot: dict[str, Any]) -> list[OpFit]:
-    """One α–β fit per (op, link class) with at least two distinct message sizes."""
+    """One α–β fit per (op, link class) with at least two distinct message sizes (transfers only)."""
     points: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     for m in snapshot["measurements"]:
+        if m["op"] in OVERHEAD_OPS:
+            continue
         points[(m["op"], m["link_class"])].append((m["message_bytes"], m["time_s"]))
     fits = []
     for (op, link_class), pts in sorted(points.items()):

@@ -70,6 +70,19 @@ def layer_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
     return -(-m.head_params() // tp)
 
 
+def layer_tensors(kind: LayerKind, m: ModelSpec) -> int:
+    """Parameter tensors of a layer in worker/model.py: a GPT block's two LayerNorms and four
+    attention and two MLP Linears, each with weight and bias (16); a Llama block's two RMSNorm
+    weights and q, k, v, o, w1, w2, w3 (9). GPT embeds tokens and positions, Llama tokens; the head
+    is a norm (GPT with bias) and the output projection."""
+    gpt = m.family == "gpt"
+    if kind == "block":
+        return 16 if gpt else 9
+    if kind == "embedding":
+        return 2 if gpt else 1
+    return 3 if gpt else 2
+
+
 def largest_tensor_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
     """Parameters of a layer's largest weight on one tp rank (worker/model.py's shapes: a block's
     h×max(h, ffn) projection, the padded-vocabulary embedding or head)."""

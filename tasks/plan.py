@@ -31,7 +31,7 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
 @task(name="load-calibration", cache_policy=NO_CACHE)
 def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
     """Measured corrections (planner.calibrate) for a discovered snapshot whose devices are all CPU
-    ranks under gloo: discovery's collective fits and pipeline-schedule overhead, and the profiled
+    ranks under gloo: discovery's collective fits, pipeline-schedule and FSDP2 overheads, and the profiled
     optimizer step per parameter.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
     Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1."""
@@ -43,9 +43,10 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     if set(snap.devices["kind"].to_list()) != {"cpu"} or not rates or snap.fits.height == 0:
         return None
     adam = load_optimizer_profile(db_path, model, "cpu")
-    overhead = pipeline_overhead_from(snap.measurements.to_dicts(), snap.cluster.nodes[0].intra_link)
+    measurements = snap.measurements.to_dicts()
+    overhead = pipeline_overhead_from(measurements, snap.cluster.nodes[0].intra_link)
     return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), None,
-                           adam.get("plain"), adam.get("dtensor"), overhead)  # fmt: skip
+                           adam.get("plain"), adam.get("dtensor"), overhead, measurements)  # fmt: skip
 
 
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)

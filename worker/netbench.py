@@ -5,7 +5,8 @@
 One code path: gloo on CPU (one thread per rank), NCCL on GPU (one GPU per rank). Measured per
 message size (median of repeats, slowest rank for collectives): all_reduce, all_gather and
 reduce_scatter over all ranks, send/recv ping-pong between rank pairs (and a trivial 2-stage 1F1B pipeline
-step of torch.distributed.pipelining between ranks 0 and 1, `bench_pipeline`), each pair classed as
+step of torch.distributed.pipelining between ranks 0 and 1, `bench_pipeline`, and FSDP2's own cost per
+sharded module and tensor, `bench_fsdp`), each pair classed as
 intra-node or inter-node by node name (MESHPLAN_NODE_NAME overrides the hostname, so two simulated
 nodes on one machine are told apart). An op the backend lacks is recorded as unsupported, not faked.
 Message bytes follow nccl-tests: the whole buffer (all_reduce buffer, all_gather output,
@@ -157,6 +158,68 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
     return rows
 
 
+FSDP_MODULES, FSDP_TENSORS = 4, 8
+FSDP_WIDTHS = (64, 1024)  # one 64×64 tensor (16 KiB) and one 1024×1024 tensor (4 MiB) per module
+
+
+def bench_fsdp(repeats: int, device: str) -> list[dict]:
+    """FSDP2's own cost per sharded module, per byte and per parameter tensor, over ranks 0 and 1.
+
+    One forward + backward of FSDP_MODULES modules, each T tensors of w×w computing x @ p on one
+    row (compute negligible), each `fully_shard`-ed with reshard_after_forward=True (ZeRO-3: an
+    all-gather before forward and one before backward, a reduce-scatter after), less the same step
+    unsharded, per module: `fsdp_module` rows at T = 1 for both FSDP_WIDTHS (their message_bytes:
+    the module's parameter bytes), and `fsdp_tensor`, what each further 64×64 tensor adds (T = 1 to
+    FSDP_TENSORS). On CPU ranks most of it is Python and copies around each collective, beyond what
+    the collectives' own fits price (planner.calibrate.fsdp_overhead_from). Other ranks only join
+    the barriers."""
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    class Chain(nn.Module):
+        def __init__(self, tensors: int, width: int) -> None:
+            super().__init__()
+            self.ps = nn.ParameterList(nn.Parameter(torch.eye(width)) for _ in range(tensors))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for p in self.ps:
+                x = x @ p
+            return x
+
+    rank = dist.get_rank()
+    rows: list[dict] = []
+    group = dist.new_group([0, 1])  # every rank takes part in creating it
+    if rank < 2:
+        mesh = DeviceMesh.from_group(group, torch.device(device).type)
+        per_module = {}
+        for tensors, width in ((1, FSDP_WIDTHS[0]), (1, FSDP_WIDTHS[1]), (FSDP_TENSORS, FSDP_WIDTHS[0])):
+            x = torch.ones(1, width, device=device)
+            times = []
+            for shard in (False, True):
+                model = nn.Sequential(*(Chain(tensors, width) for _ in range(FSDP_MODULES))).to(device)
+                if shard:
+                    for chain in model:
+                        fully_shard(chain, mesh=mesh, reshard_after_forward=True)
+                    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+
+                def step(model: nn.Module = model, x: torch.Tensor = x) -> None:
+                    model(x).sum().backward()
+
+                times.append(median_time_s(step, device, repeats=repeats, warmup=2, inner=1))
+            per_module[tensors, width] = max(0.0, times[1] - times[0]) / FSDP_MODULES
+        if rank == 0:
+            for width in FSDP_WIDTHS:
+                rows.append({"op": "fsdp_module", "message_bytes": width * width * 4, "time_s": per_module[1, width]})
+            small = FSDP_WIDTHS[0]
+            extra = max(0.0, per_module[FSDP_TENSORS, small] - per_module[1, small]) / (FSDP_TENSORS - 1)
+            rows.append({"op": "fsdp_tensor", "message_bytes": small * small * 4, "time_s": extra})
+            for row in rows:
+                row.update(src=0, dst=1)
+    dist.barrier()
+    return rows
+
+
 def _link_class(nodes: list[str]) -> str:
     return "intra-node" if len(set(nodes)) == 1 else "inter-node"
 
@@ -215,6 +278,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
         pairs = bench_pairs(sizes, repeats, device)
         if dist.get_world_size() >= 2:
             pairs += bench_pipeline(repeats, device)
+            pairs += bench_fsdp(repeats, device)
         report = {
             "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
             "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,

@@ -4,7 +4,8 @@ step = max over replicas r of the pipeline time T_r (formulas.pipeline_time_s, o
 interleaved_time_s) + the slowest stage's tail (exposed gradient sync, ZeRO all-gather, Adam step).
 Per-stage terms come from `stage.stage_coeffs`, evaluated at the stage's block count; the breakdown
 is taken on the critical replica so that compute + bubble + p2p + TP + ZeRO-3 gathers add up to T_r
-and dp_comm + optimizer add up to the tail. Calibrated CPU ranks outnumbering their cores stretch the
+and dp_comm + optimizer add up to the tail. Calibrated CPU ranks outnumbering their cores stretch
+each steady-state pipeline slot to one micro-batch's CPU work on all ranks over the cores, and the
 pipelined part and the optimizer step to their CPU work over the cores (processor sharing,
 planner.calibrate); the stretch is booked as compute and optimizer time.
 """
@@ -116,13 +117,24 @@ def estimate(
     for r in range(dp):
         for i in range(nst):
             rank_tau[r][i % pp] += coeffs[r][i].time_s(ns[i])
-    times = [
-        F.interleaved_time_s(rank_tau[r], plan.num_microbatches(r), v)
-        if plan.schedule == "interleaved-1f1b"
-        else F.pipeline_time_s(rank_tau[r], plan.num_microbatches(r))
-        for r in range(dp)
-    ]
+    cores = calibration.num_cores if calibration is not None else None
+    shared = cores is not None and 0 < cores < plan.num_devices
+    # CPU work of one micro-batch per replica and stage (its tp ranks each compute their shard).
+    # Processor sharing in a pipeline's steady state: all ranks of every replica compute at once,
+    # so a slot of the slowest stage lasts at least one micro-batch's work on all of them over
+    # the cores (planner.calibrate); fill and drain keep the critical path.
+    mb_work = [sum(stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
+               for r in range(dp)]  # fmt: skip
+    slot_work = sum(mb_work) / cores if shared else 0.0
+
+    def pipe_time(r: int, min_slot_s: float) -> float:
+        if plan.schedule == "interleaved-1f1b":
+            return F.interleaved_time_s(rank_tau[r], plan.num_microbatches(r), v, min_slot_s)
+        return F.pipeline_time_s(rank_tau[r], plan.num_microbatches(r), min_slot_s)
+
+    times = [pipe_time(r, slot_work) for r in range(dp)]
     rc = max(range(dp), key=lambda r: times[r])
+    stretch = times[rc] - pipe_time(rc, 0.0)  # of the steady slots, by shared cores
     tails, parts = [], []
     for j in range(pp):
         own = [i for i in range(nst) if i % pp == j]
@@ -136,19 +148,15 @@ def estimate(
     # CPU work over the cores when that exceeds its critical path. Work = every rank's compute in the
     # pipelined part (tp ranks of a stage each compute their shard), and every rank's optimizer step.
     share_pipe = share_opt = 0.0
-    cores = calibration.num_cores if calibration is not None else None
-    if cores and plan.num_devices > cores:
-        work_pipe = sum(
-            stages[i].tp * plan.num_microbatches(r) * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b)
-            for r in range(dp)
-            for i in range(nst)
-        )
+    if shared:
+        work_pipe = sum(plan.num_microbatches(r) * mb_work[r] for r in range(dp))
         work_opt = sum(
             stages[i].tp * (coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i]) for r in range(dp) for i in range(nst)
         )
         share_pipe = max(0.0, work_pipe / cores - times[rc])
         share_opt = max(0.0, work_opt / cores - parts[jt][1])
-        notes.append(f"{plan.num_devices} ranks share {cores} cores: +{(share_pipe + share_opt) * 1e3:.1f} ms")
+        extra_ms = (stretch + share_pipe + share_opt) * 1e3
+        notes.append(f"{plan.num_devices} ranks share {cores} cores: +{extra_ms:.1f} ms")
     step = times[rc] + share_pipe + tails[jt] + share_opt
 
     m = plan.num_microbatches(rc)
@@ -158,11 +166,11 @@ def estimate(
     def total(attr_a: str, attr_b: str) -> float:
         return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
 
-    compute = total("compute_a", "compute_b") + share_pipe  # shared cores stretch the compute
+    compute = total("compute_a", "compute_b") + stretch + share_pipe  # shared cores stretch the compute
     tp_comm = total("tp_a", "tp_b")
     zero3 = total("zero3_a", "zero3_b")
     p2p = m * sum(coeffs[rc][i].p2p_b for i in own_b)
-    bubble = max(0.0, times[rc] - m * rank_tau[rc][jb])
+    bubble = max(0.0, times[rc] - stretch - m * rank_tau[rc][jb])
 
     peak_mem, cap_mem = [], []
     for j in range(pp):

@@ -67,20 +67,25 @@ def tp_allreduces_per_block(recompute: bool) -> int:
     return 6 if recompute else 4
 
 
-def pipeline_time_s(stage_s: list[float], num_microbatches: int) -> float:
+def pipeline_time_s(stage_s: list[float], num_microbatches: int, min_slot_s: float = 0.0) -> float:
     """GPipe / 1F1B step time of one pipeline with per-micro-batch stage times t_i:
     Σ t_i + (m − 1)·max t_i. Every micro-batch passes every stage once (Σ t_i, fill + drain)
     and the rest are paced by the slowest stage. With equal stages this is (m + p − 1)·t, i.e. a
-    bubble of (p − 1)/m of the ideal m·t (Narayanan et al. SC'21 §2.2; Huang et al. GPipe 2019)."""
-    return sum(stage_s) + (num_microbatches - 1) * max(stage_s)
+    bubble of (p − 1)/m of the ideal m·t (Narayanan et al. SC'21 §2.2; Huang et al. GPipe 2019).
+    `min_slot_s` floors those m − 1 steady slots: ranks that share cores (planner.calibrate) all
+    compute at once there, so a slot lasts at least their joint work over the cores."""
+    return sum(stage_s) + (num_microbatches - 1) * max(max(stage_s), min_slot_s)
 
 
-def interleaved_time_s(rank_s: list[float], num_microbatches: int, virtual_stages: int) -> float:
+def interleaved_time_s(
+    rank_s: list[float], num_microbatches: int, virtual_stages: int, min_slot_s: float = 0.0
+) -> float:
     """Interleaved 1F1B with v model chunks per rank, per-rank time t_j (all its chunks):
     m·max t_j + (Σ t_j − max t_j)/v. With equal ranks: m·t + (p − 1)·t/v, the bubble shrinks by v
-    (Narayanan et al. SC'21 §2.2.2, bubble fraction (p − 1)/(v·m))."""
+    (Narayanan et al. SC'21 §2.2.2, bubble fraction (p − 1)/(v·m)). `min_slot_s` as in
+    pipeline_time_s paces the m steady slots."""
     top = max(rank_s)
-    return num_microbatches * top + (sum(rank_s) - top) / virtual_stages
+    return num_microbatches * max(top, min_slot_s) + (sum(rank_s) - top) / virtual_stages
 
 
 def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:

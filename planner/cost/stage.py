@@ -192,6 +192,17 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         overlap = (
             cal.grad_sync_overlap if cal is not None and cal.grad_sync_overlap is not None else F.DP_OVERLAP_FRACTION
         )
+        # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
+        # planner.calibrate.FsdpOverhead): the block, and the stage's embedding / head
+        fs = cal.fsdp if cal is not None else None
+        fs_a = fs.op_s(flops.layer_tensors("block", model), params_a * e) if fs is not None else 0.0
+        fs_b = 0.0
+        if fs is not None:
+            fs_b = sum(
+                fs.op_s(flops.layer_tensors(r.key.layer_kind, model),
+                        flops.layer_params(r.key.layer_kind, model, ctx.tp) * e)
+                for r in rows_const
+            )  # fmt: skip
         if ctx.sharding == "zero3":
             # FSDP: all-gather each layer's weights before its forward and again before its backward,
             # prefetched, so only the part a layer's own compute cannot hide is exposed.
@@ -207,6 +218,8 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
                         slow * r.backward_s)
                 for r in rows_const
             )  # fmt: skip
+            zero3_a += 2 * fs_a
+            zero3_b += 2 * fs_b
         # gradient sync: all-reduce without sharding, reduce-scatter with ZeRO (same bytes on the wire
         # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION, or by
         # the calibrated runtime's measured overlap (none for meshplan's CPU worker: planner.calibrate).
@@ -217,10 +230,13 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             # GradSumSync's bucket copies run after the backward, in line with the all-reduces
             g1 = F.grad_pack_s(packed("block", params_a), ctx.memory_bandwidth_bytes_per_s)
             g0 = F.grad_pack_s(packed_b, ctx.memory_bandwidth_bytes_per_s)
+        if ctx.sharding != "none":
+            e1 += fs_a  # FSDP2's reduce-scatter of each module
+            e0 += fs_b
         if ctx.sharding in ("zero1", "zero2"):
             # updated shards are all-gathered after the step, before the next forward: exposed
-            g1 = params_a * e * ag_per_byte
-            g0 = ag_lat + params_b * e * ag_per_byte
+            g1 = params_a * e * ag_per_byte + fs_a
+            g0 = ag_lat + params_b * e * ag_per_byte + fs_b
     shard = d if ctx.sharding != "none" else 1
     # parameters are DTensors under TP and under FSDP2's ZeRO (worker.parallel), plain otherwise
     dtensor = ctx.tp > 1 or (ctx.sharding != "none" and d > 1)

@@ -61,7 +61,7 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     from flows.discover import discover_flow
     from flows.plan import plan_flow
     from flows.profile import profile_flow
-    from planner.calibrate import pipeline_overhead_s
+    from planner.calibrate import fsdp_overhead_from, pipeline_overhead_s
     from planner.cost import estimate
     from planner.model import get_model
     from storage.hardware import load_snapshot
@@ -87,6 +87,9 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     link = stored.cluster.nodes[0].intra_link
     assert calib.pipeline_overhead_s == pipeline_overhead_s(pipe["time_s"], pipe["message_bytes"], link.latency_s,
                                                             link.bandwidth_bytes_per_s)  # fmt: skip
+    # FSDP2's own cost per module, from discovery's bench rows less the collectives' fitted price
+    assert calib.fsdp == fsdp_overhead_from(stored.measurements.to_dicts(), dict(calib.collectives))
+    assert calib.fsdp is not None and calib.fsdp.module_s > 0
     plan, cluster = best_plan(db, out["search_key"]), load_snapshot(db, snap["fingerprint"]).cluster
     # CPU ranks train in fp32, the dtype profiled: the plan is priced on measured rows, none estimated
     assert plan.dtype == "fp32" and not any("estimated" in n for n in plan.predicted.notes), plan.predicted.notes

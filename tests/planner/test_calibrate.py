@@ -193,3 +193,71 @@ def test_pipeline_overhead_is_the_measured_micro_batch_less_the_priced_p2p_and_n
     # 2 p2p of 1 KB at α 0.1 ms and 1 GB/s: 2 × (1e-4 + 1.024e-6) s are priced already
     assert pipeline_overhead_s(5e-3, 1024, 1e-4, 1e9) == pytest.approx(5e-3 - 2 * (1e-4 + 1024 / 1e9))
     assert pipeline_overhead_s(1e-4, 1024, 1e-4, 1e9) == 0.0  # faster than the link model: nothing extra
+
+
+def test_a_steady_pipeline_slot_on_shared_cores_lasts_all_ranks_work_over_the_cores():
+    """4 pipeline ranks on 2 cores: in 1F1B's steady state all four compute at once, so each slot of
+    the slowest stage lasts half the four stages' work; only fill and drain run at the critical path.
+    Work conservation over the whole pipelined part alone (the bound before) is looser."""
+    model, cl, p = get_model("tiny"), cpu_cluster(4), pp_plan([1, 1, 1, 1], 8)
+    alone = estimate(p, model, cl, calibration=Calibration(num_ranks=4))
+    shared = estimate(p, model, cl, calibration=Calibration(num_ranks=4, num_cores=2))
+    pipe = alone.step_time_s - alone.optimizer_s - alone.dp_comm_s
+    # fill + drain ≈ 4 slots of τ, 7 steady slots of ≈ 2τ (18/11 of alone with equal stages; the
+    # head makes the last one heavier: 1.45 here). Work conservation alone gave 1.26.
+    assert shared.step_time_s - shared.optimizer_s - shared.dp_comm_s > 1.4 * pipe
+    # the stretch is the cores' doing, booked as compute, not as pipeline bubble
+    assert shared.bubble_s == pytest.approx(alone.bubble_s) and shared.compute_s > 1.5 * alone.compute_s
+    # one micro-batch has no steady state: the pipelined part is the critical path alone
+    one = pp_plan([1, 1, 1, 1], 1)
+    alone1 = estimate(one, model, cl, calibration=Calibration(num_ranks=4))
+    shared1 = estimate(one, model, cl, calibration=Calibration(num_ranks=4, num_cores=2))
+    assert shared1.step_time_s - shared1.optimizer_s == pytest.approx(alone1.step_time_s - alone1.optimizer_s)
+
+
+def test_fsdp_overhead_is_the_measured_module_step_less_its_priced_collectives():
+    from planner.calibrate import FsdpOverhead, fsdp_overhead_from
+
+    fits = collective_fits(
+        [{"op": "all_gather", "link_class": "intra-node", "alpha_s": 1e-4, "beta_s_per_byte": 2e-9},
+         {"op": "reduce_scatter", "link_class": "intra-node", "alpha_s": 1.5e-3, "beta_s_per_byte": 2e-9}], 2,
+    )  # fmt: skip
+    small, big = 16384, 4194304
+    rows = [{"op": "fsdp_module", "message_bytes": small, "time_s": 6e-3},
+            {"op": "fsdp_module", "message_bytes": big, "time_s": 40e-3},
+            {"op": "fsdp_tensor", "message_bytes": small, "time_s": 1e-4},
+            {"op": "all_reduce", "message_bytes": small, "time_s": 1.0}]  # fmt: skip
+
+    def residual(b: int, t: float) -> float:  # two all-gathers and a reduce-scatter are priced already
+        return t - 2 * (1e-4 + 2e-9 * b) - (1.5e-3 + 2e-9 * b)
+
+    per_byte = (residual(big, 40e-3) - residual(small, 6e-3)) / (big - small)
+    fs = fsdp_overhead_from(rows, fits)
+    assert fs == pytest.approx(FsdpOverhead(residual(small, 6e-3) - per_byte * small, per_byte, 1e-4))
+    # one gather or reduce-scatter of a 16-tensor module of 1 MB: a third of its module step
+    assert fs.op_s(16, 1e6) == pytest.approx((fs.module_s + per_byte * 1e6 + 15 * 1e-4) / 3)
+    assert fsdp_overhead_from(rows[2:], fits) is None  # no FSDP bench in the snapshot: nothing to book
+    # faster than the fits price: nothing extra, never negative
+    cheap = [{**r, "time_s": 1e-6} for r in rows[:2]]
+    assert fsdp_overhead_from(cheap, fits) == FsdpOverhead(0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("sharding, ops", [("none", 0), ("zero1", 2), ("zero2", 2), ("zero3", 3)])
+def test_zero_stages_book_fsdp_overhead_on_every_gather_and_reduce_scatter_of_every_module(sharding, ops):
+    """One micro-batch per replica: ZeRO-3 gathers each module before forward and before backward
+    and reduce-scatters it (3 ops); ZeRO-1/2 gather once per step and reduce-scatter (2);
+    unsharded data parallelism runs no FSDP2 at all."""
+    from planner.calibrate import FsdpOverhead
+    from planner.flops import layer_tensors
+
+    model, cl = get_model("tiny"), cpu_cluster(2)
+    base = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9)
+    fs = FsdpOverhead(module_s=3e-3, s_per_byte=1e-9, tensor_s=1e-4)
+    with_fs = dataclasses.replace(base, fsdp=fs)
+    per_step = sum(
+        n * fs.op_s(layer_tensors(k, model), 4 * layer_params(k, model, 1))
+        for k, n in (("block", 4), ("embedding", 1), ("head", 1))
+    )
+    priced = [estimate(plan(2, sharding), model, cl, calibration=c).step_time_s for c in (with_fs, base)]
+    extra = priced[0] - priced[1]
+    assert extra == pytest.approx(ops * per_step)

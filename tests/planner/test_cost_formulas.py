@@ -70,3 +70,12 @@ def test_megatron_flops_formula_for_gpt3_175b():
     B, s, h, L, V = 1536, 2048, m.hidden, m.num_layers, m.padded_vocab
     megatron = 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     assert flops.model_flops_per_step(m, B, s) == pytest.approx(megatron, rel=1e-12)
+
+
+def test_a_minimum_slot_paces_the_steady_state_but_not_fill_and_drain():
+    # ranks sharing cores: every steady-state slot lasts at least the work of all ranks over the cores
+    assert F.pipeline_time_s([1.0, 1.0, 1.0, 3.0], 8, min_slot_s=3.0) == pytest.approx(6 + 7 * 3)
+    assert F.pipeline_time_s([1.0, 1.0, 1.0, 3.0], 8, min_slot_s=4.0) == pytest.approx(6 + 7 * 4)
+    assert F.pipeline_time_s([2.0], 1, min_slot_s=9.0) == pytest.approx(2.0)  # one micro-batch: no steady state
+    # interleaved: the m steady slots of the busiest rank, then the others' chunks drain by 1/v
+    assert F.interleaved_time_s([1.0, 2.0], 4, 2, min_slot_s=3.0) == pytest.approx(4 * 3 + 1 / 2)

@@ -166,3 +166,15 @@ def test_a_crash_mid_run_keeps_the_rows_already_written(tmp_path):
     res = subprocess.run(cmd, timeout=180, capture_output=True, text=True)
     assert res.returncode != 0 and "tp=3 must divide num_heads=4" in res.stderr
     assert [json.loads(line)["layer_kind"] for line in out.read_text().splitlines()] == ["head"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+def test_layer_tensor_counts_match_the_runtime_modules(name):
+    """planner.flops.layer_tensors (FSDP2's per-tensor cost) counts worker/model.py's parameters."""
+    from planner.flops import layer_tensors
+    from planner.model import get_model
+    from worker.model import Block, Embedding, Head
+
+    spec = get_model(name)
+    for kind, module in (("block", Block(spec)), ("embedding", Embedding(spec)), ("head", Head(spec))):
+        assert layer_tensors(kind, spec) == len(list(module.parameters())), kind
