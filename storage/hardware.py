@@ -38,6 +38,13 @@ class HardwareSnapshot:
     measurements: pl.DataFrame
     fits: pl.DataFrame
     unsupported: pl.DataFrame
+    cores_per_node: int | None = None  # a probed node's CPU cores (the smallest node's); None if described
+
+
+def _cores_per_node(snapshot_json: str | None) -> int | None:
+    nodes = json.loads(snapshot_json).get("nodes", {}) if snapshot_json else {}
+    cores = [int(n["num_cores"]) for n in nodes.values() if n.get("num_cores")]
+    return min(cores) if cores else None
 
 
 def _link_rows(cluster: ClusterSpec) -> list[tuple]:
@@ -132,12 +139,13 @@ def load_snapshot(db_path: str | Path, fingerprint: str) -> HardwareSnapshot:
     """The stored snapshot with this fingerprint; KeyError names what is there if it is missing."""
     with connect(db_path) as con:
         rows = con.execute(
-            "SELECT name, source, created_at, cluster_json FROM hardware_snapshots WHERE fingerprint = ?", [fingerprint]
+            "SELECT name, source, created_at, cluster_json, snapshot_json FROM hardware_snapshots WHERE fingerprint = ?",
+            [fingerprint],
         ).fetchall()
         if not rows:
             known = [r[0] for r in con.execute("SELECT fingerprint FROM hardware_snapshots").fetchall()]
             raise KeyError(f"no hardware snapshot {fingerprint!r}; stored: {', '.join(known) or 'none'}")
-        name, source, created_at, cluster_json = rows[0]
+        name, source, created_at, cluster_json, snapshot_json = rows[0]
         frames = {
             t: con.sql(f"SELECT * EXCLUDE (fingerprint) FROM {t} WHERE fingerprint = ? ORDER BY ALL", params=[fingerprint]).pl()
             for t in _CHILDREN
@@ -153,6 +161,7 @@ def load_snapshot(db_path: str | Path, fingerprint: str) -> HardwareSnapshot:
         measurements=frames["hardware_measurements"],
         fits=frames["hardware_fits"],
         unsupported=frames["hardware_unsupported"],
+        cores_per_node=_cores_per_node(snapshot_json),
     )
 
 

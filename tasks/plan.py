@@ -34,7 +34,8 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     ranks under gloo: discovery's collective fits, pipeline-schedule and FSDP2 overheads, and the profiled
     optimizer step per parameter.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
-    Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1."""
+    Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1;
+    the node's core count prices ranks that share cores (processor sharing in `estimate`)."""
     from storage.hardware import resolve_snapshot
     from storage.profiles import load_optimizer_profile
 
@@ -45,7 +46,7 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     adam = load_optimizer_profile(db_path, model, "cpu")
     measurements = snap.measurements.to_dicts()
     overhead = pipeline_overhead_from(measurements, snap.cluster.nodes[0].intra_link)
-    return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), None,
+    return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), snap.cores_per_node,
                            adam.get("plain"), adam.get("dtensor"), overhead, measurements)  # fmt: skip
 
 

@@ -158,7 +158,7 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
     return rows
 
 
-FSDP_MODULES, FSDP_TENSORS = 4, 8
+FSDP_MODULES, FSDP_TENSORS = 4, 16
 FSDP_WIDTHS = (64, 1024)  # one 64×64 tensor (16 KiB) and one 1024×1024 tensor (4 MiB) per module
 
 

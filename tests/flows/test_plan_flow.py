@@ -90,6 +90,10 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     # FSDP2's own cost per module, from discovery's bench rows less the collectives' fitted price
     assert calib.fsdp == fsdp_overhead_from(stored.measurements.to_dicts(), dict(calib.collectives))
     assert calib.fsdp is not None and calib.fsdp.module_s > 0
+    # the node's cores, so ranks that outnumber them are priced as sharing them
+    from worker.probe import num_cores
+
+    assert stored.cores_per_node == calib.num_cores == num_cores()
     plan, cluster = best_plan(db, out["search_key"]), load_snapshot(db, snap["fingerprint"]).cluster
     # CPU ranks train in fp32, the dtype profiled: the plan is priced on measured rows, none estimated
     assert plan.dtype == "fp32" and not any("estimated" in n for n in plan.predicted.notes), plan.predicted.notes
