@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,13 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner import flops  # noqa: E402
-from planner.calibrate import COLLECTIVE_OPS, Calibration, cpu_calibration, pipeline_overhead_from  # noqa: E402
+from planner.calibrate import (  # noqa: E402
+    COLLECTIVE_OPS,
+    FSDP_OPS,
+    Calibration,
+    cpu_calibration,
+    pipeline_overhead_from,
+)
 from planner.cluster import ClusterSpec  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
@@ -144,17 +151,24 @@ def best_snapshot(db: Path, state: Path, num_ranks: int) -> str:
     return ingest_snapshot.fn(str(db), str(keep(paths, rate, best_is_max=True)))
 
 
-def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
-    """α–β fits of the collectives over `num_ranks` ranks on the kept time of each message size
-    across all rounds' snapshots (per point, as for everything else), as discovery's fit rows."""
-    from planner.alphabeta import fit_alpha_beta
-
+def kept_times(state: Path, num_ranks: int, ops: Iterable[str]) -> dict[tuple[str, int], float]:
+    """(op, message bytes) → the kept time across all rounds' snapshots at `num_ranks` ranks (per
+    point, as for everything else), for the measurement rows of `ops`."""
+    wanted = set(ops)
     times: dict[tuple[str, int], list[float]] = {}
     for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
         for m in json.loads(path.read_text())["measurements"]:
-            if m["op"] in COLLECTIVE_OPS:
+            if m["op"] in wanted:
                 times.setdefault((m["op"], m["message_bytes"]), []).append(m["time_s"])
-    best = {k: keep(v) for k, v in times.items()}
+    return {k: keep(v) for k, v in sorted(times.items())}
+
+
+def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
+    """α–β fits of the collectives over `num_ranks` ranks on the kept time of each message size
+    across all rounds' snapshots, as discovery's fit rows."""
+    from planner.alphabeta import fit_alpha_beta
+
+    best = kept_times(state, num_ranks, COLLECTIVE_OPS)
     rows = []
     for op in COLLECTIVE_OPS:
         pts = sorted((size, t) for (o, size), t in best.items() if o == op)
@@ -169,12 +183,8 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 def fsdp_rows_for(state: Path, num_ranks: int) -> list[dict]:
     """Discovery's FSDP2 bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp), the kept time
     of each (op, size) across rounds, for planner.calibrate.fsdp_overhead_from; [] when none."""
-    times: dict[tuple[str, int], list[float]] = {}
-    for path in state.glob(f"discover-{num_ranks}-*/snapshot.json"):
-        for m in json.loads(path.read_text())["measurements"]:
-            if m["op"] in ("fsdp_module", "fsdp_tensor"):
-                times.setdefault((m["op"], m["message_bytes"]), []).append(m["time_s"])
-    return [{"op": op, "message_bytes": size, "time_s": keep(v)} for (op, size), v in sorted(times.items())]
+    kept = kept_times(state, num_ranks, FSDP_OPS)
+    return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
 
 
 def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> float:

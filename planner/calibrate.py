@@ -41,8 +41,8 @@ amount discovery (planner.discovery, worker.netbench) already measures:
   not already price, `pipeline_overhead_s`, is added to every stage's p2p per micro-batch.
 - FSDP2. Around each all-gather and reduce-scatter FSDP2 runs Python per module and per tensor
   (hooks, DTensor views, copy-in/copy-out of flat buffers) that the collectives' fits do not see:
-  on 2 gloo CPU ranks a module's ZeRO-3 step (two all-gathers, one reduce-scatter) took 6.3–6.8 ms
-  at 16 KiB, of which the fits price ~1.6 ms. Discovery times it on trivial modules of two sizes
+  on 2 gloo CPU ranks a module's ZeRO-3 step (two all-gathers, one reduce-scatter) took 6.2–9.8 ms
+  at 16 KiB, of which the fits price ~1–3 ms. Discovery times it on trivial modules of two sizes
   and tensor counts (worker.netbench.bench_fsdp); `FsdpOverhead` is what remains after the fits'
   own price, booked per module on every all-gather and reduce-scatter of ZeRO stages.
 - Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
 # Bytes one parameter moves in torch's single-tensor (CPU) AdamW step; derivation in the module docstring.
 ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+# discovery's FSDP2 bench rows (worker.netbench.bench_fsdp): per module at two sizes, per further tensor
+FSDP_OPS = ("fsdp_module", "fsdp_tensor")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.alphabeta import AlphaBeta, fit_alpha_beta
+from planner.calibrate import FSDP_OPS
 from planner.catalog import lookup
 from planner.cluster import ClusterSpec, LinkSpec, NodeSpec
 from planner.errors import MeshplanError
@@ -90,7 +91,7 @@ def snapshot_fingerprint(snapshot: dict[str, Any]) -> str:
 
 # Runtime overheads the netbench times (pipelining schedule, FSDP2 per module and tensor): inputs of
 # planner.calibrate, not transfers, so never α–β fitted.
-OVERHEAD_OPS = frozenset({"pipeline_microbatch", "fsdp_module", "fsdp_tensor"})
+OVERHEAD_OPS = frozenset({"pipeline_microbatch", *FSDP_OPS})
 
 
 def fit_snapshot(snapshot: dict[str, Any]) -> list[OpFit]:
