@@ -47,6 +47,7 @@ from planner import flops  # noqa: E402
 from planner.calibrate import (  # noqa: E402
     COLLECTIVE_OPS,
     FSDP_OPS,
+    LOCKSTEP_OPS,
     Calibration,
     cpu_calibration,
     pipeline_overhead_from,
@@ -180,10 +181,11 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
     return rows
 
 
-def fsdp_rows_for(state: Path, num_ranks: int) -> list[dict]:
-    """Discovery's FSDP2 bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp), the kept time
-    of each (op, size) across rounds, for planner.calibrate.fsdp_overhead_from; [] when none."""
-    kept = kept_times(state, num_ranks, FSDP_OPS)
+def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
+    """Discovery's FSDP2 and lockstep bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
+    bench_lockstep), the kept time of each (op, size) across rounds, for planner.calibrate's
+    fsdp_overhead_from and lockstep_slowdown_from; [] when none."""
+    kept = kept_times(state, num_ranks, FSDP_OPS + LOCKSTEP_OPS)
     return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
 
 
@@ -394,9 +396,10 @@ def main() -> None:
             fits = collective_fit_rows(state, n)
             pipe = pipeline_overhead_for(state, n, clusters[n])
             calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt, pipe,
-                                        fsdp_rows_for(state, n))  # fmt: skip
+                                        overhead_rows_for(state, n))  # fmt: skip
             ar = calibs[n].fit("all_reduce")
-            line += f"; contention {calibs[n].compute_slowdown:.2f}, pipelining {pipe * 1e3:.2f} ms/micro-batch"
+            line += f"; contention {calibs[n].compute_slowdown:.2f}, lockstep {calibs[n].lockstep_slowdown:.2f}"
+            line += f", pipelining {pipe * 1e3:.2f} ms/micro-batch"
             fs = calibs[n].fsdp
             line += (f", FSDP2 {fs.module_s * 1e3:.2f} ms/module + {fs.s_per_byte * 1e9:.2f} ms/GB"
                      f" + {fs.tensor_s * 1e3:.2f} ms/tensor") if fs else ""  # fmt: skip

@@ -17,6 +17,13 @@ amount discovery (planner.discovery, worker.netbench) already measures:
     rank's matmul rate *concurrently*; rate(1 rank) / median rate(N ranks) with the sharing factor
     N/C divided out (the probes of N > C ranks share cores too) is `compute_slowdown`, ≥ 1, and
     multiplies every profiled time.
+  * Lockstep (ranks that meet after every chunk of work, as a pipeline's ranks do per micro-batch
+    and data parallel's per collective): a rank's speed drifts from moment to moment, and in
+    lockstep each chunk takes the slowest rank's time, where running free each rank averages its
+    own. Discovery times the same matmul chunks both ways (worker.netbench.bench_lockstep): on
+    this VM's 2 and 4 gloo ranks lockstep ran 1.08–1.27x free, with matmul only, so it is neither
+    the layers nor the network. `lockstep_slowdown` multiplies every profiled time except rows
+    timed on a real tp group, which ran in lockstep with their peers already.
 - Collectives. gloo's all_reduce / all_gather / reduce_scatter cost far more than a ring over the
   send/recv link predicts (they copy through host buffers and run on gloo's own threads). Discovery
   fits t(bytes) = α + β·bytes per op over its N ranks; a group of d ranks is priced by the ring
@@ -70,6 +77,8 @@ ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # discovery's FSDP2 bench rows (worker.netbench.bench_fsdp): per module at two sizes, per further tensor
 FSDP_OPS = ("fsdp_module", "fsdp_tensor")
+# discovery's lockstep bench rows (worker.netbench.bench_lockstep): per-chunk compute in lockstep and free
+LOCKSTEP_OPS = ("compute_lockstep", "compute_free")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +137,17 @@ class Calibration:
     num_cores: int | None = None  # the node's cores, for processor sharing (None: one core per rank)
     pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
     fsdp: FsdpOverhead | None = None  # FSDP2's own cost per sharded module, beyond its collectives
+    lockstep_slowdown: float = 1.0  # ranks that meet after every chunk of work vs running free
     source: str = ""
 
     def fit(self, op: str) -> CollectiveFit | None:
         return dict(self.collectives).get(op)
+
+    def slowdown(self, real_group: bool = False) -> float:
+        """What multiplies a profiled time on these ranks: the contention slowdown, and the lockstep
+        slowdown unless the row was timed on a real group (a tp block timed with its all-reduces
+        already ran in lockstep with its peers)."""
+        return self.compute_slowdown * (1.0 if real_group else self.lockstep_slowdown)
 
 
 def contention_slowdown(
@@ -165,6 +181,16 @@ def pipeline_overhead_from(measurements: Iterable[Mapping], link: LinkSpec) -> f
         return 0.0
     t = statistics.median(m["time_s"] for m in pts)
     return pipeline_overhead_s(t, pts[0]["message_bytes"], link.latency_s, link.bandwidth_bytes_per_s)
+
+
+def lockstep_slowdown_from(measurements: Iterable[Mapping]) -> float:
+    """Per-chunk compute time of ranks in lockstep over the same free, from one discovery snapshot's
+    `compute_lockstep` and `compute_free` rows (worker.netbench.bench_lockstep); never below 1 (noise
+    must not speed ranks up); 1 when the snapshot has no such rows (one rank, or an older snapshot)."""
+    t = {m["op"]: float(m["time_s"]) for m in measurements if m["op"] in LOCKSTEP_OPS}
+    if len(t) < len(LOCKSTEP_OPS) or t["compute_free"] <= 0:
+        return 1.0
+    return max(1.0, t["compute_lockstep"] / t["compute_free"])
 
 
 def fsdp_overhead_from(measurements: Iterable[Mapping], fits: Mapping[str, CollectiveFit]) -> FsdpOverhead | None:
@@ -216,11 +242,13 @@ def cpu_calibration(
     for FSDP2's own cost; see the module docstring)."""
     slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s, num_cores)
     ops = collective_fits(fits, num_ranks)
+    measurements = list(measurements)
     fsdp = fsdp_overhead_from(measurements, ops)
+    lockstep = lockstep_slowdown_from(measurements)
     return Calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
         adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,
         adam_dtensor_s_per_param=adam_dtensor_s_per_param, grad_sync_overlap=0.0, num_cores=num_cores,
-        pipeline_overhead_s=pipeline_overhead, fsdp=fsdp,
-        source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
+        pipeline_overhead_s=pipeline_overhead, fsdp=fsdp, lockstep_slowdown=lockstep,
+        source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, lockstep {lockstep:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )  # fmt: skip

@@ -6,7 +6,8 @@ One code path: gloo on CPU (one thread per rank), NCCL on GPU (one GPU per rank)
 message size (median of repeats, slowest rank for collectives): all_reduce, all_gather and
 reduce_scatter over all ranks, send/recv ping-pong between rank pairs (and a trivial 2-stage 1F1B pipeline
 step of torch.distributed.pipelining between ranks 0 and 1, `bench_pipeline`, and FSDP2's own cost per
-sharded module and tensor, `bench_fsdp`), each pair classed as
+sharded module and tensor, `bench_fsdp`; and how much slower all ranks compute in lockstep than
+free, `bench_lockstep`), each pair classed as
 intra-node or inter-node by node name (MESHPLAN_NODE_NAME overrides the hostname, so two simulated
 nodes on one machine are told apart). An op the backend lacks is recorded as unsupported, not faked.
 Message bytes follow nccl-tests: the whole buffer (all_reduce buffer, all_gather output,
@@ -20,6 +21,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from worker.probe import cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
+from worker.telemetry import sync_device
 
 SNAPSHOT_VERSION = 1
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
@@ -220,6 +223,57 @@ def bench_fsdp(repeats: int, device: str) -> list[dict]:
     return rows
 
 
+LOCKSTEP_ITERS = 10
+
+
+def bench_lockstep(device: str, matmul_size: int, rounds: int) -> list[dict]:
+    """How much slower ranks compute when they meet after every chunk of work, as training's ranks
+    do at each p2p and collective, than when each runs free (the cost model's lockstep slowdown,
+    planner.calibrate.lockstep_slowdown_from).
+
+    Every rank runs LOCKSTEP_ITERS matmuls of `matmul_size` (about a micro-batch's work on a CPU
+    core) twice per round, free and with a barrier after each, in alternating order over `rounds`
+    rounds, and times LOCKSTEP_ITERS bare barriers. Rows (all ranks, one pace): `compute_lockstep`,
+    the median per-chunk time in lockstep less the bare barrier's; `compute_free`, the median over
+    rounds of the ranks' median free per-chunk time. Measured on 2 gloo CPU ranks of this VM:
+    lockstep 1.08–1.27x free, 4 ranks on 2 cores 1.10–1.26x (a rank's speed drifts from moment to
+    moment, and in lockstep every chunk takes the slowest rank's time; free, each rank averages its
+    own)."""
+    a = torch.randn(matmul_size, matmul_size, device=device)
+    b = torch.randn(matmul_size, matmul_size, device=device)
+    out = torch.empty(matmul_size, matmul_size, device=device)
+    for _ in range(2):
+        torch.mm(a, b, out=out)
+    dev = torch.device(device)
+
+    def timed(lockstep: bool, work: bool) -> float:
+        sync_device(dev)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(LOCKSTEP_ITERS):
+            if work:
+                torch.mm(a, b, out=out)
+            if lockstep:
+                sync_device(dev)
+                dist.barrier()
+        sync_device(dev)
+        return (time.perf_counter() - start) / LOCKSTEP_ITERS
+
+    lock, free = [], []
+    for r in range(rounds):
+        for lockstep in (True, False) if r % 2 == 0 else (False, True):
+            (lock if lockstep else free).append(timed(lockstep, work=True))
+        lock[-1] -= timed(lockstep=True, work=False)
+    frees: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(frees, free)
+    free_median = statistics.median(statistics.median(f[r] for f in frees) for r in range(rounds))
+    world = dist.get_world_size()
+    return [
+        {"op": "compute_lockstep", "message_bytes": 0, "time_s": max(0.0, statistics.median(lock)), "num_ranks": world},
+        {"op": "compute_free", "message_bytes": 0, "time_s": free_median, "num_ranks": world},
+    ]
+
+
 def _link_class(nodes: list[str]) -> str:
     return "intra-node" if len(set(nodes)) == 1 else "inter-node"
 
@@ -279,6 +333,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
         if dist.get_world_size() >= 2:
             pairs += bench_pipeline(repeats, device)
             pairs += bench_fsdp(repeats, device)
+            collectives += bench_lockstep(device, matmul_size, repeats)
         report = {
             "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
             "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,

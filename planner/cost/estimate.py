@@ -67,7 +67,7 @@ def estimate(
     dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(dp)]) for s in stages]
     notes: list[str] = []
     if calibration is not None:
-        notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.compute_slowdown:.2f}")
+        notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.slowdown():.2f}")
     if any(s.recompute == "selective" for s in stages):
         notes.append("selective recompute priced as none (flash attention keeps no s×s scores)")
     if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % pp:

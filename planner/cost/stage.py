@@ -113,8 +113,11 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
     tl, dl = ctx.tp_link, ctx.dp_link
     cal = ctx.calib
-    # profiles time one process alone; ranks sharing a node's cores run slower by this measured factor
-    slow = cal.compute_slowdown if cal is not None else 1.0
+    # profiles time one process alone; ranks sharing a node's cores, and meeting after every
+    # micro-batch, run slower by these measured factors (a block timed on a real tp group ran in
+    # lockstep already)
+    slow = cal.slowdown() if cal is not None else 1.0
+    slow_blk = cal.slowdown(real_group=blk.tp_comm_included) if cal is not None else 1.0
     ar_fit = cal.fit("all_reduce") if cal is not None else None
     if ar_fit is not None:
         tp_ar = ar_fit.time_s(hidden_bytes, ctx.tp)
@@ -123,8 +126,8 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
 
     # a block profiled on a real tp group already holds its all-reduces (and their waits)
     tp_a = 0.0 if blk.tp_comm_included else F.tp_allreduces_per_block(ctx.recompute) * tp_ar
-    compute_a = slow * blk.train_s
-    bwd_a = slow * blk.backward_s
+    compute_a = slow_blk * blk.train_s
+    bwd_a = slow_blk * blk.backward_s
     compute_b = tp_b = bwd_b = 0.0
     params_a = float(flops.layer_params("block", model, ctx.tp))
     params_b = 0.0
@@ -212,7 +215,7 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
 
             # on calibrated (CPU) ranks the gather runs in line with compute: nothing hides it
             overlap_c = 1.0 if cal is None or cal.grad_sync_overlap is None else cal.grad_sync_overlap
-            zero3_a = exposed(params_a, slow * blk.forward_s, slow * blk.backward_s)
+            zero3_a = exposed(params_a, slow_blk * blk.forward_s, slow_blk * blk.backward_s)
             zero3_b = sum(
                 exposed(float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), slow * r.forward_s,
                         slow * r.backward_s)

@@ -24,7 +24,7 @@ from planner.cost.profiles_for import ProfileNeed, profiles_for, table_fingerpri
 from planner.errors import MeshplanError
 from planner.model import ModelSpec
 from planner.plan import Plan, Provenance
-from planner.profiles import ProfileKey, ProfileTable
+from planner.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.search.arrays import Pricer, StageSpec, dp_link, mix_prefix, stage_arrays
 from planner.search.build import Choice, balanced_microbatches, build_plan
 from planner.search.classes import DeviceClass, device_classes
@@ -150,10 +150,13 @@ def search(
                 ar = fit.time_s(pr.hidden_bytes(mbs), tp)
             else:
                 ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
-            slow = calibration.compute_slowdown if calibration is not None else 1.0
             rows = [table.lookup(ProfileKey(c.kind, "block", mbs, seq, tp, r, dtype)) for r in recs]
+
+            def slow(r: LayerProfile) -> float:  # as stage_coeffs slows a block row
+                return calibration.slowdown(r.tp_comm_included) if calibration is not None else 1.0
+
             # a row timed on a real tp group holds its all-reduces already (stage_coeffs adds none)
-            floor_memo[key] = min(slow * r.train_s + (0.0 if r.tp_comm_included else 4 * ar) for r in rows)
+            floor_memo[key] = min(slow(r) * r.train_s + (0.0 if r.tp_comm_included else 4 * ar) for r in rows)
         return floor_memo[key]
 
     dom_memo: dict[tuple[int, int, int], bool] = {}

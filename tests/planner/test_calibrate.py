@@ -11,13 +11,17 @@ from planner.calibrate import (
     collective_fits,
     contention_slowdown,
     cpu_calibration,
+    lockstep_slowdown_from,
 )
 from planner.cluster import parse_cluster
 from planner.cost import estimate
+from planner.cost.estimate import plan_profile_needs
+from planner.cost.profiles_for import profiles_for
 from planner.errors import MeshplanError
 from planner.flops import layer_params
 from planner.model import ModelSpec, get_model
 from planner.plan import parse_plan
+from planner.profiles import ProfileTable
 
 LINK = {"kind": "gloo-loopback", "bandwidth_bytes_per_s": 4e9, "latency_s": 50e-6}
 
@@ -261,3 +265,52 @@ def test_zero_stages_book_fsdp_overhead_on_every_gather_and_reduce_scatter_of_ev
     priced = [estimate(plan(2, sharding), model, cl, calibration=c).step_time_s for c in (with_fs, base)]
     extra = priced[0] - priced[1]
     assert extra == pytest.approx(ops * per_step)
+
+
+def lockstep_rows(lock: float, free: float) -> list[dict]:
+    return [{"op": "compute_lockstep", "message_bytes": 0, "time_s": lock, "num_ranks": 2},
+            {"op": "compute_free", "message_bytes": 0, "time_s": free, "num_ranks": 2}]  # fmt: skip
+
+
+def test_lockstep_slowdown_is_lockstep_over_free_never_below_one_and_one_without_rows():
+    assert lockstep_slowdown_from(lockstep_rows(0.030, 0.024)) == pytest.approx(1.25)
+    assert lockstep_slowdown_from(lockstep_rows(0.020, 0.024)) == 1.0  # noise must not speed ranks up
+    assert lockstep_slowdown_from(lockstep_rows(0.030, 0.024)[:1]) == 1.0
+    assert lockstep_slowdown_from([]) == 1.0
+    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, measurements=lockstep_rows(0.030, 0.024))
+    assert cal.lockstep_slowdown == pytest.approx(1.25) and "lockstep 1.25" in cal.source
+
+
+def test_lockstep_slowdown_scales_compute_and_optimizer_like_contention():
+    model, cl = get_model("tiny"), cpu_cluster(2)
+    base = estimate(plan(dp=2), model, cl, calibration=Calibration(num_ranks=2, adam_s_per_param=5e-9))
+    cal = Calibration(num_ranks=2, compute_slowdown=1.1, lockstep_slowdown=1.25, adam_s_per_param=5e-9)
+    c = estimate(plan(dp=2), model, cl, calibration=cal)
+    assert c.compute_s == pytest.approx(1.1 * 1.25 * base.compute_s)
+    assert c.optimizer_s == pytest.approx(1.1 * 1.25 * base.optimizer_s)
+
+
+def tp_plan():
+    return parse_plan({
+        "version": 1, "model": "tiny", "cluster": "cpu", "global_batch_size": 2, "seq_len": 64,
+        "micro_batch_size": 2, "schedule": "1f1b", "dtype": "fp32",
+        "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1], "tp": 2}], "batch_shares": [2],
+    })  # fmt: skip
+
+
+def test_blocks_timed_on_a_real_tp_group_are_not_slowed_by_lockstep_again():
+    """A tp block profiled on a real group ran in lockstep with its peers: only contention slows it."""
+    model, cl, p = get_model("tiny"), cpu_cluster(2), tp_plan()
+    table = profiles_for(model, cl, None, plan_profile_needs(p), kinds={"cpu"})
+    real = ProfileTable(
+        dataclasses.replace(r, tp_comm_included=True, estimated=False) if r.key.layer_kind == "block" else r
+        for r in table
+    )
+    neutral, cal = Calibration(num_ranks=2), Calibration(num_ranks=2, lockstep_slowdown=1.5)
+    blocks = [r for r in real if r.key.layer_kind == "block" and r.key.tp == 2 and not r.key.recompute]
+    assert blocks
+    block_s = 4 * blocks[0].train_s  # the plan's 4 blocks
+    rest = estimate(p, model, cl, real, calibration=neutral).compute_s - block_s
+    slowed = estimate(p, model, cl, real, calibration=cal).compute_s
+    assert slowed == pytest.approx(block_s + 1.5 * rest)  # embedding and head slowed, blocks not
+    assert cal.slowdown(real_group=True) == 1.0 and cal.slowdown() == 1.5
