@@ -7,7 +7,8 @@ Every round measures, in this order:
    bandwidth, gloo α–β fits per op), a snapshot file per rank count.
 2. Profile one model (FIDELITY_MODEL below) with worker.profile_layers: every (layer kind, mbs, tp,
    recompute) the plans use, one process, one thread (itself the median of 3 round-robin passes).
-3. The optimizer: torch AdamW's step time per parameter over one block (worker.layer_bench).
+3. The optimizer: torch AdamW's step time per parameter over one block, plain, tensor-parallel and
+   FSDP2-sharded, on 2 real ranks stepping at once (worker.profile_layers --optimizer).
 4. Every plan once with torchrun + worker.train: the median over steady steps (warm-up dropped)
    of the slowest rank's step_time_s.
 Rounds: everything is measured once per round, and of each quantity (snapshot, collective time per
@@ -245,18 +246,34 @@ def kept_profiles(db: Path, state: Path) -> ProfileTable:
     return load_profile_table(db, FIDELITY_MODEL, ["cpu"])
 
 
-def measure_adamw_s_per_param(dtensor: bool = False) -> float:
-    """torch AdamW's step time per parameter over one FIDELITY_MODEL block (plain or DTensor params),
-    one thread, load-guarded; in a subprocess of its own, like the layer profiler (and away from this
-    folder's `profile.py`, which would shadow the stdlib module torch's optimizer imports)."""
+OPTIMIZER_RANKS = 2  # ranks that step at once in the optimizer measurement (as the profile flow on 2 cores)
+
+
+def measure_optimizer() -> dict:
+    """torch AdamW's step time per parameter over one FIDELITY_MODEL block for each parameter layout
+    (plain, tp, fsdp), with OPTIMIZER_RANKS real gloo ranks stepping at once (worker.profile_layers
+    --optimizer --tp-group real, as the profile flow measures it), one thread each; from the project
+    root (this folder's `profile.py` would shadow the stdlib module torch's optimizer imports)."""
     import subprocess
 
-    code = ("import sys, torch; torch.set_num_threads(1); from planner.model import ModelSpec; "
-            "from worker.layer_bench import adamw_s_per_param; "
-            "print(adamw_s_per_param(ModelSpec.model_validate_json(sys.argv[1]), dtensor=sys.argv[2] == '1'))")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code, FIDELITY_MODEL.model_dump_json(), "1" if dtensor else "0"],
-                         cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
-    return float(res.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(OPTIMIZER_RANKS), "-m",
+           "worker.profile_layers", "--optimizer", "--spec-json", FIDELITY_MODEL.model_dump_json(),
+           "--tp-group", "real"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    return json.loads([line for line in res.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def kept_optimizer(state: Path) -> dict:
+    """The kept round's optimizer figures: {"plain", "tp", "fsdp", "num_ranks"} from the rounds'
+    `optimizer-N.json`; a state folder from before them holds one-process figures (`adamw-N.json`
+    plain, `adamw-dtensor-N.json` DTensor on a fake group), read as such; {} when none."""
+    runs = [json.loads(f.read_text()) for f in state.glob("optimizer-[0-9]*.json")]
+    if runs:
+        return {k: keep([r[k] for r in runs]) for k in ("plain", "tp", "fsdp")} | {"num_ranks": runs[0]["num_ranks"]}
+    plain = [json.loads(f.read_text()) for f in state.glob("adamw-[0-9]*.json")]
+    dt = [json.loads(f.read_text()) for f in state.glob("adamw-dtensor-*.json")]
+    old = {"plain": keep(plain)} if plain else {}
+    return old | ({"tp": keep(dt), "fsdp": keep(dt)} if dt else {}) | ({"num_ranks": 1} if old else {})
 
 
 # ---- stage 4: measure with torchrun -------------------------------------------------------------
@@ -362,24 +379,22 @@ def main() -> None:
     plans = {n: make_plan(n, specs[n]) for n in names}
     # Each round measures everything once, in the same order: a quiet spell of the shared machine
     # can then serve hardware, profiles and runs alike, and each keeps one round's value (--keep).
-    done = len(list(state.glob("adamw-[0-9]*.json")))  # rounds add to those the state folder holds
+    done = len(list(state.glob("discover-1-*")))  # rounds add to those the state folder holds
     for rnd in range(done, done + (0 if args.replay else args.rounds)):
         for n in (1, 2, 4):
             discover_pass(state, n, rnd, args.timeout_s)
         profile_pass(state, list(plans.values()), rnd, args.timeout_s)
-        (state / f"adamw-{rnd}.json").write_text(json.dumps(measure_adamw_s_per_param()))
-        (state / f"adamw-dtensor-{rnd}.json").write_text(json.dumps(measure_adamw_s_per_param(dtensor=True)))
+        (state / f"optimizer-{rnd}.json").write_text(json.dumps(measure_optimizer()))
         for n in names:
             measure(plans[n], n, state, args.steps, args.timeout_s)
         print(f"round {rnd + 1}/{done + args.rounds} done after {time.perf_counter() - t0:.0f} s, "
               f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
 
-    adam_runs = [json.loads(f.read_text()) for f in state.glob("adamw-[0-9]*.json")]
-    adam = keep(adam_runs) if adam_runs else None
-    adam_dt_runs = [json.loads(f.read_text()) for f in state.glob("adamw-dtensor-*.json")]
-    adam_dt = keep(adam_dt_runs) if adam_dt_runs else None
-    for label, v in (("plain", adam), ("DTensor", adam_dt)):
-        print(f"AdamW step on {label} params, one rank alone: " + (f"{v * 1e9:.2f} ns/param" if v else "not measured"))
+    adam = kept_optimizer(state)
+    for layout in ("plain", "tp", "fsdp"):
+        v = adam.get(layout)
+        print(f"AdamW step on {layout} params, {adam.get('num_ranks', 0)} rank(s) at once: "
+              + (f"{v * 1e9:.2f} ns/param" if v else "not measured"))  # fmt: skip
     clusters: dict[int, ClusterSpec] = {}
     calibs: dict[int, Calibration] = {}
     single = 0.0
@@ -395,8 +410,9 @@ def main() -> None:
         if n > 1:
             fits = collective_fit_rows(state, n)
             pipe = pipeline_overhead_for(state, n, clusters[n])
-            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam, adam_dt, pipe,
-                                        overhead_rows_for(state, n))  # fmt: skip
+            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam.get("plain"), adam.get("tp"),
+                                        pipe, overhead_rows_for(state, n), adam.get("fsdp"),
+                                        int(adam.get("num_ranks", 1)))  # fmt: skip
             ar = calibs[n].fit("all_reduce")
             line += f"; contention {calibs[n].compute_slowdown:.2f}, lockstep {calibs[n].lockstep_slowdown:.2f}"
             line += f", pipelining {pipe * 1e3:.2f} ms/micro-batch"

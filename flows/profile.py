@@ -106,12 +106,17 @@ def profile_flow(
             # Keep what the dead run measured, report it, and carry on with the other groups.
             measured += ingest_partial(db_path, str(group_out_path(run_dir, model, group)))
             failed.append(f"{group[0].device_kind} seq={group[0].seq_len} tp={group[0].tp}: {state.message}")
-        # The optimizer step per parameter (CPU only: it times torch AdamW on this process's thread),
-        # after the layer profiler, never beside it. Its failure is reported in "failed" but never
-        # fails the flow: the planner then prices the step from its model of memory traffic.
-        if local_kind == "cpu" and missing_optimizer_profile(db_path, model, local_kind, here["torch_version"]):
+        # The optimizer step per parameter (CPU only: it times torch AdamW on one thread per rank),
+        # after the layer profiler, never beside it: on 2 real ranks stepping at once where this node
+        # has 2 cores (DTensor layouts on a real group, as training steps them; more ranks than cores
+        # would time the cores' sharing, which the cost model prices itself). Its failure is reported
+        # in "failed" but never fails the flow: the planner then prices the step from memory traffic.
+        opt_ranks = min(2, here.get("device_count", 1))
+        if local_kind == "cpu" and missing_optimizer_profile(
+            db_path, model, local_kind, here["torch_version"], opt_ranks
+        ):
             task = profile_optimizer.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
-            state = task(model, here["torch_version"], timeout_s, run_dir, return_state=True)
+            state = task(model, here["torch_version"], timeout_s, run_dir, opt_ranks, return_state=True)
             if state.is_completed():
                 upsert_optimizer_profiles(db_path, state.result())
                 optimizer_measured = 1

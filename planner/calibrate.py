@@ -35,12 +35,16 @@ amount discovery (planner.discovery, worker.netbench) already measures:
   probed copy bandwidth still misprice it on CPU: a 64 MB copy probe under a busy neighbour read
   3.6–6 GB/s, while the step ran at 4.1–5.3 ns/param (41–55 B/param at the quiet 10–11 GB/s; a
   block's ~3 MB of states per tensor sit in the 4 MB L2). So when a measured time per parameter is
-  given (`adam_s_per_param`: torch's own AdamW timed in one process, like the layer profiles;
-  worker.layer_bench.adamw_s_per_param), it wins, scaled by the contention slowdown as compute is.
-  Stages whose parameters are DTensors (tp > 1: parallelize_module; ZeRO on dp > 1: FSDP2) take
-  `adam_dtensor_s_per_param`, the same step timed on DTensor parameters: every per-tensor op of
-  the single-tensor loop dispatches through DTensor, which on CPU costs more than the math for
-  small tensors (fidelity bench: 60–90 ms per step for tp2/zero2/zero3 ranks vs 12 ms plain).
+  given (`adam_s_per_param`: torch's own AdamW timed over a block of the model;
+  worker.layer_bench.adamw_s_per_param), it wins. Stages whose parameters are DTensors take the
+  same step timed on their layout: `adam_dtensor_s_per_param` for tp > 1 (parallelize_module),
+  `adam_fsdp_s_per_param` for ZeRO on dp > 1 (FSDP2): every per-tensor op of the single-tensor
+  loop dispatches through DTensor, which on CPU costs more than the math for small tensors
+  (fidelity bench: 60–120 ms per step for tp2/zero2/zero3 ranks vs 45 ms plain). Timed on
+  `adam_num_ranks` > 1 real ranks stepping at once (the profile flow and the fidelity bench), the
+  figure holds their contention and lockstep; timed in one process on a fake group, it priced
+  FSDP2's step 1.5–2x below the runs (18 against 30–38 ns/param on 2 gloo ranks) and is slowed
+  like compute.
 - Pipelining. torch.distributed.pipelining's schedule costs, per micro-batch and stage boundary,
   far more than the α–β of its p2p on gloo CPU ranks (Python bookkeeping, batched isend/irecv,
   waits): discovery times a 2-stage 1F1B step of trivial stages (worker.netbench.bench_pipeline;
@@ -131,8 +135,10 @@ class Calibration:
     compute_slowdown: float = 1.0
     collectives: tuple[tuple[str, CollectiveFit], ...] = ()
     adam_bytes_per_param: float | None = None
-    adam_s_per_param: float | None = None  # measured optimizer step per parameter, one rank alone
-    adam_dtensor_s_per_param: float | None = None  # the same on DTensor parameters (TP, FSDP2)
+    adam_s_per_param: float | None = None  # measured optimizer step per parameter, plain
+    adam_dtensor_s_per_param: float | None = None  # the same on tensor-parallel DTensor parameters
+    adam_fsdp_s_per_param: float | None = None  # the same on FSDP2-sharded DTensor parameters
+    adam_num_ranks: int = 1  # ranks that stepped at once when measured (> 1: lockstep included)
     grad_sync_overlap: float | None = None
     num_cores: int | None = None  # the node's cores, for processor sharing (None: one core per rank)
     pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
@@ -236,6 +242,8 @@ def cpu_calibration(
     adam_dtensor_s_per_param: float | None = None,
     pipeline_overhead: float = 0.0,
     measurements: Iterable[Mapping] = (),
+    adam_fsdp_s_per_param: float | None = None,
+    adam_num_ranks: int = 1,
 ) -> Calibration:
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
     (plus, optionally, the measured optimizer step per parameter, and the snapshot's measurement rows
@@ -248,7 +256,8 @@ def cpu_calibration(
     return Calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
         adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,
-        adam_dtensor_s_per_param=adam_dtensor_s_per_param, grad_sync_overlap=0.0, num_cores=num_cores,
+        adam_dtensor_s_per_param=adam_dtensor_s_per_param, adam_fsdp_s_per_param=adam_fsdp_s_per_param,
+        adam_num_ranks=adam_num_ranks, grad_sync_overlap=0.0, num_cores=num_cores,
         pipeline_overhead_s=pipeline_overhead, fsdp=fsdp, lockstep_slowdown=lockstep,
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, lockstep {lockstep:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )  # fmt: skip

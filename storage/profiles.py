@@ -156,14 +156,15 @@ def missing_keys(
     return [k for k in keys if k not in have]
 
 
-# ---- optimizer step time per parameter (schema/0008_optimizer_profiles.sql) ----------------------
+# ---- optimizer step time per parameter (schema/0009_optimizer_steps.sql) -------------------------
 
-OPTIMIZER_KEY_COLUMNS = ("model_fingerprint", "device_kind", "dtensor", "torch_version")
+OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")  # as worker.layer_bench.OPTIMIZER_LAYOUTS
+OPTIMIZER_KEY_COLUMNS = ("model_fingerprint", "device_kind", "layout", "num_ranks", "torch_version")
 OPTIMIZER_VALUE_COLUMNS = ("model_name", "optimizer", "s_per_param", "measured_at")
 OPTIMIZER_COLUMNS = OPTIMIZER_KEY_COLUMNS + OPTIMIZER_VALUE_COLUMNS
 
 _UPSERT_OPTIMIZER = (
-    f"INSERT INTO optimizer_profiles ({', '.join(OPTIMIZER_COLUMNS)}) "
+    f"INSERT INTO optimizer_steps ({', '.join(OPTIMIZER_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in OPTIMIZER_COLUMNS)}) "
     f"ON CONFLICT ({', '.join(OPTIMIZER_KEY_COLUMNS)}) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in OPTIMIZER_VALUE_COLUMNS)
@@ -173,35 +174,44 @@ _UPSERT_OPTIMIZER = (
 def _optimizer_tuple(row: dict[str, Any]) -> tuple:
     missing = [c for c in OPTIMIZER_KEY_COLUMNS + ("s_per_param", "measured_at") if row.get(c) is None]
     if missing:
-        raise ValueError(f"optimizer profile row lacks {missing}: {row}")
-    values = {**row, "dtensor": bool(row["dtensor"]), "optimizer": row.get("optimizer") or "adamw"}
+        raise ValueError(f"optimizer step row lacks {missing}: {row}")
+    if row["layout"] not in OPTIMIZER_LAYOUTS:
+        raise ValueError(f"optimizer step row's layout {row['layout']!r} is not one of {OPTIMIZER_LAYOUTS}")
+    values = {**row, "num_ranks": int(row["num_ranks"]), "optimizer": row.get("optimizer") or "adamw"}
     return tuple(values.get(c) for c in OPTIMIZER_COLUMNS)
 
 
 def upsert_optimizer_profiles(db_path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Insert or update optimizer rows (dicts with OPTIMIZER_COLUMNS; extra keys ignored) in one
+    """Insert or update optimizer step rows (dicts with OPTIMIZER_COLUMNS; extra keys ignored) in one
     transaction; returns how many. Idempotent: a retried write leaves one row per key."""
     return _upsert_all(db_path, _UPSERT_OPTIMIZER, [_optimizer_tuple(r) for r in rows])
 
 
 def load_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: str) -> dict[str, float]:
-    """{"plain": s, "dtensor": s}: seconds per local parameter of one optimizer step of this model on
-    `device_kind`, only the variants stored (newest measurement across torch versions); {} if none."""
+    """{layout: s, …, "num_ranks": n}: seconds per local parameter of one optimizer step of this model
+    on `device_kind` per parameter layout, from the newest measurement (across torch versions), and
+    how many ranks stepped at once in it; {} if none."""
     if not Path(db_path).exists():
         return {}
-    sql = ("SELECT dtensor, s_per_param FROM optimizer_profiles WHERE model_fingerprint = ? AND device_kind = ? "
-           "ORDER BY measured_at, torch_version")  # fmt: skip
+    where = "model_fingerprint = ? AND device_kind = ?"
+    sql = (f"SELECT layout, num_ranks, s_per_param FROM optimizer_steps WHERE {where} "
+           f"AND measured_at = (SELECT max(measured_at) FROM optimizer_steps WHERE {where}) ORDER BY num_ranks")  # fmt: skip
     with connect(db_path) as con:
-        rows = con.execute(sql, [model.fingerprint(), device_kind]).fetchall()
-    return {("dtensor" if dtensor else "plain"): s for dtensor, s in rows}  # later (newer) rows win
+        rows = con.execute(sql, [model.fingerprint(), device_kind] * 2).fetchall()
+    if not rows:
+        return {}
+    return {**{layout: s for layout, _, s in rows}, "num_ranks": float(rows[-1][1])}
 
 
-def missing_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: str, torch_version: str) -> bool:
-    """Whether the plain or the DTensor measurement of this model, device kind and torch version is missing."""
+def missing_optimizer_profile(
+    db_path: str | Path, model: ModelSpec, device_kind: str, torch_version: str, num_ranks: int = 1
+) -> bool:
+    """Whether any layout's measurement of this model, device kind, torch version and rank count is missing."""
     if not Path(db_path).exists():
         return True
-    sql = ("SELECT DISTINCT dtensor FROM optimizer_profiles WHERE model_fingerprint = ? AND device_kind = ? "
-           "AND torch_version = ?")  # fmt: skip
+    sql = ("SELECT DISTINCT layout FROM optimizer_steps WHERE model_fingerprint = ? AND device_kind = ? "
+           "AND torch_version = ? AND num_ranks = ?")  # fmt: skip
     with connect(db_path) as con:
-        have = {bool(d) for (d,) in con.execute(sql, [model.fingerprint(), device_kind, torch_version]).fetchall()}
-    return have != {False, True}
+        args = [model.fingerprint(), device_kind, torch_version, num_ranks]
+        have = {layout for (layout,) in con.execute(sql, args).fetchall()}
+    return not set(OPTIMIZER_LAYOUTS) <= have

@@ -32,7 +32,7 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
 def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
     """Measured corrections (planner.calibrate) for a discovered snapshot whose devices are all CPU
     ranks under gloo: discovery's collective fits, pipeline-schedule and FSDP2 overheads, and the profiled
-    optimizer step per parameter.
+    optimizer step per parameter per layout.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
     Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1;
     the node's core count prices ranks that share cores (processor sharing in `estimate`)."""
@@ -47,7 +47,8 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     measurements = snap.measurements.to_dicts()
     overhead = pipeline_overhead_from(measurements, snap.cluster.nodes[0].intra_link)
     return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), snap.cores_per_node,
-                           adam.get("plain"), adam.get("dtensor"), overhead, measurements)  # fmt: skip
+                           adam.get("plain"), adam.get("tp"), overhead, measurements, adam.get("fsdp"),
+                           int(adam.get("num_ranks", 1)))  # fmt: skip
 
 
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)

@@ -24,7 +24,14 @@ from prefect.cache_policies import NO_CACHE
 
 from planner.model import ModelSpec
 from planner.profiles import CommFit, ProfileKey, ProfileTable
-from storage.profiles import ingest_jsonl, load_profile_table, missing_keys, read_jsonl, upsert_profiles
+from storage.profiles import (
+    OPTIMIZER_LAYOUTS,
+    ingest_jsonl,
+    load_profile_table,
+    missing_keys,
+    read_jsonl,
+    upsert_profiles,
+)
 from tasks.caching import stable_inputs
 
 WORKER = [sys.executable, "-m", "worker.profile_layers"]
@@ -141,10 +148,12 @@ def comm_fits(db_path: str, hardware_fingerprint: str) -> list[CommFit]:
 
 @task(name="profile-optimizer", retries=2, retry_delay_seconds=3, cache_policy=NO_CACHE)
 def profile_optimizer(
-    model: ModelSpec, torch_version: str, timeout_s: float, run_dir: str | None = None
+    model: ModelSpec, torch_version: str, timeout_s: float, run_dir: str | None = None, num_ranks: int = 1
 ) -> list[dict[str, Any]]:
-    """Measure torch AdamW's CPU step time per parameter (plain and DTensor parameters) over one block
-    of `model` in a profiler subprocess; returns two rows for storage.profiles.upsert_optimizer_profiles.
+    """Measure torch AdamW's CPU step time per parameter over one block of `model`, for each parameter
+    layout (plain, tp, fsdp), in a profiler subprocess: one process on a fake group, or with
+    `num_ranks` > 1 that many real ranks under torchrun (worker.launch: loopback only) all stepping at
+    once, as training's ranks do. Returns one row per layout for storage.profiles.upsert_optimizer_profiles.
     The spec file goes into `run_dir` when given, else into a temporary folder."""
     import datetime as dt
     import tempfile
@@ -154,23 +163,27 @@ def profile_optimizer(
         folder.mkdir(parents=True, exist_ok=True)
         spec_file = folder / f"optimizer-{model.fingerprint()[:12]}.spec.json"
         spec_file.write_text(model.model_dump_json())
-        res = _run(WORKER + ["--optimizer", "--spec-json", f"@{spec_file}"], timeout_s, show_stderr=False)
+        cmd = WORKER + ["--optimizer", "--spec-json", f"@{spec_file}"]
+        if num_ranks > 1:
+            cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(num_ranks), "-m",
+                   "worker.profile_layers", *cmd[len(WORKER):], "--tp-group", "real"]  # fmt: skip
+        res = _run(cmd, timeout_s, show_stderr=False)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"optimizer profiler exited {res.returncode}; last lines:\n{tail}")
-    lines = res.stdout.strip().splitlines()
+    lines = [line for line in res.stdout.strip().splitlines() if line.startswith("{")]
     if not lines:
         raise RuntimeError("optimizer profiler printed nothing")
     out = json.loads(lines[-1])
     if out["torch_version"] != torch_version:
         raise RuntimeError(f"optimizer profiler ran torch {out['torch_version']}, the flow expected {torch_version}")
-    bad = {k: out[k] for k in ("plain", "dtensor") if not 0 < float(out[k]) < float("inf")}
+    bad = {k: out[k] for k in OPTIMIZER_LAYOUTS if not 0 < float(out[k]) < float("inf")}
     if bad:
         raise RuntimeError(f"optimizer profiler measured implausible seconds per parameter: {bad}")
     stamp = dt.datetime.now(dt.UTC).isoformat()
     return [
-        {"model_fingerprint": model.fingerprint(), "device_kind": out["device_kind"], "dtensor": dtensor,
-         "torch_version": out["torch_version"], "model_name": model.name, "optimizer": "adamw",
-         "s_per_param": float(out["plain" if not dtensor else "dtensor"]), "measured_at": stamp}
-        for dtensor in (False, True)
+        {"model_fingerprint": model.fingerprint(), "device_kind": out["device_kind"], "layout": layout,
+         "num_ranks": int(out["num_ranks"]), "torch_version": out["torch_version"], "model_name": model.name,
+         "optimizer": "adamw", "s_per_param": float(out[layout]), "measured_at": stamp}
+        for layout in OPTIMIZER_LAYOUTS
     ]  # fmt: skip

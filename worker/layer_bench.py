@@ -304,20 +304,40 @@ def measure_memory(spec: ModelSpec, req: Request, device: str, dtype: str) -> di
     return out
 
 
-def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor: bool = False) -> float:
+OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")
+
+
+def adamw_s_per_param(
+    spec: ModelSpec, steps: int = 10, rounds: int = 3, layout: str = "plain", mesh: Any = None
+) -> float:
     """Seconds per (local) parameter of one torch AdamW step (worker.options.make_optimizer's settings)
     over a block of `spec` on this process's CPU thread, the median of `rounds` × `steps` steps (the
     typical step, as the layer timings keep their median round), on random gradients of a training
     step's scale (zeros take another, slower path). A real block, because the time per parameter depends on the tensor
-    sizes: the per-tensor states of a small model stay in cache. `dtensor`: the block's parameters
-    are DTensors, as under TP (apply_tp on a fake group of 2, see `build_runtime_tp_case`) or FSDP2,
-    where each of the optimizer's per-tensor ops dispatches through DTensor (measured several times
-    the plain step for the fidelity model's small tensors)."""
-    block = Block(spec)
-    if dtensor:
-        from worker.parallel import apply_tp
+    sizes: the per-tensor states of a small model stay in cache.
 
-        apply_tp(SimpleNamespace(blocks={"0": block}), spec, _fake_mesh(2, "cpu"))  # type: ignore[arg-type]
+    `layout`: "plain" parameters; "tp", the block tensor-parallel (apply_tp), or "fsdp", sharded by
+    FSDP2's fully_shard: DTensors, where each of the optimizer's per-tensor ops dispatches through
+    DTensor (several times the plain step for the fidelity model's small tensors). `mesh`: a real
+    group of ranks that all run this at once, each step after a barrier, as training's ranks step
+    together (the figure then holds their contention and lockstep: on 2 gloo ranks the FSDP2 step
+    ran 30–38 ns/param, the same one rank alone on the fake group 18); None: a fake group of 2 in
+    this process (worker.layer_bench._fake_mesh)."""
+    import torch.distributed as dist
+
+    if layout not in OPTIMIZER_LAYOUTS:
+        raise ValueError(f"optimizer layout {layout!r} is not one of {OPTIMIZER_LAYOUTS}")
+    block = Block(spec)
+    if layout != "plain":
+        dt_mesh = mesh if mesh is not None else _fake_mesh(2, "cpu")
+        if layout == "tp":
+            from worker.parallel import apply_tp
+
+            apply_tp(SimpleNamespace(blocks={"0": block}), spec, dt_mesh)  # type: ignore[arg-type]
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(block, mesh=dt_mesh)
     params = list(block.parameters())
     gen = torch.Generator().manual_seed(0)
     for p in params:
@@ -331,6 +351,8 @@ def adamw_s_per_param(spec: ModelSpec, steps: int = 10, rounds: int = 3, dtensor
     opt.step()  # allocates the states
     times = []
     for _ in range(rounds * steps):
+        if mesh is not None:
+            dist.barrier()
         t0 = time.perf_counter()
         opt.step()
         times.append(time.perf_counter() - t0)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker.probe import cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
+from worker.probe import GPU_MIN_MATMUL, cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
 from worker.telemetry import sync_device
 
 SNAPSHOT_VERSION = 1
@@ -238,7 +238,10 @@ def bench_lockstep(device: str, matmul_size: int, rounds: int) -> list[dict]:
     rounds of the ranks' median free per-chunk time. Measured on 2 gloo CPU ranks of this VM:
     lockstep 1.08–1.27x free, 4 ranks on 2 cores 1.10–1.26x (a rank's speed drifts from moment to
     moment, and in lockstep every chunk takes the slowest rank's time; free, each rank averages its
-    own)."""
+    own). On a GPU the chunk is GPU_MIN_MATMUL wide at least, as in the probe; the cost model reads
+    these rows for CPU ranks only so far (planner.calibrate)."""
+    if device.startswith("cuda"):
+        matmul_size = max(matmul_size, GPU_MIN_MATMUL)
     a = torch.randn(matmul_size, matmul_size, device=device)
     b = torch.randn(matmul_size, matmul_size, device=device)
     out = torch.empty(matmul_size, matmul_size, device=device)

@@ -9,8 +9,9 @@ measured; when the out file already holds some requests (a retried run), those a
 embedding and the head have no recompute variant (full recompute checkpoints blocks), so one
 measurement answers both flags. `--print-device` prints the local device kind and torch version.
 `--optimizer` (with `--spec-json`, CPU only) prints torch AdamW's step time per parameter over one
-block of the model, plain and with DTensor parameters (worker.layer_bench.adamw_s_per_param), as one
-JSON line, and writes nothing.
+block of the model, for plain, tensor-parallel and FSDP2-sharded parameters
+(worker.layer_bench.adamw_s_per_param), as one JSON line, and writes nothing; with `--tp-group real`
+every rank of the torchrun group steps at once on it, and rank 0 prints the ranks' median.
 Timings are load-guarded: each shape is timed in `--rounds` round-robin passes and the median pass
 is kept (see `typical`). The flow (not this process) writes the rows into DuckDB.
 
@@ -27,6 +28,7 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,15 @@ from planner.errors import UnknownNameError
 from planner.model import ModelSpec
 from planner.profiling import catalog_peak
 from worker.inject import crash_once
-from worker.layer_bench import Request, adamw_s_per_param, build_case, build_runtime_tp_case, measure_memory, time_case
+from worker.layer_bench import (
+    OPTIMIZER_LAYOUTS,
+    Request,
+    adamw_s_per_param,
+    build_case,
+    build_runtime_tp_case,
+    measure_memory,
+    time_case,
+)
 
 
 def local_device() -> tuple[str, str]:
@@ -254,15 +264,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure_optimizer(args: argparse.Namespace) -> dict[str, Any]:
-    """AdamW's step time per local parameter over one block of the model, plain and on DTensor
-    parameters, on one CPU thread (as the layer timings; load-guarded inside adamw_s_per_param)."""
+    """AdamW's step time per local parameter over one block of the model, per parameter layout
+    (worker.layer_bench.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
+    adamw_s_per_param): in this process on a fake group, or with `--tp-group real` on every rank of
+    the torchrun group at once, as training's ranks step (the median over ranks; "num_ranks" says which)."""
+    import torch.distributed as dist
+
     if args.device not in ("auto", "cpu"):
         raise SystemExit(f"--optimizer measures on the CPU only, not on {args.device}")
     spec_text = Path(args.spec_json[1:]).read_text() if args.spec_json.startswith("@") else args.spec_json
     spec = ModelSpec.model_validate_json(spec_text)
     torch.set_num_threads(1)
-    return {"plain": adamw_s_per_param(spec, dtensor=False), "dtensor": adamw_s_per_param(spec, dtensor=True),
-            "torch_version": torch.__version__, "device_kind": "cpu"}  # fmt: skip
+    group = join_tp_group("cpu") if args.tp_group == "real" else None
+    out: dict[str, Any] = {
+        layout: adamw_s_per_param(spec, layout=layout, mesh=group.mesh if group else None)
+        for layout in OPTIMIZER_LAYOUTS
+    }
+    num_ranks = 1
+    if group is not None:
+        num_ranks = dist.get_world_size()
+        every: list[Any] = [None] * num_ranks
+        dist.all_gather_object(every, out)
+        out = {layout: statistics.median(o[layout] for o in every) for layout in OPTIMIZER_LAYOUTS}
+        dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
+        dist.destroy_process_group()
+    return {**out, "num_ranks": num_ranks, "torch_version": torch.__version__, "device_kind": "cpu"}
 
 
 def _progress(total: int):  # noqa: ANN202 (rich types stay out of the signature: rich is imported lazily)
@@ -300,7 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time tp blocks on a fake in-process group, or as one of tp real ranks under torchrun")  # fmt: skip
     p.add_argument("--print-device", action="store_true", help="print the local device kind and exit")
     p.add_argument("--optimizer", action="store_true",
-                   help="print AdamW's CPU step time per parameter (plain and DTensor) for --spec-json and exit")  # fmt: skip
+                   help="print AdamW's CPU step time per parameter (plain, tp, fsdp) for --spec-json and exit")  # fmt: skip
     args = p.parse_args(argv)
     if args.optimizer and not args.spec_json:
         p.error("--optimizer needs --spec-json")
@@ -318,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
                           "torch_version": torch.__version__, "device_count": count}))  # fmt: skip
         return
     if args.optimizer:
-        print(json.dumps(measure_optimizer(args)))
-        sys.stdout.flush()
+        out = measure_optimizer(args)
+        if int(os.environ.get("RANK", "0")) == 0:  # one line, however many ranks measured
+            print(json.dumps(out))
+            sys.stdout.flush()
         return
     crash_once("profile")
     n = run(args)

@@ -242,12 +242,18 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             g0 = ag_lat + params_b * e * ag_per_byte + fs_b
     shard = d if ctx.sharding != "none" else 1
     # parameters are DTensors under TP and under FSDP2's ZeRO (worker.parallel), plain otherwise
-    dtensor = ctx.tp > 1 or (ctx.sharding != "none" and d > 1)
-    adam_s = cal.adam_dtensor_s_per_param if cal is not None and dtensor else None
-    adam_s = adam_s or (cal.adam_s_per_param if cal is not None else None)
+    adam_s = None
+    if cal is not None:
+        if ctx.sharding != "none" and d > 1:
+            adam_s = cal.adam_fsdp_s_per_param or cal.adam_dtensor_s_per_param
+        elif ctx.tp > 1:
+            adam_s = cal.adam_dtensor_s_per_param
+        adam_s = adam_s or cal.adam_s_per_param
     if adam_s:
-        # measured optimizer step per parameter (one rank alone), slowed like compute by sharing cores
-        o1, o0 = (slow * adam_s * n / shard for n in (params_a, params_b))
+        # the measured optimizer step per parameter; ranks that stepped at once when it was measured
+        # held their lockstep already (planner.calibrate)
+        adam_slow = cal.slowdown(real_group=cal.adam_num_ranks > 1)  # type: ignore[union-attr]
+        o1, o0 = (adam_slow * adam_s * n / shard for n in (params_a, params_b))
     else:
         adam_b = (
             cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM

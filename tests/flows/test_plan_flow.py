@@ -1,5 +1,6 @@
 """plan_flow as a real Prefect flow run: plans stored in DuckDB, artifacts attached, cache reused."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     assert out["feasible"] and "plan: calibrated to discovery" in capsys.readouterr().out
     calib = load_calibration.fn(db, model, snap["fingerprint"])
     adam = load_optimizer_profile(db, model, "cpu")
-    assert calib is not None and (calib.adam_s_per_param, calib.adam_dtensor_s_per_param) == (adam["plain"], adam["dtensor"])
+    assert calib is not None and (calib.adam_s_per_param, calib.adam_dtensor_s_per_param,
+                                  calib.adam_fsdp_s_per_param) == (adam["plain"], adam["tp"], adam["fsdp"])  # fmt: skip
+    # real ranks stepped at once: 2 where this machine has 2 cores (the profile flow's choice)
+    assert calib.adam_num_ranks == adam["num_ranks"] == min(2, len(os.sched_getaffinity(0)))
     assert calib.fit("all_reduce") is not None and calib.grad_sync_overlap == 0.0
     # the pipeline schedule's own cost: discovery's trivial 1F1B step less the p2p the model prices
     stored = load_snapshot(db, snap["fingerprint"])

@@ -82,24 +82,30 @@ def test_tp_blocks_are_timed_on_a_real_tp_group_and_priced_without_a_second_all_
     assert coeffs.tp_b > 0  # embedding and head were timed alone: their all-reduces are still priced
 
 
-def test_optimizer_step_per_parameter_is_measured_once_and_stored(tmp_path):
-    """On a CPU the flow also times torch AdamW per parameter (plain and DTensor parameters) in the
-    profiler subprocess, after the layers; a second run finds both rows and measures nothing."""
+def test_optimizer_step_per_parameter_is_measured_once_per_layout_on_real_ranks_and_stored(tmp_path):
+    """On a CPU the flow also times torch AdamW per parameter for plain, tensor-parallel and
+    FSDP2-sharded parameters, after the layers, on 2 real gloo ranks stepping at once where the
+    machine has 2 cores (torchrun); a second run finds the rows and measures nothing."""
+    import os
+
     from storage.db import connect
 
     db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
     first = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **TINY)
     assert first["optimizer_measured"] == 1 and first["failed"] == []
-    assert set(first["optimizer"]) == {"plain", "dtensor"}
-    # ~2e-8 s (plain) and ~1e-7 s (DTensor) per parameter here; 10 µs per parameter would be absurd.
+    ranks = min(2, len(os.sched_getaffinity(0)))
+    assert first["optimizer"].pop("num_ranks") == ranks
+    assert set(first["optimizer"]) == {"plain", "tp", "fsdp"}
+    # ~1e-8 s (plain) and ~3e-8 s (DTensor) per parameter here; 10 µs per parameter would be absurd.
     assert all(0 < s < 1e-5 for s in first["optimizer"].values()), first["optimizer"]
     with connect(db) as con:
-        rows = con.execute("SELECT dtensor, device_kind, torch_version, optimizer, s_per_param FROM optimizer_profiles "
-                           "ORDER BY dtensor").fetchall()  # fmt: skip
-    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
-        (False, "cpu", first["torch_version"], "adamw"), (True, "cpu", first["torch_version"], "adamw")]  # fmt: skip
-    assert {"plain": rows[0][4], "dtensor": rows[1][4]} == first["optimizer"]
+        rows = con.execute("SELECT layout, num_ranks, device_kind, torch_version, optimizer, s_per_param "
+                           "FROM optimizer_steps ORDER BY layout").fetchall()  # fmt: skip
+    assert [r[:5] for r in rows] == [(layout, ranks, "cpu", first["torch_version"], "adamw")
+                                     for layout in ("fsdp", "plain", "tp")]  # fmt: skip
+    assert {r[0]: r[5] for r in rows} == first["optimizer"]
 
     second = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **TINY)
     assert second["optimizer_measured"] == 0 and second["measured"] == 0
+    second["optimizer"].pop("num_ranks")
     assert second["optimizer"] == first["optimizer"]

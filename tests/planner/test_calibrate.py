@@ -180,15 +180,35 @@ def test_a_measured_adam_time_per_param_wins_over_bytes_and_is_slowed_like_compu
     )
 
 
-def test_dtensor_stages_take_the_dtensor_adam_time_and_plain_ones_the_plain_time():
+def test_dtensor_stages_take_their_layouts_adam_time_and_plain_ones_the_plain_time():
     model = get_model("tiny")
-    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9, adam_dtensor_s_per_param=20e-9)
+    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9, adam_dtensor_s_per_param=20e-9,
+                          adam_fsdp_s_per_param=30e-9)  # fmt: skip
     params = sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
     # sharding none over dp: GradSumSync keeps plain parameters
     assert estimate(plan(dp=2), model, cpu_cluster(2), calibration=cal).optimizer_s == pytest.approx(5e-9 * params)
-    # FSDP2 (zero1) makes them DTensors: half the parameters each, at the DTensor rate
+    # FSDP2 (zero1) makes them DTensors: half the parameters each, at the FSDP2 layout's rate
     z = estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=cal)
-    assert z.optimizer_s == pytest.approx(20e-9 * params / 2)
+    assert z.optimizer_s == pytest.approx(30e-9 * params / 2)
+    # tensor parallel: the tp layout's rate
+    tp_cal = dataclasses.replace(cal, adam_fsdp_s_per_param=None)
+    t = estimate(tp_plan(), model, cpu_cluster(2), calibration=cal).optimizer_s
+    assert t == pytest.approx(20e-9 * sum(layer_params(k, model, 2) * n for k, n in
+                                          (("block", 4), ("embedding", 1), ("head", 1))))  # fmt: skip
+    # a calibration without the FSDP2 figure (older stores) prices FSDP2 at the tp layout's
+    z_old = estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=tp_cal)
+    assert z_old.optimizer_s == pytest.approx(20e-9 * params / 2)
+
+
+def test_an_optimizer_step_timed_on_ranks_stepping_together_is_not_slowed_by_lockstep_again():
+    model = get_model("tiny")
+    params = sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
+    alone = Calibration(num_ranks=2, lockstep_slowdown=1.25, adam_s_per_param=5e-9)
+    together = dataclasses.replace(alone, adam_num_ranks=2)
+    assert estimate(plan(dp=2), model, cpu_cluster(2), calibration=alone).optimizer_s == pytest.approx(
+        1.25 * 5e-9 * params
+    )
+    assert estimate(plan(dp=2), model, cpu_cluster(2), calibration=together).optimizer_s == pytest.approx(5e-9 * params)
 
 
 def test_pipeline_overhead_is_the_measured_micro_batch_less_the_priced_p2p_and_never_negative():

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from planner.model import PRESETS
 from planner.profiles import ProfileKey, estimate_layer
 from storage.db import connect
@@ -118,35 +120,47 @@ def test_storage_profiles_imports_no_prefect_or_torch():
     assert "'prefect'" not in loaded and "'torch'" not in loaded
 
 
-def _optimizer(dtensor=False, s=2e-8, torch_version=TORCH, at="2026-12-02T10:00:00+00:00", kind="cpu"):
-    return {"model_fingerprint": TINY.fingerprint(), "device_kind": kind, "dtensor": dtensor,
+def _optimizer(layout="plain", s=2e-8, torch_version=TORCH, at="2026-12-02T10:00:00+00:00", kind="cpu", ranks=2):
+    return {"model_fingerprint": TINY.fingerprint(), "device_kind": kind, "layout": layout, "num_ranks": ranks,
             "torch_version": torch_version, "model_name": "tiny", "s_per_param": s, "measured_at": at,
             "host": "ignored extra field"}  # fmt: skip
 
 
-def test_optimizer_profiles_round_trip_upsert_idempotently_and_newest_wins(tmp_path):
+def _run(at, ranks=2, torch_version=TORCH, scale=1.0):
+    """One measurement's three layouts, sharing its stamp."""
+    return [_optimizer(layout, s * scale, torch_version, at, ranks=ranks)
+            for layout, s in (("plain", 2e-8), ("tp", 6e-8), ("fsdp", 8e-8))]  # fmt: skip
+
+
+def test_optimizer_steps_round_trip_upsert_idempotently_and_the_newest_measurement_wins(tmp_path):
     db = tmp_path / "m.duckdb"
     assert load_optimizer_profile(db, TINY, "cpu") == {} and not db.exists()  # no file: nothing, none created
-    assert missing_optimizer_profile(db, TINY, "cpu", TORCH)
+    assert missing_optimizer_profile(db, TINY, "cpu", TORCH, 2)
 
-    assert upsert_optimizer_profiles(db, [_optimizer()]) == 1
-    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 2e-8}  # only the stored variant
-    assert missing_optimizer_profile(db, TINY, "cpu", TORCH)  # the DTensor one is still missing
+    first = "2026-12-02T10:00:00+00:00"
+    assert upsert_optimizer_profiles(db, [_optimizer(at=first)]) == 1
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 2e-8, "num_ranks": 2.0}  # only the stored layout
+    assert missing_optimizer_profile(db, TINY, "cpu", TORCH, 2)  # the DTensor layouts are still missing
 
-    rows = [_optimizer(s=3e-8), _optimizer(dtensor=True, s=1.2e-7)]
-    assert upsert_optimizer_profiles(db, rows) == 2
-    assert upsert_optimizer_profiles(db, rows) == 2  # a retried write duplicates nothing
+    assert upsert_optimizer_profiles(db, _run(first)) == 3
+    assert upsert_optimizer_profiles(db, _run(first)) == 3  # a retried write duplicates nothing
     with connect(db) as con:
-        count, optimizers = con.execute("SELECT count(*), list(DISTINCT optimizer) FROM optimizer_profiles").fetchone()
-    assert count == 2 and optimizers == ["adamw"]
-    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 3e-8, "dtensor": 1.2e-7}
-    assert not missing_optimizer_profile(db, TINY, "cpu", TORCH)
-    assert missing_optimizer_profile(db, TINY, "cpu", "2.14.0")
-    assert missing_optimizer_profile(db, PRESETS["tiny-llama"], "cpu", TORCH)
+        count, optimizers = con.execute("SELECT count(*), list(DISTINCT optimizer) FROM optimizer_steps").fetchone()
+    assert count == 3 and optimizers == ["adamw"]
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 2e-8, "tp": 6e-8, "fsdp": 8e-8, "num_ranks": 2.0}
+    assert not missing_optimizer_profile(db, TINY, "cpu", TORCH, 2)
+    assert missing_optimizer_profile(db, TINY, "cpu", TORCH, 1)  # another rank count is another measurement
+    assert missing_optimizer_profile(db, TINY, "cpu", "2.14.0", 2)
+    assert missing_optimizer_profile(db, PRESETS["tiny-llama"], "cpu", TORCH, 2)
     assert load_optimizer_profile(db, TINY, "T4") == {}
 
-    # Another torch version: the newest measurement wins, whichever version it came from.
-    upsert_optimizer_profiles(db, [_optimizer(s=9e-8, torch_version="2.12.0", at="2026-11-01T00:00:00+00:00"),
-                                   _optimizer(dtensor=True, s=5e-8, torch_version="2.14.0",
-                                              at="2026-12-24T00:00:00+00:00")])  # fmt: skip
-    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 3e-8, "dtensor": 5e-8}
+    # An older one-process measurement changes nothing; a newer one (any torch version) wins whole.
+    upsert_optimizer_profiles(db, _run("2026-11-01T00:00:00+00:00", ranks=1, scale=9.0))
+    assert load_optimizer_profile(db, TINY, "cpu")["num_ranks"] == 2.0
+    upsert_optimizer_profiles(db, _run("2026-12-24T00:00:00+00:00", ranks=1, torch_version="2.14.0", scale=0.5))
+    assert load_optimizer_profile(db, TINY, "cpu") == {"plain": 1e-8, "tp": 3e-8, "fsdp": 4e-8, "num_ranks": 1.0}
+
+
+def test_an_optimizer_step_row_with_an_unknown_layout_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="zero3"):
+        upsert_optimizer_profiles(tmp_path / "m.duckdb", [_optimizer(layout="zero3")])

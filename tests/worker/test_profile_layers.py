@@ -111,6 +111,8 @@ def test_adamw_time_per_param_is_positive_and_plausible():
     from worker.layer_bench import adamw_s_per_param
 
     assert 0 < adamw_s_per_param(TINY, steps=2, rounds=1) < 1e-5  # 10 µs/param would be absurd
+    with pytest.raises(ValueError, match="zero3"):
+        adamw_s_per_param(TINY, steps=2, rounds=1, layout="zero3")
 
 
 def test_the_median_timing_round_is_kept_whole():
@@ -140,7 +142,8 @@ assert t["forward_s"] > 0 and t["backward_s"] > 0
 plain = build_runtime_tp_case(spec, Request("head", 2, 16, 2, False), "cpu", "fp32")
 assert not isinstance(plain.module.out.weight, DTensor)
 from worker.layer_bench import adamw_s_per_param
-assert 0 < adamw_s_per_param(spec, steps=2, rounds=1, dtensor=True) < 1e-5
+for layout in ("tp", "fsdp"):  # DTensor parameters on the fake group of 2
+    assert 0 < adamw_s_per_param(spec, steps=2, rounds=1, layout=layout) < 1e-5
 print("ok")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
