@@ -47,8 +47,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from planner import flops  # noqa: E402
 from planner.calibrate import (  # noqa: E402
     COLLECTIVE_OPS,
+    CONCURRENCY_OPS,
     FSDP_OPS,
-    LOCKSTEP_OPS,
     Calibration,
     cpu_calibration,
     pipeline_overhead_from,
@@ -183,10 +183,10 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 
 
 def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
-    """Discovery's FSDP2 and lockstep bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
-    bench_lockstep), the kept time of each (op, size) across rounds, for planner.calibrate's
-    fsdp_overhead_from and lockstep_slowdown_from; [] when none."""
-    kept = kept_times(state, num_ranks, FSDP_OPS + LOCKSTEP_OPS)
+    """Discovery's FSDP2 and concurrency bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
+    bench_concurrency), the kept time of each (op, size) across rounds, for planner.calibrate's
+    fsdp_overhead_from and measured_slowdowns; [] when none."""
+    kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS)
     return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
 
 

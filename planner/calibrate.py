@@ -13,17 +13,22 @@ amount discovery (planner.discovery, worker.netbench) already measures:
     every rank on a core of its own: phase = max(critical path, Σ_ranks work / C). `estimate`
     applies this to the pipelined part and to the optimizer step (`num_cores` below); with uneven
     stages it is well below slowing every rank by N/C, because ranks idle in the bubble free cores.
-  * Shared caches and memory bus (what remains when each rank has a core): discovery probes every
-    rank's matmul rate *concurrently*; rate(1 rank) / median rate(N ranks) with the sharing factor
-    N/C divided out (the probes of N > C ranks share cores too) is `compute_slowdown`, ≥ 1, and
-    multiplies every profiled time.
+  * Shared caches and memory bus (what remains when each rank has a core): discovery times the same
+    matmul chunks on one rank alone and on min(N, C) ranks at once, one per core, in the same
+    minute (worker.netbench.bench_concurrency); free over alone is `compute_slowdown`, ≥ 1, and
+    multiplies every profiled time. (Snapshots from before that bench: rate(1 rank) / median
+    rate(N ranks) of the matmul probe, with the sharing factor N/C divided out. At N > C that
+    probe read 0.6–1.3 between rounds of the same machine: a 0.1 s probe on shared cores times
+    the scheduler's slices more than the caches.)
   * Lockstep (ranks that meet after every chunk of work, as a pipeline's ranks do per micro-batch
     and data parallel's per collective): a rank's speed drifts from moment to moment, and in
     lockstep each chunk takes the slowest rank's time, where running free each rank averages its
-    own. Discovery times the same matmul chunks both ways (worker.netbench.bench_lockstep): on
-    this VM's 2 and 4 gloo ranks lockstep ran 1.08–1.27x free, with matmul only, so it is neither
-    the layers nor the network. `lockstep_slowdown` multiplies every profiled time except rows
-    timed on a real tp group, which ran in lockstep with their peers already.
+    own. The same bench times the chunks with a barrier after each (less a bare barrier's time):
+    on this VM's 2 gloo ranks lockstep ran 1.05–1.27x free, with matmul only, so it is neither the
+    layers nor the network. `lockstep_slowdown` multiplies every profiled time except rows timed
+    on a real tp group, which ran in lockstep with their peers already. Both are timed on at most
+    C ranks, since N > C ranks in lockstep on C cores also time the sharing (1.21x at 4 ranks on
+    2 cores), which processor sharing above prices.
 - Collectives. gloo's all_reduce / all_gather / reduce_scatter cost far more than a ring over the
   send/recv link predicts (they copy through host buffers and run on gloo's own threads). Discovery
   fits t(bytes) = α + β·bytes per op over its N ranks; a group of d ranks is priced by the ring
@@ -81,8 +86,9 @@ ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # discovery's FSDP2 bench rows (worker.netbench.bench_fsdp): per module at two sizes, per further tensor
 FSDP_OPS = ("fsdp_module", "fsdp_tensor")
-# discovery's lockstep bench rows (worker.netbench.bench_lockstep): per-chunk compute in lockstep and free
-LOCKSTEP_OPS = ("compute_lockstep", "compute_free")
+# discovery's concurrency bench rows (worker.netbench.bench_concurrency): per-chunk compute of one
+# rank alone, of the ranks together running free, and in lockstep
+CONCURRENCY_OPS = ("compute_alone", "compute_free", "compute_lockstep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,14 +195,19 @@ def pipeline_overhead_from(measurements: Iterable[Mapping], link: LinkSpec) -> f
     return pipeline_overhead_s(t, pts[0]["message_bytes"], link.latency_s, link.bandwidth_bytes_per_s)
 
 
-def lockstep_slowdown_from(measurements: Iterable[Mapping]) -> float:
-    """Per-chunk compute time of ranks in lockstep over the same free, from one discovery snapshot's
-    `compute_lockstep` and `compute_free` rows (worker.netbench.bench_lockstep); never below 1 (noise
-    must not speed ranks up); 1 when the snapshot has no such rows (one rank, or an older snapshot)."""
-    t = {m["op"]: float(m["time_s"]) for m in measurements if m["op"] in LOCKSTEP_OPS}
-    if len(t) < len(LOCKSTEP_OPS) or t["compute_free"] <= 0:
-        return 1.0
-    return max(1.0, t["compute_lockstep"] / t["compute_free"])
+def measured_slowdowns(measurements: Iterable[Mapping]) -> tuple[float | None, float]:
+    """(contention, lockstep) from one discovery snapshot's concurrency rows
+    (worker.netbench.bench_concurrency): free over alone, and lockstep over free, per-chunk times of
+    the same ranks in the same minute, each never below 1 (noise must not speed ranks up). Contention
+    is None without an `compute_alone` row (the caller falls back on the matmul probe's rates);
+    lockstep is 1 without its rows (one rank, or an older snapshot)."""
+    t = {m["op"]: float(m["time_s"]) for m in measurements if m["op"] in CONCURRENCY_OPS}
+    free = t.get("compute_free", 0.0)
+    if free <= 0:
+        return None, 1.0
+    contention = max(1.0, free / t["compute_alone"]) if t.get("compute_alone", 0.0) > 0 else None
+    lockstep = max(1.0, t["compute_lockstep"] / free) if "compute_lockstep" in t else 1.0
+    return contention, lockstep
 
 
 def fsdp_overhead_from(measurements: Iterable[Mapping], fits: Mapping[str, CollectiveFit]) -> FsdpOverhead | None:
@@ -248,11 +259,11 @@ def cpu_calibration(
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
     (plus, optionally, the measured optimizer step per parameter, and the snapshot's measurement rows
     for FSDP2's own cost; see the module docstring)."""
-    slowdown = contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s, num_cores)
-    ops = collective_fits(fits, num_ranks)
     measurements = list(measurements)
+    measured, lockstep = measured_slowdowns(measurements)
+    slowdown = measured or contention_slowdown(single_rank_flop_per_s, per_rank_flop_per_s, num_cores)
+    ops = collective_fits(fits, num_ranks)
     fsdp = fsdp_overhead_from(measurements, ops)
-    lockstep = lockstep_slowdown_from(measurements)
     return Calibration(
         num_ranks=num_ranks, compute_slowdown=slowdown, collectives=tuple(sorted(ops.items())),
         adam_bytes_per_param=ADAM_BYTES_PER_PARAM_CPU_LOOP, adam_s_per_param=adam_s_per_param,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.alphabeta import AlphaBeta, fit_alpha_beta
-from planner.calibrate import FSDP_OPS, LOCKSTEP_OPS
+from planner.calibrate import CONCURRENCY_OPS, FSDP_OPS
 from planner.catalog import lookup
 from planner.cluster import ClusterSpec, LinkSpec, NodeSpec
 from planner.errors import MeshplanError
@@ -89,9 +89,9 @@ def snapshot_fingerprint(snapshot: dict[str, Any]) -> str:
     return hardware_fingerprint(snapshot_identity(snapshot))
 
 
-# Runtime overheads the netbench times (pipelining schedule, FSDP2 per module and tensor, compute in
-# lockstep and free): inputs of planner.calibrate, not transfers, so never α–β fitted.
-OVERHEAD_OPS = frozenset({"pipeline_microbatch", *FSDP_OPS, *LOCKSTEP_OPS})
+# Runtime overheads the netbench times (pipelining schedule, FSDP2 per module and tensor, compute
+# alone, together and in lockstep): inputs of planner.calibrate, not transfers, so never α–β fitted.
+OVERHEAD_OPS = frozenset({"pipeline_microbatch", *FSDP_OPS, *CONCURRENCY_OPS})
 
 
 def fit_snapshot(snapshot: dict[str, Any]) -> list[OpFit]:

@@ -34,7 +34,8 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     ranks under gloo: discovery's collective fits, pipeline-schedule and FSDP2 overheads, and the profiled
     optimizer step per parameter per layout.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
-    Discovery probes the ranks together only, so the shared-cache contention factor is taken as 1;
+    Contention and lockstep come from discovery's concurrency bench (one rank alone, the ranks
+    together, in lockstep; snapshots without it: contention 1, as the ranks were only probed together);
     the node's core count prices ranks that share cores (processor sharing in `estimate`)."""
     from storage.hardware import resolve_snapshot
     from storage.profiles import load_optimizer_profile

@@ -6,8 +6,8 @@ One code path: gloo on CPU (one thread per rank), NCCL on GPU (one GPU per rank)
 message size (median of repeats, slowest rank for collectives): all_reduce, all_gather and
 reduce_scatter over all ranks, send/recv ping-pong between rank pairs (and a trivial 2-stage 1F1B pipeline
 step of torch.distributed.pipelining between ranks 0 and 1, `bench_pipeline`, and FSDP2's own cost per
-sharded module and tensor, `bench_fsdp`; and how much slower all ranks compute in lockstep than
-free, `bench_lockstep`), each pair classed as
+sharded module and tensor, `bench_fsdp`; and how much slower ranks compute together than alone,
+and in lockstep than free, `bench_concurrency`), each pair classed as
 intra-node or inter-node by node name (MESHPLAN_NODE_NAME overrides the hostname, so two simulated
 nodes on one machine are told apart). An op the backend lacks is recorded as unsupported, not faked.
 Message bytes follow nccl-tests: the whole buffer (all_reduce buffer, all_gather output,
@@ -223,58 +223,72 @@ def bench_fsdp(repeats: int, device: str) -> list[dict]:
     return rows
 
 
-LOCKSTEP_ITERS = 10
+CONCURRENCY_ITERS = 10
 
 
-def bench_lockstep(device: str, matmul_size: int, rounds: int) -> list[dict]:
-    """How much slower ranks compute when they meet after every chunk of work, as training's ranks
-    do at each p2p and collective, than when each runs free (the cost model's lockstep slowdown,
-    planner.calibrate.lockstep_slowdown_from).
+def bench_concurrency(device: str, matmul_size: int, rounds: int) -> list[dict]:
+    """How much slower ranks compute when they run at once than alone (contention: shared caches and
+    memory bus), and when they also meet after every chunk of work, as training's ranks do at each
+    p2p and collective, than running free (lockstep): the cost model's two slowdowns
+    (planner.calibrate.measured_slowdowns).
 
-    Every rank runs LOCKSTEP_ITERS matmuls of `matmul_size` (about a micro-batch's work on a CPU
-    core) twice per round, free and with a barrier after each, in alternating order over `rounds`
-    rounds, and times LOCKSTEP_ITERS bare barriers. Rows (all ranks, one pace): `compute_lockstep`,
-    the median per-chunk time in lockstep less the bare barrier's; `compute_free`, the median over
-    rounds of the ranks' median free per-chunk time. Measured on 2 gloo CPU ranks of this VM:
-    lockstep 1.08–1.27x free, 4 ranks on 2 cores 1.10–1.26x (a rank's speed drifts from moment to
-    moment, and in lockstep every chunk takes the slowest rank's time; free, each rank averages its
-    own). On a GPU the chunk is GPU_MIN_MATMUL wide at least, as in the probe; the cost model reads
-    these rows for CPU ranks only so far (planner.calibrate)."""
-    if device.startswith("cuda"):
-        matmul_size = max(matmul_size, GPU_MIN_MATMUL)
-    a = torch.randn(matmul_size, matmul_size, device=device)
-    b = torch.randn(matmul_size, matmul_size, device=device)
-    out = torch.empty(matmul_size, matmul_size, device=device)
-    for _ in range(2):
-        torch.mm(a, b, out=out)
-    dev = torch.device(device)
+    On CPU the first k = min(world, this node's cores) ranks take part, one per core (more ranks than
+    cores would time the cores' sharing, which the cost model prices itself); on GPUs every rank.
+    Each round, in rotating order: rank 0 runs CONCURRENCY_ITERS matmuls of `matmul_size` (about a
+    micro-batch's work on a CPU core; GPU_MIN_MATMUL at least on a GPU, as the probe) while the others
+    wait; all k run them free; all k run them with a barrier after each; and all time
+    CONCURRENCY_ITERS bare barriers. Rows (num_ranks = k), median over `rounds` of the per-chunk
+    time: `compute_alone`; `compute_free` (each round the ranks' median); `compute_lockstep`, less
+    the bare barrier's. Measured on this VM's 2 gloo CPU ranks: lockstep 1.05–1.27x free (a rank's
+    speed drifts from moment to moment, and in lockstep every chunk takes the slowest rank's time,
+    where running free each rank averages its own); free 0.97–1.07x alone."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cores: list[Any] = [None] * world
+    dist.all_gather_object(cores, host_info()["num_cores"] or world)  # every rank must agree on k
+    k = world if device.startswith("cuda") else min(world, *cores)
+    group = dist.new_group(list(range(k)))  # every rank takes part in creating it
+    rows: list[dict] = []
+    if rank < k:
+        size = max(matmul_size, GPU_MIN_MATMUL) if device.startswith("cuda") else matmul_size
+        a = torch.randn(size, size, device=device)
+        b = torch.randn(size, size, device=device)
+        out = torch.empty(size, size, device=device)
+        for _ in range(2):
+            torch.mm(a, b, out=out)
+        dev = torch.device(device)
 
-    def timed(lockstep: bool, work: bool) -> float:
-        sync_device(dev)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(LOCKSTEP_ITERS):
-            if work:
-                torch.mm(a, b, out=out)
-            if lockstep:
-                sync_device(dev)
-                dist.barrier()
-        sync_device(dev)
-        return (time.perf_counter() - start) / LOCKSTEP_ITERS
+        def timed(mode: str) -> float:
+            """Per-chunk seconds: `alone` (rank 0 works), `free`, `lockstep`, or `barrier` (no work)."""
+            sync_device(dev)
+            dist.barrier(group)
+            start = time.perf_counter()
+            if mode != "alone" or rank == 0:
+                for _ in range(CONCURRENCY_ITERS):
+                    if mode != "barrier":
+                        torch.mm(a, b, out=out)
+                    if mode in ("lockstep", "barrier"):
+                        sync_device(dev)
+                        dist.barrier(group)
+            sync_device(dev)
+            t = (time.perf_counter() - start) / CONCURRENCY_ITERS
+            dist.barrier(group)  # the others wait while rank 0 works alone
+            return t
 
-    lock, free = [], []
-    for r in range(rounds):
-        for lockstep in (True, False) if r % 2 == 0 else (False, True):
-            (lock if lockstep else free).append(timed(lockstep, work=True))
-        lock[-1] -= timed(lockstep=True, work=False)
-    frees: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(frees, free)
-    free_median = statistics.median(statistics.median(f[r] for f in frees) for r in range(rounds))
-    world = dist.get_world_size()
-    return [
-        {"op": "compute_lockstep", "message_bytes": 0, "time_s": max(0.0, statistics.median(lock)), "num_ranks": world},
-        {"op": "compute_free", "message_bytes": 0, "time_s": free_median, "num_ranks": world},
-    ]
+        modes = ("alone", "free", "lockstep")
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(rounds):
+            for mode in modes[r % 3 :] + modes[: r % 3]:
+                times[mode].append(timed(mode))
+            times["lockstep"][-1] -= timed("barrier")
+        every: list[Any] = [None] * k
+        dist.all_gather_object(every, times["free"], group=group)
+        if rank == 0:
+            free = statistics.median(statistics.median(f[r] for f in every) for r in range(rounds))
+            for op, t in (("compute_alone", statistics.median(times["alone"])), ("compute_free", free),
+                          ("compute_lockstep", max(0.0, statistics.median(times["lockstep"])))):  # fmt: skip
+                rows.append({"op": op, "message_bytes": 0, "time_s": t, "num_ranks": k})
+    dist.barrier()
+    return rows
 
 
 def _link_class(nodes: list[str]) -> str:
@@ -336,7 +350,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
         if dist.get_world_size() >= 2:
             pairs += bench_pipeline(repeats, device)
             pairs += bench_fsdp(repeats, device)
-            collectives += bench_lockstep(device, matmul_size, repeats)
+            collectives += bench_concurrency(device, matmul_size, repeats)
         report = {
             "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
             "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,

@@ -62,7 +62,7 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     from flows.discover import discover_flow
     from flows.plan import plan_flow
     from flows.profile import profile_flow
-    from planner.calibrate import fsdp_overhead_from, lockstep_slowdown_from, pipeline_overhead_s
+    from planner.calibrate import fsdp_overhead_from, measured_slowdowns, pipeline_overhead_s
     from planner.cost import estimate
     from planner.model import get_model
     from storage.hardware import load_snapshot
@@ -94,10 +94,12 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     # FSDP2's own cost per module, from discovery's bench rows less the collectives' fitted price
     assert calib.fsdp == fsdp_overhead_from(stored.measurements.to_dicts(), dict(calib.collectives))
     assert calib.fsdp is not None and calib.fsdp.module_s > 0
-    # ranks in lockstep against running free, from discovery's matmul chunks timed both ways
+    # ranks together against one alone, and in lockstep against free, from discovery's matmul chunks
     ops = set(stored.measurements["op"].to_list())
-    assert {"compute_lockstep", "compute_free"} <= ops
-    assert calib.lockstep_slowdown == lockstep_slowdown_from(stored.measurements.to_dicts()) >= 1.0
+    assert {"compute_alone", "compute_free", "compute_lockstep"} <= ops
+    contention, lockstep = measured_slowdowns(stored.measurements.to_dicts())
+    assert (calib.compute_slowdown, calib.lockstep_slowdown) == (contention, lockstep)
+    assert contention >= 1.0 and lockstep >= 1.0
     # the node's cores, so ranks that outnumber them are priced as sharing them
     from worker.probe import num_cores
 

@@ -11,7 +11,7 @@ from planner.calibrate import (
     collective_fits,
     contention_slowdown,
     cpu_calibration,
-    lockstep_slowdown_from,
+    measured_slowdowns,
 )
 from planner.cluster import parse_cluster
 from planner.cost import estimate
@@ -287,18 +287,26 @@ def test_zero_stages_book_fsdp_overhead_on_every_gather_and_reduce_scatter_of_ev
     assert extra == pytest.approx(ops * per_step)
 
 
-def lockstep_rows(lock: float, free: float) -> list[dict]:
-    return [{"op": "compute_lockstep", "message_bytes": 0, "time_s": lock, "num_ranks": 2},
-            {"op": "compute_free", "message_bytes": 0, "time_s": free, "num_ranks": 2}]  # fmt: skip
+def concurrency_rows(alone: float | None, free: float, lock: float | None) -> list[dict]:
+    times = {"compute_alone": alone, "compute_free": free, "compute_lockstep": lock}
+    return [{"op": op, "message_bytes": 0, "time_s": t, "num_ranks": 2} for op, t in times.items() if t is not None]
 
 
-def test_lockstep_slowdown_is_lockstep_over_free_never_below_one_and_one_without_rows():
-    assert lockstep_slowdown_from(lockstep_rows(0.030, 0.024)) == pytest.approx(1.25)
-    assert lockstep_slowdown_from(lockstep_rows(0.020, 0.024)) == 1.0  # noise must not speed ranks up
-    assert lockstep_slowdown_from(lockstep_rows(0.030, 0.024)[:1]) == 1.0
-    assert lockstep_slowdown_from([]) == 1.0
-    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, measurements=lockstep_rows(0.030, 0.024))
-    assert cal.lockstep_slowdown == pytest.approx(1.25) and "lockstep 1.25" in cal.source
+def test_measured_slowdowns_are_free_over_alone_and_lockstep_over_free_never_below_one():
+    assert measured_slowdowns(concurrency_rows(0.020, 0.024, 0.030)) == pytest.approx((1.2, 1.25))
+    assert measured_slowdowns(concurrency_rows(0.030, 0.024, 0.020)) == (1.0, 1.0)  # noise must not speed ranks up
+    # an older snapshot: no alone row (contention from the probe's rates), or no rows at all
+    assert measured_slowdowns(concurrency_rows(None, 0.024, 0.030)) == (None, pytest.approx(1.25))
+    assert measured_slowdowns([]) == (None, 1.0)
+
+
+def test_cpu_calibration_takes_contention_from_the_concurrency_rows_and_falls_back_on_the_rates():
+    # the probe's rates say 2x; the same-minute chunks say 1.2x, and win
+    cal = cpu_calibration(60e9, [30e9, 30e9], [], 2, measurements=concurrency_rows(0.020, 0.024, 0.030))
+    assert (cal.compute_slowdown, cal.lockstep_slowdown) == pytest.approx((1.2, 1.25))
+    assert "slowdown 1.20, lockstep 1.25" in cal.source
+    old = cpu_calibration(60e9, [30e9, 30e9], [], 2, measurements=concurrency_rows(None, 0.024, 0.030))
+    assert (old.compute_slowdown, old.lockstep_slowdown) == pytest.approx((2.0, 1.25))
 
 
 def test_lockstep_slowdown_scales_compute_and_optimizer_like_contention():

@@ -156,14 +156,16 @@ def test_single_rank_uses_memory_copy_bandwidth():
 
 
 def test_runtime_overhead_rows_are_kept_but_never_fitted_as_links():
-    """The netbench's pipelining, FSDP2 and lockstep rows are calibration inputs, not transfers: even
+    """The netbench's pipelining, FSDP2 and concurrency rows are calibration inputs, not transfers: even
     at two sizes (FSDP2's module rows) they get no α–β fit, while the collectives beside them still do."""
     snap = make_snapshot({"n0": 2}, {INTRA: 10e-6}, {INTRA: 8e9})
     extra = [{"op": op, "message_bytes": b, "time_s": t, "src": 0, "dst": 1, "num_ranks": 2, "link_class": INTRA}
              for op, b, t in (("fsdp_module", 16384, 6e-3), ("fsdp_module", 4194304, 30e-3),
                               ("fsdp_tensor", 16384, 1e-4), ("pipeline_microbatch", 1024, 2e-3),
-                              ("compute_lockstep", 0, 30e-3), ("compute_free", 0, 25e-3))]  # fmt: skip
+                              ("compute_alone", 0, 24e-3), ("compute_lockstep", 0, 30e-3),
+                              ("compute_free", 0, 25e-3))]  # fmt: skip
     snap["measurements"] += extra
     ops = {f.op for f in fit_snapshot(snap)}
     assert "all_reduce" in ops and "send_recv" in ops
-    assert not ops & {"fsdp_module", "fsdp_tensor", "pipeline_microbatch", "compute_lockstep", "compute_free"}
+    assert not ops & {"fsdp_module", "fsdp_tensor", "pipeline_microbatch", "compute_alone", "compute_lockstep",
+                      "compute_free"}  # fmt: skip

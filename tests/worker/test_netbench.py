@@ -49,7 +49,7 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     assert {m["message_bytes"] for m in pairs} == {1024, 65536, 1048576}
     ops = {m["op"] for m in snap["measurements"]} | {u["op"] for u in snap["unsupported"]}
     assert ops == {"send_recv", "all_reduce", "all_gather", "reduce_scatter", "pipeline_microbatch", "fsdp_module",
-                   "fsdp_tensor", "compute_lockstep", "compute_free"}  # fmt: skip
+                   "fsdp_tensor", "compute_alone", "compute_free", "compute_lockstep"}  # fmt: skip
     # one trivial 2-stage 1F1B step of torch.distributed.pipelining between the two ranks
     (pipe,) = [m for m in snap["measurements"] if m["op"] == "pipeline_microbatch"]
     assert pipe["link_class"] == INTER and pipe["num_ranks"] == 2 and 0 < pipe["time_s"] < 1.0
@@ -59,10 +59,14 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     assert [b for b, _ in mods] == [64 * 64 * 4, 1024 * 1024 * 4] and all(0 < t < 1.0 for _, t in mods)
     (tensor,) = [m for m in snap["measurements"] if m["op"] == "fsdp_tensor"]
     assert 0 <= tensor["time_s"] < mods[0][1]
-    # both ranks' matmul chunks timed free and with a barrier after each (bare barrier's time removed)
-    lock = {m["op"]: m for m in snap["measurements"] if m["op"] in ("compute_lockstep", "compute_free")}
-    assert all(m["num_ranks"] == 2 and m["link_class"] == INTER for m in lock.values())
-    assert 0 < lock["compute_free"]["time_s"] < 1.0 and 0 <= lock["compute_lockstep"]["time_s"] < 1.0
+    # matmul chunks timed on rank 0 alone, on both ranks free and with a barrier after each (bare
+    # barrier's time removed): one row each, over min(ranks, cores) ranks
+    conc = [m for m in snap["measurements"] if m["op"] in ("compute_alone", "compute_free", "compute_lockstep")]
+    assert len(conc) == 3 and all(m["link_class"] == INTER for m in conc)
+    assert {m["num_ranks"] for m in conc} == {min(2, len(os.sched_getaffinity(0)))}
+    times = {m["op"]: m["time_s"] for m in conc}
+    assert 0 < times["compute_alone"] < 1.0 and 0 < times["compute_free"] < 1.0
+    assert 0 <= times["compute_lockstep"] < 1.0
     assert all(m["time_s"] > 0 for m in snap["measurements"] if m["op"] not in ("fsdp_tensor", "compute_lockstep"))
     assert all(r["probe"]["matmul_flop_per_s"] > 1e6 for r in snap["ranks"])
 
