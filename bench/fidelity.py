@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -299,6 +300,8 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     ):
         # gloo's sporadic abort at process exit (STACK.md §1.3) after every step was logged is no failure
         raise RuntimeError(f"{name}: torchrun exited {rc}:\n{log_tail(run_dir / 'torchrun.log')}")
+    # the final checkpoint is no measurement: 80 MB a run, 4 GB a 5-round state folder (which filled a disk)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return run_step_time_s(run_dir)
 
 
