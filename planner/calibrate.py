@@ -89,6 +89,9 @@ FSDP_OPS = ("fsdp_module", "fsdp_tensor")
 # discovery's concurrency bench rows (worker.netbench.bench_concurrency): per-chunk compute of one
 # rank alone, of the ranks together running free, and in lockstep
 CONCURRENCY_OPS = ("compute_alone", "compute_free", "compute_lockstep")
+# parameter layouts the optimizer step is timed on (worker.layer_bench.adamw_s_per_param): plain,
+# tensor-parallel DTensors, FSDP2-sharded DTensors
+OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from planner.calibrate import OPTIMIZER_LAYOUTS
 from planner.model import ModelSpec
 from planner.profiles import LayerProfile, ProfileKey, ProfileTable
 from storage.db import connect
@@ -158,7 +159,6 @@ def missing_keys(
 
 # ---- optimizer step time per parameter (schema/0009_optimizer_steps.sql) -------------------------
 
-OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")  # as worker.layer_bench.OPTIMIZER_LAYOUTS
 OPTIMIZER_KEY_COLUMNS = ("model_fingerprint", "device_kind", "layout", "num_ranks", "torch_version")
 OPTIMIZER_VALUE_COLUMNS = ("model_name", "optimizer", "s_per_param", "measured_at")
 OPTIMIZER_COLUMNS = OPTIMIZER_KEY_COLUMNS + OPTIMIZER_VALUE_COLUMNS

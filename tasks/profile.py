@@ -22,10 +22,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from planner.calibrate import OPTIMIZER_LAYOUTS
 from planner.model import ModelSpec
 from planner.profiles import CommFit, ProfileKey, ProfileTable
 from storage.profiles import (
-    OPTIMIZER_LAYOUTS,
     ingest_jsonl,
     load_profile_table,
     missing_keys,

@@ -48,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
+from planner.calibrate import OPTIMIZER_LAYOUTS
 from planner.model import ModelSpec
 from worker.model import Block, Embedding, Head, loss_fn
 
@@ -302,9 +303,6 @@ def measure_memory(spec: ModelSpec, req: Request, device: str, dtype: str) -> di
     out["workspace_bytes"] = transient + rebuilt
     out["workspace_method"] = "cpu:2*largest_tensor+recomputed_saved_set"
     return out
-
-
-OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")
 
 
 def adamw_s_per_param(

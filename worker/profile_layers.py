@@ -37,13 +37,13 @@ from typing import Any
 import torch
 
 from planner import flops
+from planner.calibrate import OPTIMIZER_LAYOUTS
 from planner.catalog import lookup
 from planner.errors import UnknownNameError
 from planner.model import ModelSpec
 from planner.profiling import catalog_peak
 from worker.inject import crash_once
 from worker.layer_bench import (
-    OPTIMIZER_LAYOUTS,
     Request,
     adamw_s_per_param,
     build_case,
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
 
 def measure_optimizer(args: argparse.Namespace) -> dict[str, Any]:
     """AdamW's step time per local parameter over one block of the model, per parameter layout
-    (worker.layer_bench.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
+    (planner.calibrate.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
     adamw_s_per_param): in this process on a fake group, or with `--tp-group real` on every rank of
     the torchrun group at once, as training's ranks step (the median over ranks; "num_ranks" says which)."""
     import torch.distributed as dist
