@@ -19,7 +19,7 @@ rounds); `--keep best` the least-disturbed round (a neighbour only ever adds tim
 the machine with nobody else on it. The kept snapshots and
 profiles go into a DuckDB file in the state folder; `--replay` re-prices a state folder.
 Prediction: planner.cost.estimate on the cluster discovered at the plan's rank count plus the
-profiles, with the calibration from discovery (planner.calibrate; nothing fitted on these runs),
+profiles, with the calibration from discovery (planner.measure.calibrate; nothing fitted on these runs),
 and without it. Printed: plan, predicted, measured, error %, then MAPE and Spearman ρ for the cost
 model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate)).
 
@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from planner import flops  # noqa: E402
-from planner.calibrate import (  # noqa: E402
+from planner.cost import estimate  # noqa: E402
+from planner.measure.calibrate import (  # noqa: E402
     COLLECTIVE_OPS,
     CONCURRENCY_OPS,
     FSDP_OPS,
@@ -54,15 +54,16 @@ from planner.calibrate import (  # noqa: E402
     cpu_calibration,
     pipeline_overhead_from,
 )
-from planner.cluster import ClusterSpec  # noqa: E402
-from planner.cost import estimate  # noqa: E402
-from planner.model import ModelSpec  # noqa: E402
-from planner.plan import Plan, parse_plan  # noqa: E402
-from planner.profiles import ProfileTable  # noqa: E402
-from planner.profiling import profile_keys  # noqa: E402
+from planner.measure.profiles import ProfileTable  # noqa: E402
+from planner.measure.targets import profile_keys  # noqa: E402
+from planner.specs import flops  # noqa: E402
+from planner.specs.cluster import ClusterSpec  # noqa: E402
+from planner.specs.model import ModelSpec  # noqa: E402
+from planner.specs.plan import Plan, parse_plan  # noqa: E402
 
-FIDELITY_MODEL = ModelSpec(name="fidelity-gpt", family="gpt", num_layers=8, hidden=256, num_heads=4,
-                           vocab_size=512, seq_len=128)  # fmt: skip
+FIDELITY_MODEL = ModelSpec(
+    name="fidelity-gpt", family="gpt", num_layers=8, hidden=256, num_heads=4, vocab_size=512, seq_len=128
+)
 SEQ = 128
 WARMUP_STEPS = 2
 KEEP = {"mode": "median"}  # which round's value is kept (--keep): "median" or "best"
@@ -76,8 +77,15 @@ def keep(values: list, key=lambda v: v, best_is_max: bool = False):  # noqa: ANN
 
 
 def _stage(a: int, b: int, devs: list[int], tp: int = 1, dp: int = 1, rec: str = "none", shard: str = "none") -> dict:
-    return {"layer_start": a, "layer_end": b, "device_ids": devs, "tp": tp, "dp": dp, "recompute": rec,
-            "sharding": shard}  # fmt: skip
+    return {
+        "layer_start": a,
+        "layer_end": b,
+        "device_ids": devs,
+        "tp": tp,
+        "dp": dp,
+        "recompute": rec,
+        "sharding": shard,
+    }
 
 
 def fidelity_plans() -> dict[str, dict]:
@@ -109,7 +117,7 @@ def fidelity_plans() -> dict[str, dict]:
             sched="1f1b",
             stages=[_stage(0, 1, [0]), _stage(1, 3, [1]), _stage(3, 5, [2]), _stage(5, L, [3])],
             shares=[8],
-        ),  # fmt: skip
+        ),
         "dp4 none mbs2": dict(
             mbs=2, gb=8, sched="gpipe", stages=[_stage(0, L, [0, 1, 2, 3], dp=4)], shares=[2, 2, 2, 2]
         ),
@@ -117,10 +125,22 @@ def fidelity_plans() -> dict[str, dict]:
 
 
 def make_plan(name: str, f: dict) -> Plan:
-    return parse_plan({"version": 1, "model": FIDELITY_MODEL.name, "cluster": "this-machine",
-                       "global_batch_size": f["gb"], "seq_len": SEQ, "micro_batch_size": f["mbs"],
-                       "schedule": f["sched"], "dtype": "fp32", "stages": f["stages"], "batch_shares": f["shares"],
-                       "provenance": {"algorithm": "manual"}}, name)  # fmt: skip
+    return parse_plan(
+        {
+            "version": 1,
+            "model": FIDELITY_MODEL.name,
+            "cluster": "this-machine",
+            "global_batch_size": f["gb"],
+            "seq_len": SEQ,
+            "micro_batch_size": f["mbs"],
+            "schedule": f["sched"],
+            "dtype": "fp32",
+            "stages": f["stages"],
+            "batch_shares": f["shares"],
+            "provenance": {"algorithm": "manual"},
+        },
+        name,
+    )
 
 
 # ---- stage 1 and 2: discover and profile into DuckDB ---------------------------------------------
@@ -169,7 +189,7 @@ def kept_times(state: Path, num_ranks: int, ops: Iterable[str]) -> dict[tuple[st
 def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
     """α–β fits of the collectives over `num_ranks` ranks on the kept time of each message size
     across all rounds' snapshots, as discovery's fit rows."""
-    from planner.alphabeta import fit_alpha_beta
+    from planner.measure.alphabeta import fit_alpha_beta
 
     best = kept_times(state, num_ranks, COLLECTIVE_OPS)
     rows = []
@@ -185,7 +205,7 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 
 def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
     """Discovery's FSDP2 and concurrency bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
-    bench_concurrency), the kept time of each (op, size) across rounds, for planner.calibrate's
+    bench_concurrency), the kept time of each (op, size) across rounds, for planner.measure.calibrate's
     fsdp_overhead_from and measured_slowdowns; [] when none."""
     kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS)
     return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
@@ -194,7 +214,7 @@ def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
 def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> float:
     """The pipeline schedule's own cost per micro-batch beyond the p2p's α–β, of the kept round at
     `num_ranks` ranks on the kept cluster's link, as tasks.plan.load_calibration derives it from a
-    snapshot (planner.calibrate.pipeline_overhead_from); 0 when discovery did not time it (1 rank)."""
+    snapshot (planner.measure.calibrate.pipeline_overhead_from); 0 when discovery did not time it (1 rank)."""
     link = cluster.nodes[0].intra_link
     rounds = [
         json.loads(path.read_text())["measurements"] for path in state.glob(f"discover-{num_ranks}-*/snapshot.json")
@@ -221,8 +241,9 @@ def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> 
     for tp in sorted({k.tp for k in keys}):
         group = [k for k in keys if k.tp == tp]
         real_tp = tp <= len(os.sched_getaffinity(0))  # as flows.profile: a real tp group where the cores allow
-        profile_group.fn(FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / f"profile-{rnd}"),
-                         real_tp=real_tp)  # fmt: skip
+        profile_group.fn(
+            FIDELITY_MODEL, group, torch.__version__, 5, 0.1, timeout_s, str(state / f"profile-{rnd}"), real_tp=real_tp
+        )
 
 
 def kept_profiles(db: Path, state: Path) -> ProfileTable:
@@ -257,9 +278,20 @@ def measure_optimizer() -> dict:
     root (this folder's `profile.py` would shadow the stdlib module torch's optimizer imports)."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(OPTIMIZER_RANKS), "-m",
-           "worker.profile_layers", "--optimizer", "--spec-json", FIDELITY_MODEL.model_dump_json(),
-           "--tp-group", "real"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker.agent",
+        "--nproc-per-node",
+        str(OPTIMIZER_RANKS),
+        "-m",
+        "worker.profile_layers",
+        "--optimizer",
+        "--spec-json",
+        FIDELITY_MODEL.model_dump_json(),
+        "--tp-group",
+        "real",
+    ]
     res = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     return json.loads([line for line in res.stdout.splitlines() if line.startswith("{")][-1])
 
@@ -282,15 +314,23 @@ def kept_optimizer(state: Path) -> dict:
 
 def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) -> float:
     """Launch one real torchrun run of `plan`; its measured step time (`run_step_time_s`)."""
-    from worker.launch import Launch, log_tail, run_logged, torchrun_command
+    from launcher.launch import Launch, log_tail, run_logged, torchrun_command
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=state))
     (run_dir / "plan.json").write_text(plan.to_json())
     spec_file = run_dir / "model.json"
     spec_file.write_text(FIDELITY_MODEL.model_dump_json())
-    launch = Launch(plan_path=str(run_dir / "plan.json"), run_dir=str(run_dir), run_id=run_dir.name, steps=steps,
-                    nproc_per_node=plan.num_devices, data="synthetic", checkpoint_every=0, resume="none",
-                    collective_timeout_s=120.0)  # fmt: skip
+    launch = Launch(
+        plan_path=str(run_dir / "plan.json"),
+        run_dir=str(run_dir),
+        run_id=run_dir.name,
+        steps=steps,
+        nproc_per_node=plan.num_devices,
+        data="synthetic",
+        checkpoint_every=0,
+        resume="none",
+        collective_timeout_s=120.0,
+    )
     # No checkpoint: worker.train saves one at the last step, after the last timed step, so it costs
     # wall time but is outside every step_time_s.
     cmd = torchrun_command(launch) + ["--model-json", str(spec_file)]
@@ -390,14 +430,18 @@ def main() -> None:
         (state / f"optimizer-{rnd}.json").write_text(json.dumps(measure_optimizer()))
         for n in names:
             measure(plans[n], n, state, args.steps, args.timeout_s)
-        print(f"round {rnd + 1}/{done + args.rounds} done after {time.perf_counter() - t0:.0f} s, "
-              f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        print(
+            f"round {rnd + 1}/{done + args.rounds} done after {time.perf_counter() - t0:.0f} s, "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
 
     adam = kept_optimizer(state)
     for layout in ("plain", "tp", "fsdp"):
         v = adam.get(layout)
-        print(f"AdamW step on {layout} params, {adam.get('num_ranks', 0)} rank(s) at once: "
-              + (f"{v * 1e9:.2f} ns/param" if v else "not measured"))  # fmt: skip
+        print(
+            f"AdamW step on {layout} params, {adam.get('num_ranks', 0)} rank(s) at once: "
+            + (f"{v * 1e9:.2f} ns/param" if v else "not measured")
+        )
     clusters: dict[int, ClusterSpec] = {}
     calibs: dict[int, Calibration] = {}
     single = 0.0
@@ -407,21 +451,39 @@ def main() -> None:
         rates = stored.devices["measured_flop_per_s"].to_list()
         single = single or statistics.median(rates)
         node = clusters[n].nodes[0]
-        line = (f"discover {n} rank(s): {statistics.median(rates) / 1e9:.1f} GFLOP/s per rank, "
-                f"{node.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s memory, send/recv α "
-                f"{node.intra_link.latency_s * 1e6:.0f} µs {node.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")  # fmt: skip
+        line = (
+            f"discover {n} rank(s): {statistics.median(rates) / 1e9:.1f} GFLOP/s per rank, "
+            f"{node.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s memory, send/recv α "
+            f"{node.intra_link.latency_s * 1e6:.0f} µs {node.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+        )
         if n > 1:
             fits = collective_fit_rows(state, n)
             pipe = pipeline_overhead_for(state, n, clusters[n])
-            calibs[n] = cpu_calibration(single, rates, fits, n, os.cpu_count(), adam.get("plain"), adam.get("tp"),
-                                        pipe, overhead_rows_for(state, n), adam.get("fsdp"),
-                                        int(adam.get("num_ranks", 1)))  # fmt: skip
+            calibs[n] = cpu_calibration(
+                single,
+                rates,
+                fits,
+                n,
+                os.cpu_count(),
+                adam.get("plain"),
+                adam.get("tp"),
+                pipe,
+                overhead_rows_for(state, n),
+                adam.get("fsdp"),
+                int(adam.get("num_ranks", 1)),
+            )
             ar = calibs[n].fit("all_reduce")
             line += f"; contention {calibs[n].compute_slowdown:.2f}, lockstep {calibs[n].lockstep_slowdown:.2f}"
             line += f", pipelining {pipe * 1e3:.2f} ms/micro-batch"
             fs = calibs[n].fsdp
-            line += (f", FSDP2 {fs.module_s * 1e3:.2f} ms/module + {fs.s_per_byte * 1e9:.2f} ms/GB"
-                     f" + {fs.tensor_s * 1e3:.2f} ms/tensor") if fs else ""  # fmt: skip
+            line += (
+                (
+                    f", FSDP2 {fs.module_s * 1e3:.2f} ms/module + {fs.s_per_byte * 1e9:.2f} ms/GB"
+                    f" + {fs.tensor_s * 1e3:.2f} ms/tensor"
+                )
+                if fs
+                else ""
+            )
             line += f", all_reduce α {ar.alpha_s * 1e6:.0f} µs {1 / ar.beta_s_per_byte / 1e9:.2f} GB/s" if ar else ""
         print(line)
     table = kept_profiles(db, state)
@@ -440,19 +502,25 @@ def main() -> None:
         pred = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=calibs[plan.num_devices]).step_time_s
         raw = estimate(plan, FIDELITY_MODEL, cluster, table).step_time_s
         rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), keep(measured[n]), measured[n]))
-    head = (f"{'plan':<24}{'ranks':>6}{'predicted s':>13}{'measured s':>12}{'error %':>9}{'uncalib s':>11}{'err %':>8}"
-            f"{'FLOPs-only s':>14}{'err %':>8}  rounds s")  # fmt: skip
+    head = (
+        f"{'plan':<24}{'ranks':>6}{'predicted s':>13}{'measured s':>12}{'error %':>9}{'uncalib s':>11}{'err %':>8}"
+        f"{'FLOPs-only s':>14}{'err %':>8}  rounds s"
+    )
     print(head)
     print("-" * len(head))
     for n, k, p, u, b, m, ms in rows:
-        print(f"{n:<24}{k:>6}{p:>13.4f}{m:>12.4f}{100 * (p - m) / m:>+9.1f}{u:>11.4f}{100 * (u - m) / m:>+8.1f}"
-              f"{b:>14.4f}{100 * (b - m) / m:>+8.1f}  " + " ".join(f"{x:.3f}" for x in ms))  # fmt: skip
+        print(
+            f"{n:<24}{k:>6}{p:>13.4f}{m:>12.4f}{100 * (p - m) / m:>+9.1f}{u:>11.4f}{100 * (u - m) / m:>+8.1f}"
+            f"{b:>14.4f}{100 * (b - m) / m:>+8.1f}  " + " ".join(f"{x:.3f}" for x in ms)
+        )
     meas = [r[5] for r in rows]
     for label, col in (("cost model (calibrated)", 2), ("cost model (uncalibrated)", 3), ("FLOPs only (baseline)", 4)):
         pred = [r[col] for r in rows]
         print(f"{label:<26}: MAPE {mape(pred, meas):5.1f} %   Spearman ρ {spearman(pred, meas):+.3f}")
-    print(f"targets: MAPE ≤ 10 %, ρ ≥ 0.9; load average at end {os.getloadavg()[0]:.2f}; "
-          f"wall {time.perf_counter() - t0:.0f} s")  # fmt: skip
+    print(
+        f"targets: MAPE ≤ 10 %, ρ ≥ 0.9; load average at end {os.getloadavg()[0]:.2f}; "
+        f"wall {time.perf_counter() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import torch.utils.benchmark as tbench
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner import flops  # noqa: E402
-from planner.model import get_model  # noqa: E402
+from planner.specs import flops  # noqa: E402
+from planner.specs.model import get_model  # noqa: E402
 from worker.layer_bench import Request, build_case  # noqa: E402
 
 
@@ -39,9 +39,29 @@ def run_profiler(model_name: str, seq: int, repeats: int, min_block_s: float) ->
     spec = get_model(model_name)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.jsonl"
-        cmd = [sys.executable, "-m", "worker.profile_layers", "--spec-json", spec.model_dump_json(), "--out", str(out),
-               "--mbs", "1", "--seq", str(seq), "--tp", "1", "--recompute", "0", "--repeats", str(repeats),
-               "--min-block-s", str(min_block_s), "--device", "cpu"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "worker.profile_layers",
+            "--spec-json",
+            spec.model_dump_json(),
+            "--out",
+            str(out),
+            "--mbs",
+            "1",
+            "--seq",
+            str(seq),
+            "--tp",
+            "1",
+            "--recompute",
+            "0",
+            "--repeats",
+            str(repeats),
+            "--min-block-s",
+            str(min_block_s),
+            "--device",
+            "cpu",
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, timeout=1800, cwd=ROOT, env=env, capture_output=True)
@@ -75,8 +95,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, 1 thread, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"baseline: 1024³ fp32 matmul {matmul_gflops():.1f} GFLOP/s\n")
-    head = (f"{'model':<12}{'seq':>5}{'profile s':>10}{'layer':>10}{'fwd ms':>10}{'bwd ms':>10}{'noise %':>9}"
-            f"{'GFLOP/s':>9}{'act MB':>9}{'Timer ms':>10}{'Timer %':>9}{'per-layer s':>12}")  # fmt: skip
+    head = (
+        f"{'model':<12}{'seq':>5}{'profile s':>10}{'layer':>10}{'fwd ms':>10}{'bwd ms':>10}{'noise %':>9}"
+        f"{'GFLOP/s':>9}{'act MB':>9}{'Timer ms':>10}{'Timer %':>9}{'per-layer s':>12}"
+    )
     print(head)
     print("-" * len(head))
     for name in args.models:
@@ -90,17 +112,23 @@ def main() -> None:
             extra = f"{t_med * 1e3:>10.2f}{t_iqr:>9.1f}" if r["layer_kind"] == "block" else f"{'':>19}"
             # Timed iterations of one block measurement: warm-up (2), the sizing block (1), repeats × inner.
             block_cost_s = train * (3 + r["repeats"] * r["inner_iters"])
-            print(f"{name:<12}{seq:>5}{wall:>10.1f}{r['layer_kind']:>10}{r['forward_s'] * 1e3:>10.2f}"
-                  f"{r['backward_s'] * 1e3:>10.2f}{spread:>9.1f}{r['achieved_flop_per_s'] / 1e9:>9.1f}"
-                  f"{r['activation_bytes'] / 1e6:>9.2f}{extra}"
-                  + (f"{block_cost_s * spec.num_layers:>12.1f}" if r["layer_kind"] == "block" else ""))  # fmt: skip
+            print(
+                f"{name:<12}{seq:>5}{wall:>10.1f}{r['layer_kind']:>10}{r['forward_s'] * 1e3:>10.2f}"
+                f"{r['backward_s'] * 1e3:>10.2f}{spread:>9.1f}{r['achieved_flop_per_s'] / 1e9:>9.1f}"
+                f"{r['activation_bytes'] / 1e6:>9.2f}{extra}"
+                + (f"{block_cost_s * spec.num_layers:>12.1f}" if r["layer_kind"] == "block" else "")
+            )
         blk = next(r for r in rows if r["layer_kind"] == "block")
         analytic = flops.block_activation_bytes(spec, 1, seq, 1, "fp32")
-        print(f"{'':<12}block activations measured {blk['activation_bytes'] / 1e6:.2f} MB vs analytic "
-              f"{analytic / 1e6:.2f} MB ({blk['activation_bytes'] / analytic:.3f}×)")  # fmt: skip
-    print("\nnoise % = IQR of timed blocks (fwd + bwd) as % of the median; Timer = torch.utils.benchmark on the "
-          "same block;\nper-layer s = timed seconds a profiler measuring each of the num_layers blocks separately "
-          "would spend (one block's timed iterations × num_layers); the profiler spends them once")  # fmt: skip
+        print(
+            f"{'':<12}block activations measured {blk['activation_bytes'] / 1e6:.2f} MB vs analytic "
+            f"{analytic / 1e6:.2f} MB ({blk['activation_bytes'] / analytic:.3f}×)"
+        )
+    print(
+        "\nnoise % = IQR of timed blocks (fwd + bwd) as % of the median; Timer = torch.utils.benchmark on the "
+        "same block;\nper-layer s = timed seconds a profiler measuring each of the num_layers blocks separately "
+        "would spend (one block's timed iterations × num_layers); the profiler spends them once"
+    )
 
 
 if __name__ == "__main__":

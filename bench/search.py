@@ -16,18 +16,21 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from planner.cluster import parse_cluster
-from planner.model import get_model
+from planner.report.ranking import layout
 from planner.search import NoFeasiblePlan, search
-from planner.search.report import layout
+from planner.specs.cluster import parse_cluster
+from planner.specs.model import get_model
 
 KINDS = {
     "H100": ("H100-SXM5-80GB", "nvlink4", "ib-ndr"),
     "A100": ("A100-SXM4-80GB", "nvlink3", "ib-hdr"),
     "V100": ("V100-SXM2-32GB", "nvlink2", "ib-edr"),
 }
-MIXES = {"H100": {"H100": 1.0}, "H100+A100": {"H100": 0.5, "A100": 0.5},
-         "H100+A100+V100": {"H100": 0.5, "A100": 0.25, "V100": 0.25}}  # fmt: skip
+MIXES = {
+    "H100": {"H100": 1.0},
+    "H100+A100": {"H100": 0.5, "A100": 0.5},
+    "H100+A100+V100": {"H100": 0.5, "A100": 0.25, "V100": 0.25},
+}
 
 
 def make_cluster(num_gpus: int, mix: str):
@@ -36,8 +39,16 @@ def make_cluster(num_gpus: int, mix: str):
         n = max(1, int(num_gpus * frac))
         per = min(8, n)
         device, intra, inter = KINDS[kind]
-        nodes.append({"name": kind.lower(), "device": device, "num_devices": per, "count": n // per,
-                      "intra_link": intra, "inter_link": inter})  # fmt: skip
+        nodes.append(
+            {
+                "name": kind.lower(),
+                "device": device,
+                "num_devices": per,
+                "count": n // per,
+                "intra_link": intra,
+                "inter_link": inter,
+            }
+        )
     return parse_cluster({"name": f"{mix}-{num_gpus}", "nodes": nodes})
 
 
@@ -72,15 +83,33 @@ def main() -> None:
                 res = search(model, cluster, global_batch=gb, time_budget_s=budget)
                 wall = time.perf_counter() - t0
                 if isinstance(res, NoFeasiblePlan):
-                    t.add_row(model_name, str(cluster.num_devices), mix, f"{wall:.2f}", str(res.stats.shapes),
-                              "-", "-", "infeasible: " + res.reasons[0][:60] + "…", "-", "-")  # fmt: skip
+                    t.add_row(
+                        model_name,
+                        str(cluster.num_devices),
+                        mix,
+                        f"{wall:.2f}",
+                        str(res.stats.shapes),
+                        "-",
+                        "-",
+                        "infeasible: " + res.reasons[0][:60] + "…",
+                        "-",
+                        "-",
+                    )
                     continue
                 b = res.best
                 c = b.predicted
                 ups = [res.speedup(k) for k in ("megatron", "uniform")]
-                t.add_row(model_name, str(cluster.num_devices), mix, f"{wall:.2f}", str(res.stats.shapes),
-                          f"{c.step_time_s:.3g}", f"{c.mfu:.1%}", layout(b),
-                          *("n/a" if u is None else f"{u:.2f}×" for u in ups))  # fmt: skip
+                t.add_row(
+                    model_name,
+                    str(cluster.num_devices),
+                    mix,
+                    f"{wall:.2f}",
+                    str(res.stats.shapes),
+                    f"{c.step_time_s:.3g}",
+                    f"{c.mfu:.1%}",
+                    layout(b),
+                    *("n/a" if u is None else f"{u:.2f}×" for u in ups),
+                )
                 console.print(f"{model_name:12s} {cluster.num_devices:6d} {mix:15s} {wall:6.2f} s", highlight=False)
     console.print(t)
 

@@ -31,9 +31,17 @@ SLOW_RANK, FROM_STEP = 1, 15
 CFG = {"threshold": 0.3, "window": 10, "persistence_steps": 5, "margin_s": 0.5}
 # 16 samples per rank and step, as in tests/flows/test_replan_flow.py: with 4 the step is ~30 % all-reduce,
 # control broadcast and Python here, with 8 ~20 %, with 16 ~11 %, which no batch re-split can win back
-PLAN = {"model": "tiny", "cluster": "cpu", "global_batch_size": 64, "seq_len": 32, "micro_batch_size": 1,
-        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [16, 16, 16, 16],
-        "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]}  # fmt: skip
+PLAN = {
+    "model": "tiny",
+    "cluster": "cpu",
+    "global_batch_size": 64,
+    "seq_len": 32,
+    "micro_batch_size": 1,
+    "schedule": "1f1b",
+    "dtype": "fp32",
+    "batch_shares": [16, 16, 16, 16],
+    "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}],
+}
 
 
 def _steps(db: str, run_id: str) -> list[dict]:
@@ -41,9 +49,12 @@ def _steps(db: str, run_id: str) -> list[dict]:
     from storage.db import query
 
     # the final step's row also holds the final checkpoint save (~1 s): not a training step's time
-    return query(db, "SELECT step, max(wall_time_s) AS t, CAST(sum(tokens) FILTER (WHERE stage = 0 AND tp_index = 0) AS DOUBLE) AS tok, "
-                     "max(switch_action) AS switch FROM step_metrics WHERE run_id = ? GROUP BY step ORDER BY step",
-                 [run_id]).to_dicts()[:-1]  # fmt: skip
+    return query(
+        db,
+        "SELECT step, max(wall_time_s) AS t, CAST(sum(tokens) FILTER (WHERE stage = 0 AND tp_index = 0) AS DOUBLE) AS tok, "
+        "max(switch_action) AS switch FROM step_metrics WHERE run_id = ? GROUP BY step ORDER BY step",
+        [run_id],
+    ).to_dicts()[:-1]
 
 
 def timeline(steps: list[dict], smooth: int = 5) -> list[tuple[int, float, float]]:
@@ -77,10 +88,24 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     for replan in (True, False):
         run_id = f"f{factor}-{'replan' if replan else 'keep'}"
         t0 = time.perf_counter()
-        res = train_flow(db_path=db, plan_path=str(plan), steps=steps, nproc_per_node=4, run_id=run_id,
-                         runs_dir=str(tmp / "runs"), checkpoint_every=1000, timeout_s=900, data="synthetic",
-                         optimizer="sgd", lr=0.05, replan=replan, replan_config=CFG, slow_rank=SLOW_RANK,
-                         slow_factor=factor, slow_from_step=FROM_STEP)  # fmt: skip
+        res = train_flow(
+            db_path=db,
+            plan_path=str(plan),
+            steps=steps,
+            nproc_per_node=4,
+            run_id=run_id,
+            runs_dir=str(tmp / "runs"),
+            checkpoint_every=1000,
+            timeout_s=900,
+            data="synthetic",
+            optimizer="sgd",
+            lr=0.05,
+            replan=replan,
+            replan_config=CFG,
+            slow_rank=SLOW_RANK,
+            slow_factor=factor,
+            slow_from_step=FROM_STEP,
+        )
         out[replan] = {**res, "wall_s": time.perf_counter() - t0, "steps": _steps(db, run_id)}
     on, off = out[True], out[False]
     acted = [d for d in on["decisions"] if d["acted"]]
@@ -93,18 +118,29 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     healthy_on, healthy_off = window_tps(on["steps"], 3, FROM_STEP - 1), window_tps(off["steps"], 3, FROM_STEP - 1)
     after_on, after_off = window_tps(on["steps"], after, steps - 2), window_tps(off["steps"], after, steps - 2)
     return {
-        "factor": factor, "detected_at": det["detected_at_step"] if det else None,
-        "factor_decided": det["factor"] if det else None, "factor_final": final["factor"] if final else None,
-        "action": acted[0]["chosen_action"] if acted else "keep", "switch_step": switch,
+        "factor": factor,
+        "detected_at": det["detected_at_step"] if det else None,
+        "factor_decided": det["factor"] if det else None,
+        "factor_final": final["factor"] if final else None,
+        "action": acted[0]["chosen_action"] if acted else "keep",
+        "switch_step": switch,
         "shares": json.loads(acted[0]["new_plan_json"])["batch_shares"] if acted else PLAN["batch_shares"],
-        "healthy_tps": (healthy_on, healthy_off), "after_replan_tps": after_on, "after_keep_tps": after_off,
-        "gain_raw": after_on / after_off, "gain": (after_on / healthy_on) / (after_off / healthy_off),
+        "healthy_tps": (healthy_on, healthy_off),
+        "after_replan_tps": after_on,
+        "after_keep_tps": after_off,
+        "gain_raw": after_on / after_off,
+        "gain": (after_on / healthy_on) / (after_off / healthy_off),
         "wall_s": (on["wall_s"], off["wall_s"]),
         "timelines": {"replan": timeline(on["steps"]), "keep": timeline(off["steps"])},
-        "marks": {k: next((t for s, t, _ in timeline(on["steps"], 1) if s == v), None)
-                  for k, v in (("slowed", FROM_STEP), ("detected", det["detected_at_step"] if det else None),
-                               ("switch", switch))},
-    }  # fmt: skip
+        "marks": {
+            k: next((t for s, t, _ in timeline(on["steps"], 1) if s == v), None)
+            for k, v in (
+                ("slowed", FROM_STEP),
+                ("detected", det["detected_at_step"] if det else None),
+                ("switch", switch),
+            )
+        },
+    }
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -117,12 +153,19 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, r in zip(axes[0], results, strict=True):
         for name, color in (("keep", "tab:red"), ("replan", "tab:blue")):
             pts = r["timelines"][name]
-            ax.plot([p[1] for p in pts], [p[2] for p in pts], color=color, lw=1.2,
-                    label="re-planning" if name == "replan" else "no re-planning")  # fmt: skip
+            ax.plot(
+                [p[1] for p in pts],
+                [p[2] for p in pts],
+                color=color,
+                lw=1.2,
+                label="re-planning" if name == "replan" else "no re-planning",
+            )
         # markers at the re-planning run's wall clock (the other run's onset is within a second or two)
-        for key, style, label in (("slowed", ":", f"rank {SLOW_RANK} slowed {r['factor']}× (step {FROM_STEP})"),
-                                  ("detected", "--", f"detected (step {r['detected_at']})"),
-                                  ("switch", "-", f"switched (step {r['switch_step']})")):  # fmt: skip
+        for key, style, label in (
+            ("slowed", ":", f"rank {SLOW_RANK} slowed {r['factor']}× (step {FROM_STEP})"),
+            ("detected", "--", f"detected (step {r['detected_at']})"),
+            ("switch", "-", f"switched (step {r['switch_step']})"),
+        ):
             if r["marks"][key] is not None:
                 ax.axvline(
                     r["marks"][key], color="grey" if key == "slowed" else "tab:green", ls=style, lw=0.9, label=label
@@ -138,16 +181,21 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| slow factor | detected at step (delay) | factor: decided / final | action (switch step) → shares "
-             "| healthy tok/s (re-plan, keep run) | after switch: re-plan tok/s | after switch: keep tok/s "
-             "| gain raw | gain drift-corrected |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| slow factor | detected at step (delay) | factor: decided / final | action (switch step) → shares "
+        "| healthy tok/s (re-plan, keep run) | after switch: re-plan tok/s | after switch: keep tok/s "
+        "| gain raw | gain drift-corrected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda v: f"{v:.2f}" if v is not None else "—"  # noqa: E731
     for r in results:
         delay = f"{r['detected_at']} (+{r['detected_at'] - FROM_STEP})" if r["detected_at"] is not None else "—"
-        lines.append(f"| {r['factor']}× | {delay} | {fmt(r['factor_decided'])} / {fmt(r['factor_final'])} "
-                     f"| {r['action']} ({r['switch_step']}) → {r['shares']} "
-                     f"| {r['healthy_tps'][0]:.0f}, {r['healthy_tps'][1]:.0f} | {r['after_replan_tps']:.0f} "
-                     f"| {r['after_keep_tps']:.0f} | {r['gain_raw']:.2f}× | {r['gain']:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {r['factor']}× | {delay} | {fmt(r['factor_decided'])} / {fmt(r['factor_final'])} "
+            f"| {r['action']} ({r['switch_step']}) → {r['shares']} "
+            f"| {r['healthy_tps'][0]:.0f}, {r['healthy_tps'][1]:.0f} | {r['after_replan_tps']:.0f} "
+            f"| {r['after_keep_tps']:.0f} | {r['gain_raw']:.2f}× | {r['gain']:.2f}× |"
+        )
     return "\n".join(lines)
 
 
@@ -158,8 +206,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/out"))
     a = ap.parse_args()
     home = tempfile.mkdtemp(prefix="meshplan-bench-")
-    os.environ.update(PREFECT_HOME=home, PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
-                      PREFECT_LOGGING_LEVEL="ERROR", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")  # fmt: skip
+    os.environ.update(
+        PREFECT_HOME=home,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        DO_NOT_TRACK="1",
+        PREFECT_LOGGING_LEVEL="ERROR",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from planner.config import RunConfig
+    from planner.specs.config import RunConfig
 
 app = typer.Typer(
     name="meshplan",
@@ -48,8 +48,8 @@ def _globals(
 
 def load_settings(extra: list[str] | None = None) -> RunConfig:
     """The RunConfig: embedded defaults < config file < --set < command options (`extra`)."""
-    from planner.config import load_config
     from planner.errors import MeshplanError
+    from planner.specs.config import load_config
 
     text = None
     if G.config_file is not None:

@@ -18,40 +18,86 @@ from flows.discover import discover_flow
 from flows.plan import plan_flow
 from flows.profile import profile_flow
 from flows.train import train_flow
-from planner.config import RunConfig
 from planner.errors import MeshplanError
+from planner.specs.config import RunConfig
 
 
 @flow(name="pipeline")
 def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress: bool = False) -> dict[str, Any]:
     """Run every stage on this machine with `config`; returns a summary of what each stage did."""
     d, p, s, t = config.discover, config.profile, config.search, config.train
-    hw = discover_flow(db_path=db_path, num_ranks=d.num_ranks, refresh=d.refresh, message_sizes=list(d.message_sizes),
-                       repeats=d.repeats, matmul_size=d.matmul_size, timeout_s=d.timeout_s)  # fmt: skip
-    _say(f"discover: {'reused' if hw['reused'] else 'measured'} snapshot {hw['fingerprint']} "
-          f"({hw['num_devices']} devices on {hw['num_nodes']} node(s))")  # fmt: skip
-    prof = profile_flow(db_path=db_path, model_name=config.model, mbs=list(p.mbs), seq=list(p.seq) or None,
-                        tp=list(p.tp), dtype=p.dtype, repeats=p.repeats, timeout_s=p.timeout_s,
-                        run_dir=str(Path(runs_dir) / "profile"), show_progress=show_progress)  # fmt: skip
+    hw = discover_flow(
+        db_path=db_path,
+        num_ranks=d.num_ranks,
+        refresh=d.refresh,
+        message_sizes=list(d.message_sizes),
+        repeats=d.repeats,
+        matmul_size=d.matmul_size,
+        timeout_s=d.timeout_s,
+    )
+    _say(
+        f"discover: {'reused' if hw['reused'] else 'measured'} snapshot {hw['fingerprint']} "
+        f"({hw['num_devices']} devices on {hw['num_nodes']} node(s))"
+    )
+    prof = profile_flow(
+        db_path=db_path,
+        model_name=config.model,
+        mbs=list(p.mbs),
+        seq=list(p.seq) or None,
+        tp=list(p.tp),
+        dtype=p.dtype,
+        repeats=p.repeats,
+        timeout_s=p.timeout_s,
+        run_dir=str(Path(runs_dir) / "profile"),
+        show_progress=show_progress,
+    )
     _say(f"profile: {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
-    planned = plan_flow(db_path=db_path, model_name=config.model, snapshot=hw["fingerprint"],
-                        global_batch=s.global_batch, seq=s.seq, top_k=s.top_k, time_budget_s=s.time_budget_s,
-                        cpu_dtype=p.dtype)  # fmt: skip
+    planned = plan_flow(
+        db_path=db_path,
+        model_name=config.model,
+        snapshot=hw["fingerprint"],
+        global_batch=s.global_batch,
+        seq=s.seq,
+        top_k=s.top_k,
+        time_budget_s=s.time_budget_s,
+        cpu_dtype=p.dtype,
+    )
     if not planned["feasible"]:
         raise MeshplanError("model", config.model, "no plan fits this machine: " + "; ".join(planned["reasons"]))
-    _say(f"plan: best {planned['best']} predicted {planned['step_time_s'] * 1e3:.1f} ms/step"
-          f"{' (cached search)' if planned['cached'] else ''}")  # fmt: skip
-    run = train_flow(db_path=db_path, plan_id=planned["best"], steps=t.steps, nproc_per_node=planned["num_devices"],
-                     data=t.data, model=config.model, lr=t.lr, optimizer=t.optimizer, seed=t.seed,
-                     checkpoint_every=t.checkpoint_every, max_restarts=t.max_restarts, runs_dir=runs_dir,
-                     timeout_s=t.timeout_s, collective_timeout_s=t.collective_timeout_s,
-                     show_progress=show_progress)  # fmt: skip
-    summary = {"snapshot": hw, "profile": {k: prof[k] for k in ("measured", "reused", "estimated")},
-               "plan": planned, "run": {k: v for k, v in run.items() if k != "losses"},
-               "first_loss": run["losses"][0] if run["losses"] else None,
-               "last_loss": run["losses"][-1] if run["losses"] else None}  # fmt: skip
-    create_markdown_artifact(key="pipeline-summary", markdown=summary_markdown(summary, db_path),
-                             description="meshplan run: what each stage did")  # fmt: skip
+    _say(
+        f"plan: best {planned['best']} predicted {planned['step_time_s'] * 1e3:.1f} ms/step"
+        f"{' (cached search)' if planned['cached'] else ''}"
+    )
+    run = train_flow(
+        db_path=db_path,
+        plan_id=planned["best"],
+        steps=t.steps,
+        nproc_per_node=planned["num_devices"],
+        data=t.data,
+        model=config.model,
+        lr=t.lr,
+        optimizer=t.optimizer,
+        seed=t.seed,
+        checkpoint_every=t.checkpoint_every,
+        max_restarts=t.max_restarts,
+        runs_dir=runs_dir,
+        timeout_s=t.timeout_s,
+        collective_timeout_s=t.collective_timeout_s,
+        show_progress=show_progress,
+    )
+    summary = {
+        "snapshot": hw,
+        "profile": {k: prof[k] for k in ("measured", "reused", "estimated")},
+        "plan": planned,
+        "run": {k: v for k, v in run.items() if k != "losses"},
+        "first_loss": run["losses"][0] if run["losses"] else None,
+        "last_loss": run["losses"][-1] if run["losses"] else None,
+    }
+    create_markdown_artifact(
+        key="pipeline-summary",
+        markdown=summary_markdown(summary, db_path),
+        description="meshplan run: what each stage did",
+    )
     return summary
 
 
@@ -65,13 +111,17 @@ def summary_markdown(summary: dict[str, Any], db_path: str) -> str:
     hw, prof, plan, run = summary["snapshot"], summary["profile"], summary["plan"], summary["run"]
     measured, predicted = run.get("measured_step_time_s"), plan.get("step_time_s")
     err = f"{(predicted - measured) / measured:+.0%}" if measured and predicted else "n/a"
-    return "\n".join([
-        "# meshplan run",
-        "| stage | result |", "|---|---|",
-        f"| discover | snapshot `{hw['fingerprint']}` ({'reused' if hw['reused'] else 'measured'}), {hw['num_devices']} devices |",
-        f"| profile | {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated |",
-        f"| plan | `{plan['best']}`{' (cached)' if plan['cached'] else ''}, predicted {predicted:.4f} s/step |",
-        f"| train | run `{run['run_id']}` {run['status']}, measured {measured} s/step (prediction error {err}) |",
-        f"| loss | {summary['first_loss']} → {summary['last_loss']} |",
-        "", f"Database: `{db_path}`; run folder: `{run['run_dir']}`.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# meshplan run",
+            "| stage | result |",
+            "|---|---|",
+            f"| discover | snapshot `{hw['fingerprint']}` ({'reused' if hw['reused'] else 'measured'}), {hw['num_devices']} devices |",
+            f"| profile | {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated |",
+            f"| plan | `{plan['best']}`{' (cached)' if plan['cached'] else ''}, predicted {predicted:.4f} s/step |",
+            f"| train | run `{run['run_id']}` {run['status']}, measured {measured} s/step (prediction error {err}) |",
+            f"| loss | {summary['first_loss']} → {summary['last_loss']} |",
+            "",
+            f"Database: `{db_path}`; run folder: `{run['run_dir']}`.",
+        ]
+    )

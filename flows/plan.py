@@ -12,15 +12,15 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from planner.model import get_model
-from planner.profiling import is_gpu
+from launcher.progress import say, working
+from planner.measure.targets import is_gpu
+from planner.report.ranking import markdown_report, ranking_rows
+from planner.report.timeline import schedule_picture
 from planner.search import NoFeasiblePlan
-from planner.search.report import markdown_report, ranking_rows
-from planner.timeline import schedule_picture
+from planner.specs.model import get_model
+from storage.files import read_cluster_file
 from storage.hardware import resolve_cluster
-from tasks.files import read_cluster_file
 from tasks.plan import load_calibration, load_profiles, search_plans, store_plans
-from tasks.progress import say, working
 
 
 @flow(name="plan", log_prints=True)
@@ -39,27 +39,37 @@ def plan_flow(
     newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}.
 
     Plans train in bf16 on GPUs and in `cpu_dtype` on a cluster of CPU ranks: the dtype the profile
-    stage measures there and worker.train runs there (planner.profiling.device_dtype)."""
+    stage measures there and worker.train runs there (planner.measure.targets.device_dtype)."""
     model = get_model(model_name)
     cluster = read_cluster_file(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
     dtype = "bf16" if any(is_gpu(k) for k in cluster.device_kinds()) else cpu_dtype
     profiles = load_profiles(db_path, model)
-    # a discovered CPU machine is priced with what discovery and profiling measured (planner.calibrate)
+    # a discovered CPU machine is priced with what discovery and profiling measured (planner.measure.calibrate)
     calibration = None if cluster_file else load_calibration(db_path, model, snapshot)
     if calibration is not None:
         say(f"plan: calibrated to {calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
         searched = search_plans(
-            model, cluster, profiles, global_batch, seq or model.seq_len, top_k, time_budget_s, calibration, dtype,
+            model,
+            cluster,
+            profiles,
+            global_batch,
+            seq or model.seq_len,
+            top_k,
+            time_budget_s,
+            calibration,
+            dtype,
             return_state=True,
-        )  # fmt: skip
+        )
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")
     else:
         st = result.stats
-        say(f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
-            f"in {st.wall_s:.2f} s{' (time budget hit)' if st.timed_out else ''}")  # fmt: skip
+        say(
+            f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
+            f"in {st.wall_s:.2f} s{' (time budget hit)' if st.timed_out else ''}"
+        )
     title = f"{model.name} on {cluster.name} (batch {global_batch})"
     report = markdown_report(result, title)
     if not isinstance(result, NoFeasiblePlan):
@@ -69,6 +79,13 @@ def plan_flow(
         return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None, "cached": cached}
     key = store_plans(db_path, result)
     create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
-    return {"feasible": True, "search_key": key, "best": result.best.fingerprint(), "reasons": [],
-            "step_time_s": result.best.predicted.step_time_s, "cached": cached,
-            "num_devices": result.best.num_devices, "candidates": result.stats.candidates}  # fmt: skip
+    return {
+        "feasible": True,
+        "search_key": key,
+        "best": result.best.fingerprint(),
+        "reasons": [],
+        "step_time_s": result.best.predicted.step_time_s,
+        "cached": cached,
+        "num_devices": result.best.num_devices,
+        "candidates": result.stats.candidates,
+    }

@@ -7,7 +7,7 @@
    Re-running measures nothing already known, and the cost grows with distinct shapes, not layers.
    On a CPU, torch AdamW's step time per parameter (plain and DTensor parameters) is measured once
    per model and torch version afterwards; returned as "optimizer", a failure reported, not fatal.
-3. Kinds not present here get roofline estimates (planner.profiling), calibrated on measured GPUs
+3. Kinds not present here get roofline estimates (planner.measure.targets), calibrated on measured GPUs
    when there are any, stored flagged `estimated` with the efficiency used.
 4. Communication: discovery (stage 1) owns the collective bench and its α–β fits; this flow makes
    sure a snapshot exists for the hardware (running discovery as a subflow, which reuses a stored
@@ -23,21 +23,21 @@ from typing import Any
 from prefect import flow
 
 from planner.errors import MeshplanError
-from planner.flops import DTYPE_BYTES, LAYER_KINDS
-from planner.model import get_model
-from planner.profiling import (
-    calibration_for,
+from planner.measure.targets import (
     catalog_peak,
     device_dtype,
     device_peaks,
+    efficiency_for,
     estimate_rows,
     profile_keys,
     shape_groups,
     validate_shapes,
 )
+from planner.specs.flops import DTYPE_BYTES, LAYER_KINDS
+from planner.specs.model import get_model
+from storage.files import read_cluster_file
 from storage.profiles import estimate_rows as estimate_storage_rows
 from storage.profiles import load_optimizer_profile, missing_optimizer_profile, upsert_optimizer_profiles
-from tasks.files import read_cluster_file
 from tasks.profile import (
     comm_fits,
     find_missing,
@@ -98,8 +98,18 @@ def profile_flow(
             runs += 1
             # tp blocks are timed on a real tp group where this node has tp devices (CPU: cores)
             real_tp = group[0].tp <= here.get("device_count", 1)
-            state = task(model, group, here["torch_version"], repeats, min_block_s, timeout_s, run_dir, show_progress,
-                         real_tp, return_state=True)  # fmt: skip
+            state = task(
+                model,
+                group,
+                here["torch_version"],
+                repeats,
+                min_block_s,
+                timeout_s,
+                run_dir,
+                show_progress,
+                real_tp,
+                return_state=True,
+            )
             if state.is_completed():
                 measured += ingest_rows(db_path, state.result())
                 continue
@@ -135,7 +145,7 @@ def profile_flow(
                 peaks[r.key.device_kind] = peak
         for kind in others:
             kdtype = device_dtype(kind, dtype)
-            eff, source = calibration_for(model, kind, table, peaks)
+            eff, source = efficiency_for(model, kind, table, peaks)
             peak, bw = device_peaks(cluster, kind, kdtype)  # type: ignore[arg-type]  (others exist only with a cluster)
             est = estimate_rows(model, profile_keys(kind, mbs, seq, tp, kdtype, recompute), peak, bw, eff)
             estimated += ingest_rows(db_path, estimate_storage_rows(model, est, source))
@@ -143,15 +153,27 @@ def profile_flow(
 
     fits = _comm(db_path, cluster_file) if comm else []
     summary = {
-        "model": model.name, "fingerprint": model.fingerprint(), "device_kinds": kinds, "local_device": local_kind,
-        "torch_version": here["torch_version"], "measured": measured, "reused": reused, "estimated": estimated,
-        "profiler_runs": runs, "efficiency": efficiency, "comm_fits": [dataclasses.asdict(f) for f in fits],
-        "failed": failed + optimizer_failed, "run_dir": run_dir, "optimizer": optimizer,
+        "model": model.name,
+        "fingerprint": model.fingerprint(),
+        "device_kinds": kinds,
+        "local_device": local_kind,
+        "torch_version": here["torch_version"],
+        "measured": measured,
+        "reused": reused,
+        "estimated": estimated,
+        "profiler_runs": runs,
+        "efficiency": efficiency,
+        "comm_fits": [dataclasses.asdict(f) for f in fits],
+        "failed": failed + optimizer_failed,
+        "run_dir": run_dir,
+        "optimizer": optimizer,
         "optimizer_measured": optimizer_measured,
-    }  # fmt: skip
+    }
     if failed:
-        raise RuntimeError(f"{len(failed)} profiler group(s) failed (rows measured before failing were kept): "
-                           + "; ".join(summary["failed"]))  # fmt: skip
+        raise RuntimeError(
+            f"{len(failed)} profiler group(s) failed (rows measured before failing were kept): "
+            + "; ".join(summary["failed"])
+        )
     return summary
 
 

@@ -1,8 +1,8 @@
 """Stage 5 flow: re-plan around stragglers from a run's stored telemetry (and the live monitor's report).
 
 `replan_flow(db_path, run_id)` reads the run's step_metrics from DuckDB, detects slowdowns
-(planner.straggler), prices keep / rebalance / relayout on the degraded cluster (planner.replan),
-decides (planner.decide), stores the decision in `replan_decisions` and publishes it as a markdown
+(planner.replan.detect), prices keep / rebalance / relayout on the degraded cluster (planner.replan.options),
+decides (planner.replan.gate), stores the decision in `replan_decisions` and publishes it as a markdown
 artifact. A clean run detects nothing and records nothing. For a finished run the gain is counted
 over another run of the same length (what to change next time). If the run is still running and the
 choice is a rebalance, it writes the run's control.json (the ranks switch at their next step); a
@@ -18,30 +18,37 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from planner.cluster import ClusterSpec, parse_cluster_toml
-from planner.decide import GateConfig
-from planner.degrade import cpu_cluster
+from launcher.control import write_control
 from planner.errors import MeshplanError
-from planner.model import get_model
-from planner.monitor import MonitorConfig
-from planner.plan import Plan, parse_plan_json
-from planner.straggler import DetectConfig
+from planner.replan.degrade import cpu_cluster
+from planner.replan.detect import DetectConfig
+from planner.replan.gate import GateConfig
+from planner.replan.monitor import MonitorConfig
+from planner.specs.cluster import ClusterSpec, parse_cluster_toml
+from planner.specs.model import get_model
+from planner.specs.plan import Plan, parse_plan_json
 from storage.replan import run_plan_json
 from storage.runs import load_run, step_metrics
 from tasks.replan import decide_from_telemetry, store_decision
-from worker.control import write_control
 
 
 def monitor_config(
-    threshold: float = 0.10, persistence_steps: int = 5, window: int = 10, margin_s: float = 1.0,
-    min_gain: float = 0.05, cooldown_steps: int = 5, search_budget_s: float = 2.0, relayout: bool = True,
+    threshold: float = 0.10,
+    persistence_steps: int = 5,
+    window: int = 10,
+    margin_s: float = 1.0,
+    min_gain: float = 0.05,
+    cooldown_steps: int = 5,
+    search_budget_s: float = 2.0,
+    relayout: bool = True,
 ) -> MonitorConfig:
-    """A MonitorConfig from ReplanConfig's fields."""  # fmt: skip
+    """A MonitorConfig from ReplanConfig's fields."""
     return MonitorConfig(
         DetectConfig(threshold=threshold, persistence=persistence_steps, window=window),
         GateConfig(margin_s=margin_s, min_gain=min_gain, cooldown_steps=cooldown_steps),
-        search_budget_s, relayout,
-    )  # fmt: skip
+        search_budget_s,
+        relayout,
+    )
 
 
 def load_cluster(cluster_path: str | None, num_devices: int) -> tuple[ClusterSpec, bool]:
@@ -61,13 +68,24 @@ def decisions_markdown(run_id: str, records: list[dict[str, Any]]) -> str:
     if not records:
         return "\n".join(lines + ["No straggler detected: nothing to decide."])
     for i, rec in enumerate(records):
-        lines += [f"## Decision {i} at step {rec['step']}: **{rec['chosen_action']}**"
-                  + (" (acted)" if rec.get("acted") else ""), "", rec["reason"], "",
-                  "| rank | kind | factor | detected at step |", "|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {d['rank']} | {d['kind']} | {d['factor']:.2f}× | {d['detected_at_step']} |" for d in rec["detections"]]
+        lines += [
+            f"## Decision {i} at step {rec['step']}: **{rec['chosen_action']}**"
+            + (" (acted)" if rec.get("acted") else ""),
+            "",
+            rec["reason"],
+            "",
+            "| rank | kind | factor | detected at step |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {d['rank']} | {d['kind']} | {d['factor']:.2f}× | {d['detected_at_step']} |" for d in rec["detections"]
+        ]
         lines += ["", "| option | predicted step | switch cost | net gain | chosen |", "|---|---|---|---|---|"]
-        lines += [f"| {o['action']} | {o['step_time_s'] * 1e3:.1f} ms | {o['switch_cost_s']:.2f} s | "
-                  f"{o['net_gain_s']:.2f} s | {'✔' if o['chosen'] else ''} |" for o in rec["options"]]  # fmt: skip
+        lines += [
+            f"| {o['action']} | {o['step_time_s'] * 1e3:.1f} ms | {o['switch_cost_s']:.2f} s | "
+            f"{o['net_gain_s']:.2f} s | {'✔' if o['chosen'] else ''} |"
+            for o in rec["options"]
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -85,11 +103,18 @@ def current_plan(plan: Plan, rows: list[dict[str, Any]]) -> Plan:
 
 @flow(name="replan", log_prints=True)
 def replan_flow(
-    db_path: str, run_id: str, cluster_path: str | None = None, act: bool = True, threshold: float = 0.10,
-    persistence_steps: int = 5, window: int = 10, margin_s: float = 1.0, min_gain: float = 0.05,
+    db_path: str,
+    run_id: str,
+    cluster_path: str | None = None,
+    act: bool = True,
+    threshold: float = 0.10,
+    persistence_steps: int = 5,
+    window: int = 10,
+    margin_s: float = 1.0,
+    min_gain: float = 0.05,
     cooldown_steps: int = 5,
 ) -> dict[str, Any]:
-    """Decide for a stored run; returns {run_id, detected, action, reason, acted, decision_id}."""  # fmt: skip
+    """Decide for a stored run; returns {run_id, detected, action, reason, acted, decision_id}."""
     run = load_run(db_path, run_id)
     if run is None:
         raise MeshplanError("--run-id", run_id, "no such run in the database; list runs with `meshplan db`")
@@ -105,19 +130,34 @@ def replan_flow(
     horizon = int(run["num_steps"]) if live else last + 1 + int(run["num_steps"])
     dec = decide_from_telemetry(db_path, run_id, plan, get_model(plan.model), cluster, horizon, cfg)
     if dec is None:
-        create_markdown_artifact(key="replan-report", markdown=decisions_markdown(run_id, []),
-                                 description=f"re-planning for run {run_id}")  # fmt: skip
+        create_markdown_artifact(
+            key="replan-report", markdown=decisions_markdown(run_id, []), description=f"re-planning for run {run_id}"
+        )
         print(f"run {run_id}: no straggler detected in {len(rows)} telemetry rows")
-        return {"run_id": run_id, "detected": False, "action": "keep", "reason": "no straggler", "acted": False,
-                "decision_id": None}  # fmt: skip
+        return {
+            "run_id": run_id,
+            "detected": False,
+            "action": "keep",
+            "reason": "no straggler",
+            "acted": False,
+            "decision_id": None,
+        }
     rec = dec.record("replan_flow")
     chosen = dec.result.chosen_plan
     if act and live and chosen is not None and dec.result.decision.chosen.action == "rebalance":
         rec["control_version"] = write_control(run["run_dir"], "rebalance", batch_shares=list(chosen.batch_shares))
         rec["acted"], rec["new_plan_json"] = True, chosen.to_json()
     decision_id = store_decision(db_path, run_id, rec)
-    create_markdown_artifact(key="replan-report", markdown=decisions_markdown(run_id, [rec]),
-                             description=f"re-planning for run {run_id}")  # fmt: skip
+    create_markdown_artifact(
+        key="replan-report", markdown=decisions_markdown(run_id, [rec]), description=f"re-planning for run {run_id}"
+    )
     print(f"run {run_id}: {rec['chosen_action']} — {rec['reason']}")
-    return {"run_id": run_id, "detected": True, "action": rec["chosen_action"], "reason": rec["reason"],
-            "acted": rec["acted"], "decision_id": decision_id, "detections": json.loads(json.dumps(rec["detections"]))}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "detected": True,
+        "action": rec["chosen_action"],
+        "reason": rec["reason"],
+        "acted": rec["acted"],
+        "decision_id": decision_id,
+        "detections": json.loads(json.dumps(rec["detections"])),
+    }

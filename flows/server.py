@@ -60,7 +60,9 @@ def check_port_free(host: str, port: int) -> None:
         raise MeshplanError("--port", port, f"{host}:{port} is already in use; pass another --port")
 
 
-def start_server(state_dir: str | Path, host: str = "127.0.0.1", port: int = 4200, wait_s: float = 120.0) -> subprocess.Popen:
+def start_server(
+    state_dir: str | Path, host: str = "127.0.0.1", port: int = 4200, wait_s: float = 120.0
+) -> subprocess.Popen:
     """Start `prefect server start` on host:port and wait until /api/health answers."""
     check_port_free(host, port)
     env = dict(os.environ)
@@ -70,8 +72,11 @@ def start_server(state_dir: str | Path, host: str = "127.0.0.1", port: int = 420
     log = open(Path(state_dir) / "prefect-server.log", "ab")  # noqa: SIM115 - the server owns it
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     api_url = f"http://{host}:{port}/api"
     deadline = time.monotonic() + wait_s
     while not healthy(api_url):
@@ -81,7 +86,9 @@ def start_server(state_dir: str | Path, host: str = "127.0.0.1", port: int = 420
             proc.terminate()
             raise RuntimeError(f"prefect server did not answer on {api_url} within {wait_s:.0f} s; see {log.name}")
         time.sleep(0.5)
-    server_file(state_dir).write_text(json.dumps({"api_url": api_url, "pid": proc.pid, "ui_url": f"http://{host}:{port}"}))
+    server_file(state_dir).write_text(
+        json.dumps({"api_url": api_url, "pid": proc.pid, "ui_url": f"http://{host}:{port}"})
+    )
     return proc
 
 

@@ -21,12 +21,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.replan import decisions_markdown, load_cluster, monitor_config
+from launcher.launch import Launch, log_tail
 from planner.errors import MeshplanError
-from planner.model import get_model
-from planner.plan import Plan, check_plan_against, parse_plan_json
+from planner.specs.model import get_model
+from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from tasks.replan import supervise_training
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
-from worker.launch import Launch, log_tail
 
 
 def _read_plan(plan_path: str) -> Plan:
@@ -67,8 +67,10 @@ def report_markdown(run_id: str, plan: Plan, summary: list[dict[str, Any]], stat
     for r in summary:
         loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
         tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] is not None else "-"
-        lines.append(f"| {r['step']} | {fmt(r['step_time_s'])} | {fmt(r['max_compute_s'])} | "
-                     f"{fmt(r['max_comm_wait_s'])} | {loss} | {tps} |")  # fmt: skip
+        lines.append(
+            f"| {r['step']} | {fmt(r['step_time_s'])} | {fmt(r['max_compute_s'])} | "
+            f"{fmt(r['max_comm_wait_s'])} | {loss} | {tps} |"
+        )
     return "\n".join(lines)
 
 
@@ -108,11 +110,11 @@ def train_flow(
 ) -> dict[str, Any]:
     """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}.
 
-    `replan=True` runs the job under the straggler monitor (tasks/supervise.py): decisions go to
+    `replan=True` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
     `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
     relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
     `slow_*` inject faults (worker/faults.py). `show_progress` shows steps done / total, loss, step
-    time, tokens/s and ETA while the job runs (tasks/progress.py): a rich bar on a terminal, else a
+    time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal, else a
     line on stdout every few steps.
     """
     if (plan_path is None) == (plan_id is None):
@@ -122,8 +124,11 @@ def train_flow(
     plan = _read_plan(plan_path) if plan_path else load_stored_plan(db_path, plan_id)
     check_plan_against(plan, get_model(model or plan.model).num_layers, plan.num_devices)  # fail before launching
     if nproc_per_node * nnodes != plan.num_devices:
-        raise MeshplanError("--nproc-per-node", nproc_per_node,
-                            f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that")  # fmt: skip
+        raise MeshplanError(
+            "--nproc-per-node",
+            nproc_per_node,
+            f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
+        )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs"
     run_dir = run_dir / run_id
@@ -132,22 +137,50 @@ def train_flow(
 
     record_run(db_path, run_id, plan, steps, str(run_dir))
     launch = Launch(
-        plan_path=str(run_dir / "plan.json"), run_dir=str(run_dir), run_id=run_id, steps=steps,
-        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-        max_restarts=max_restarts, model=model, data=data, lr=lr, optimizer=optimizer, seed=seed,
-        checkpoint_every=checkpoint_every, resume=resume, collective_timeout_s=collective_timeout_s,
-        slow_rank=slow_rank, slow_factor=slow_factor, slow_from_step=slow_from_step, slow_link_rank=slow_link_rank,
-        slow_link_s_per_mib=slow_link_s_per_mib, slow_link_from_step=slow_link_from_step,
-    )  # fmt: skip
+        plan_path=str(run_dir / "plan.json"),
+        run_dir=str(run_dir),
+        run_id=run_id,
+        steps=steps,
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts,
+        model=model,
+        data=data,
+        lr=lr,
+        optimizer=optimizer,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        collective_timeout_s=collective_timeout_s,
+        slow_rank=slow_rank,
+        slow_factor=slow_factor,
+        slow_from_step=slow_from_step,
+        slow_link_rank=slow_link_rank,
+        slow_link_s_per_mib=slow_link_s_per_mib,
+        slow_link_from_step=slow_link_from_step,
+    )
     if replan:
         if nnodes != 1:
             raise MeshplanError("--replan", nnodes, "live re-planning supervises one node's torchrun; use --no-replan")
         cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
         state = supervise_training(
-            db_path, run_id, launch, plan, get_model(model or plan.model), cluster, None,
-            monitor_config(**(replan_config or {})), timeout_s, True, poll_s, synthetic, show_progress,
+            db_path,
+            run_id,
+            launch,
+            plan,
+            get_model(model or plan.model),
+            cluster,
+            None,
+            monitor_config(**(replan_config or {})),
+            timeout_s,
+            True,
+            poll_s,
+            synthetic,
+            show_progress,
             return_state=True,
-        )  # fmt: skip
+        )
     else:
         state = launch_training(launch, timeout_s, show_progress, poll_s, return_state=True)
     supervised = state.result(raise_on_failure=False) if replan and state.is_completed() else None
@@ -158,11 +191,17 @@ def train_flow(
     status = "completed" if state.is_completed() and not job_failed else "failed"
     message = f"torchrun exited {supervised['returncode']}" if job_failed else str(state.message)[:2000]
     summary = close_run(db_path, run_id, status, None if status == "completed" else message)
-    create_markdown_artifact(key="train-report", markdown=report_markdown(run_id, plan, summary, status),
-                             description=f"training run {run_id}: predicted vs measured step time")  # fmt: skip
+    create_markdown_artifact(
+        key="train-report",
+        markdown=report_markdown(run_id, plan, summary, status),
+        description=f"training run {run_id}: predicted vs measured step time",
+    )
     if supervised is not None:
-        create_markdown_artifact(key="replan-report", markdown=decisions_markdown(run_id, supervised["decisions"]),
-                                 description=f"re-planning decisions of run {run_id}")  # fmt: skip
+        create_markdown_artifact(
+            key="replan-report",
+            markdown=decisions_markdown(run_id, supervised["decisions"]),
+            description=f"re-planning decisions of run {run_id}",
+        )
     if job_failed:
         log = run_dir / "torchrun.log"
         raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
@@ -171,7 +210,10 @@ def train_flow(
     measured = measured_step_time_s(summary)
     print(f"run {run_id}: {len(summary)} steps, measured step {measured}, telemetry rows {rows}")
     return {
-        "run_id": run_id, "run_dir": str(run_dir), "status": status, "rows": rows,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "status": status,
+        "rows": rows,
         "measured_step_time_s": measured,
         "predicted_step_time_s": plan.predicted.step_time_s if plan.predicted is not None else None,
         "losses": [r["loss"] for r in summary],
@@ -179,4 +221,4 @@ def train_flow(
         "final_detections": supervised["final_detections"] if supervised else [],
         "segments": supervised["segments"] if supervised else [],
         "final_plan": supervised["plan"].to_json() if supervised else plan.to_json(),
-    }  # fmt: skip
+    }

@@ -42,7 +42,9 @@ def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnecti
 
 
 @contextmanager
-def connect(path: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(
+    path: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S
+) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short-lived connection to the store at `path`, migrated to the latest schema."""
     path = Path(path)
     if not read_only:

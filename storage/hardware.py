@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import polars as pl
 
-from planner.cluster import ClusterSpec, parse_cluster
-from planner.discovery import device_rows, fit_snapshot, spec_device_rows
+from planner.measure.discovery import device_rows, fit_snapshot, spec_device_rows
+from planner.specs.cluster import ClusterSpec, parse_cluster
 from storage.db import connect
 
 Source = Literal["probe", "file"]
@@ -51,8 +51,17 @@ def _link_rows(cluster: ClusterSpec) -> list[tuple]:
     rows = []
     for node in cluster.nodes:
         for link_class, link in (("intra-node", node.intra_link), ("inter-node", node.inter_link)):
-            rows.append((node.name, link_class, link.kind, link.bandwidth_bytes_per_s, link.latency_s,
-                         link.measured, link.source))  # fmt: skip
+            rows.append(
+                (
+                    node.name,
+                    link_class,
+                    link.kind,
+                    link.bandwidth_bytes_per_s,
+                    link.latency_s,
+                    link.measured,
+                    link.source,
+                )
+            )
     return rows
 
 
@@ -68,13 +77,31 @@ def _fit_rows(snapshot: dict[str, Any]) -> list[tuple]:
     out = []
     for f in fit_snapshot(snapshot):
         bw = f.fit.bandwidth_bytes_per_s
-        out.append((f.op, f.link_class, f.fit.alpha_s, f.fit.beta_s_per_byte, bw if math.isfinite(bw) else None,
-                    f.fit.r2, f.fit.num_points))  # fmt: skip
+        out.append(
+            (
+                f.op,
+                f.link_class,
+                f.fit.alpha_s,
+                f.fit.beta_s_per_byte,
+                bw if math.isfinite(bw) else None,
+                f.fit.r2,
+                f.fit.num_points,
+            )
+        )
     return out
 
 
-_DEVICE_COLS = ("node", "local_index", "rank", "kind", "memory_bytes", "peak_flop_per_s", "measured_flop_per_s",
-                "matmul_dtype", "memory_bandwidth_bytes_per_s")  # fmt: skip
+_DEVICE_COLS = (
+    "node",
+    "local_index",
+    "rank",
+    "kind",
+    "memory_bytes",
+    "peak_flop_per_s",
+    "measured_flop_per_s",
+    "matmul_dtype",
+    "memory_bandwidth_bytes_per_s",
+)
 
 
 def save_snapshot(
@@ -96,9 +123,15 @@ def save_snapshot(
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET name = excluded.name, "
                 "source = excluded.source, backend = excluded.backend, cluster_json = excluded.cluster_json, "
                 "snapshot_json = excluded.snapshot_json, created_at = now()",
-                [fingerprint, cluster.name, source, snapshot["backend"] if snapshot else None,
-                 cluster.model_dump_json(), json.dumps(snapshot) if snapshot else None],
-            )  # fmt: skip
+                [
+                    fingerprint,
+                    cluster.name,
+                    source,
+                    snapshot["backend"] if snapshot else None,
+                    cluster.model_dump_json(),
+                    json.dumps(snapshot) if snapshot else None,
+                ],
+            )
             for table in _CHILDREN:
                 con.execute(f"DELETE FROM {table} WHERE fingerprint = ?", [fingerprint])
             cols = ", ".join(_DEVICE_COLS)
@@ -147,9 +180,11 @@ def load_snapshot(db_path: str | Path, fingerprint: str) -> HardwareSnapshot:
             raise KeyError(f"no hardware snapshot {fingerprint!r}; stored: {', '.join(known) or 'none'}")
         name, source, created_at, cluster_json, snapshot_json = rows[0]
         frames = {
-            t: con.sql(f"SELECT * EXCLUDE (fingerprint) FROM {t} WHERE fingerprint = ? ORDER BY ALL", params=[fingerprint]).pl()
+            t: con.sql(
+                f"SELECT * EXCLUDE (fingerprint) FROM {t} WHERE fingerprint = ? ORDER BY ALL", params=[fingerprint]
+            ).pl()
             for t in _CHILDREN
-        }  # fmt: skip
+        }
     return HardwareSnapshot(
         fingerprint=fingerprint,
         name=name,
@@ -188,9 +223,11 @@ def resolve_snapshot(db_path: str | Path, fingerprint: str | None = None) -> Har
     probed = list_snapshots(db_path).filter(pl.col("source") == "probe") if Path(db_path).exists() else None
     if probed is None or probed.height == 0:
         raise MeshplanError(
-            "--cluster", None, "no cluster file given and this machine was never discovered; "
+            "--cluster",
+            None,
+            "no cluster file given and this machine was never discovered; "
             "pass --cluster FILE or run `meshplan discover` first",
-        )  # fmt: skip
+        )
     return load_snapshot(db_path, probed["fingerprint"][0])
 
 

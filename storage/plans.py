@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from planner.plan import Plan, parse_plan_json
-from planner.profiles import ProfileTable
+from planner.measure.profiles import ProfileTable
+from planner.specs.plan import Plan, parse_plan_json
 from storage.db import connect
 
 _COLUMNS = (
@@ -26,8 +26,9 @@ _COLUMNS = (
 def search_key(plan: Plan) -> str:
     """Id of the search that produced `plan` (provenance minus the algorithm, which baselines differ in)."""
     p = plan.provenance
-    blob = "|".join([p.model_fingerprint, p.cluster_fingerprint, p.config_fingerprint, p.profile_fingerprint,
-                     p.cost_model_version])  # fmt: skip
+    blob = "|".join(
+        [p.model_fingerprint, p.cluster_fingerprint, p.config_fingerprint, p.profile_fingerprint, p.cost_model_version]
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -35,12 +36,28 @@ def _row(plan: Plan, key: str, rank: int | None, baseline: str) -> list:
     c = plan.predicted
     p = plan.provenance
     return [
-        plan.fingerprint(), key, plan.model, plan.cluster, p.model_fingerprint, p.cluster_fingerprint,
-        p.profile_fingerprint, p.algorithm, p.cost_model_version, rank, baseline,
-        None if c is None else c.step_time_s, None if c is None else c.tokens_per_s, None if c is None else c.mfu,
-        None if c is None else max(c.peak_memory_bytes), None if c is None else c.feasible,
-        None if c is None else c.bottleneck, plan.pp, plan.dp, plan.num_devices, plan.to_json(),
-    ]  # fmt: skip
+        plan.fingerprint(),
+        key,
+        plan.model,
+        plan.cluster,
+        p.model_fingerprint,
+        p.cluster_fingerprint,
+        p.profile_fingerprint,
+        p.algorithm,
+        p.cost_model_version,
+        rank,
+        baseline,
+        None if c is None else c.step_time_s,
+        None if c is None else c.tokens_per_s,
+        None if c is None else c.mfu,
+        None if c is None else max(c.peak_memory_bytes),
+        None if c is None else c.feasible,
+        None if c is None else c.bottleneck,
+        plan.pp,
+        plan.dp,
+        plan.num_devices,
+        plan.to_json(),
+    ]
 
 
 def save_plans(

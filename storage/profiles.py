@@ -16,16 +16,40 @@ from typing import Any
 
 import polars as pl
 
-from planner.calibrate import OPTIMIZER_LAYOUTS
-from planner.model import ModelSpec
-from planner.profiles import LayerProfile, ProfileKey, ProfileTable
+from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
+from planner.specs.model import ModelSpec
 from storage.db import connect
 
-KEY_COLUMNS = ("model_fingerprint", "device_kind", "layer_kind", "micro_batch_size", "seq_len", "tp", "dtype",
-               "recompute", "torch_version")  # fmt: skip
-VALUE_COLUMNS = ("model_name", "forward_s", "backward_s", "forward_spread_s", "backward_spread_s", "param_bytes",
-                 "activation_bytes", "workspace_bytes", "achieved_flop_per_s", "estimated", "efficiency",
-                 "efficiency_source", "repeats", "timing_method", "measured_at", "tp_comm_included")  # fmt: skip
+KEY_COLUMNS = (
+    "model_fingerprint",
+    "device_kind",
+    "layer_kind",
+    "micro_batch_size",
+    "seq_len",
+    "tp",
+    "dtype",
+    "recompute",
+    "torch_version",
+)
+VALUE_COLUMNS = (
+    "model_name",
+    "forward_s",
+    "backward_s",
+    "forward_spread_s",
+    "backward_spread_s",
+    "param_bytes",
+    "activation_bytes",
+    "workspace_bytes",
+    "achieved_flop_per_s",
+    "estimated",
+    "efficiency",
+    "efficiency_source",
+    "repeats",
+    "timing_method",
+    "measured_at",
+    "tp_comm_included",
+)
 COLUMNS = KEY_COLUMNS + VALUE_COLUMNS
 ESTIMATE_TORCH_VERSION = ""
 
@@ -36,8 +60,12 @@ _UPSERT = (
 
 
 def _row_tuple(row: dict[str, Any]) -> tuple:
-    missing = [c for c in KEY_COLUMNS + ("forward_s", "backward_s", "param_bytes", "activation_bytes",
-                                         "workspace_bytes", "estimated", "measured_at") if row.get(c) is None]  # fmt: skip
+    missing = [
+        c
+        for c in KEY_COLUMNS
+        + ("forward_s", "backward_s", "param_bytes", "activation_bytes", "workspace_bytes", "estimated", "measured_at")
+        if row.get(c) is None
+    ]
     if missing:
         raise ValueError(f"profile row lacks {missing}: {row}")
     return tuple(bool(row.get(c)) if c == "tp_comm_included" else row.get(c) for c in COLUMNS)
@@ -89,16 +117,34 @@ def estimate_rows(
     out = []
     for p in profiles:
         k = p.key
-        out.append({
-            "model_fingerprint": model.fingerprint(), "device_kind": k.device_kind, "layer_kind": k.layer_kind,
-            "micro_batch_size": k.micro_batch_size, "seq_len": k.seq_len, "tp": k.tp, "dtype": k.dtype,
-            "recompute": k.recompute, "torch_version": ESTIMATE_TORCH_VERSION, "model_name": model.name,
-            "forward_s": p.forward_s, "backward_s": p.backward_s, "forward_spread_s": 0.0, "backward_spread_s": 0.0,
-            "param_bytes": p.param_bytes, "activation_bytes": p.activation_bytes, "workspace_bytes": p.workspace_bytes,
-            "achieved_flop_per_s": None, "estimated": True, "efficiency": p.efficiency,
-            "efficiency_source": efficiency_source, "repeats": 0, "timing_method": "estimate:roofline",
-            "measured_at": stamp,
-        })  # fmt: skip
+        out.append(
+            {
+                "model_fingerprint": model.fingerprint(),
+                "device_kind": k.device_kind,
+                "layer_kind": k.layer_kind,
+                "micro_batch_size": k.micro_batch_size,
+                "seq_len": k.seq_len,
+                "tp": k.tp,
+                "dtype": k.dtype,
+                "recompute": k.recompute,
+                "torch_version": ESTIMATE_TORCH_VERSION,
+                "model_name": model.name,
+                "forward_s": p.forward_s,
+                "backward_s": p.backward_s,
+                "forward_spread_s": 0.0,
+                "backward_spread_s": 0.0,
+                "param_bytes": p.param_bytes,
+                "activation_bytes": p.activation_bytes,
+                "workspace_bytes": p.workspace_bytes,
+                "achieved_flop_per_s": None,
+                "estimated": True,
+                "efficiency": p.efficiency,
+                "efficiency_source": efficiency_source,
+                "repeats": 0,
+                "timing_method": "estimate:roofline",
+                "measured_at": stamp,
+            }
+        )
     return out
 
 
@@ -129,14 +175,22 @@ def load_profile_table(
 
 
 def _profile(r: dict[str, Any]) -> LayerProfile:
-    key = ProfileKey(r["device_kind"], r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"],
-                     r["dtype"])  # fmt: skip
+    key = ProfileKey(
+        r["device_kind"], r["layer_kind"], r["micro_batch_size"], r["seq_len"], r["tp"], r["recompute"], r["dtype"]
+    )
     return LayerProfile(
-        key=key, forward_s=r["forward_s"], backward_s=r["backward_s"], param_bytes=r["param_bytes"],
-        activation_bytes=r["activation_bytes"], workspace_bytes=r["workspace_bytes"], estimated=r["estimated"],
-        efficiency=r["efficiency"], forward_spread_s=r["forward_spread_s"], backward_spread_s=r["backward_spread_s"],
+        key=key,
+        forward_s=r["forward_s"],
+        backward_s=r["backward_s"],
+        param_bytes=r["param_bytes"],
+        activation_bytes=r["activation_bytes"],
+        workspace_bytes=r["workspace_bytes"],
+        estimated=r["estimated"],
+        efficiency=r["efficiency"],
+        forward_spread_s=r["forward_spread_s"],
+        backward_spread_s=r["backward_spread_s"],
         tp_comm_included=bool(r.get("tp_comm_included")),
-    )  # fmt: skip
+    )
 
 
 def missing_keys(
@@ -146,8 +200,10 @@ def missing_keys(
     keys = list(keys)
     if not Path(db_path).exists() or not keys:
         return keys
-    sql = ("SELECT device_kind, layer_kind, micro_batch_size, seq_len, tp, recompute, dtype FROM layer_profiles "
-           "WHERE model_fingerprint = ? AND NOT estimated")  # fmt: skip
+    sql = (
+        "SELECT device_kind, layer_kind, micro_batch_size, seq_len, tp, recompute, dtype FROM layer_profiles "
+        "WHERE model_fingerprint = ? AND NOT estimated"
+    )
     params: list[Any] = [model.fingerprint()]
     if torch_version is not None:
         sql += " AND torch_version = ?"
@@ -194,8 +250,10 @@ def load_optimizer_profile(db_path: str | Path, model: ModelSpec, device_kind: s
     if not Path(db_path).exists():
         return {}
     where = "model_fingerprint = ? AND device_kind = ?"
-    sql = (f"SELECT layout, num_ranks, s_per_param FROM optimizer_steps WHERE {where} "
-           f"AND measured_at = (SELECT max(measured_at) FROM optimizer_steps WHERE {where}) ORDER BY num_ranks")  # fmt: skip
+    sql = (
+        f"SELECT layout, num_ranks, s_per_param FROM optimizer_steps WHERE {where} "
+        f"AND measured_at = (SELECT max(measured_at) FROM optimizer_steps WHERE {where}) ORDER BY num_ranks"
+    )
     with connect(db_path) as con:
         rows = con.execute(sql, [model.fingerprint(), device_kind] * 2).fetchall()
     if not rows:
@@ -209,8 +267,10 @@ def missing_optimizer_profile(
     """Whether any layout's measurement of this model, device kind, torch version and rank count is missing."""
     if not Path(db_path).exists():
         return True
-    sql = ("SELECT DISTINCT layout FROM optimizer_steps WHERE model_fingerprint = ? AND device_kind = ? "
-           "AND torch_version = ? AND num_ranks = ?")  # fmt: skip
+    sql = (
+        "SELECT DISTINCT layout FROM optimizer_steps WHERE model_fingerprint = ? AND device_kind = ? "
+        "AND torch_version = ? AND num_ranks = ?"
+    )
     with connect(db_path) as con:
         args = [model.fingerprint(), device_kind, torch_version, num_ranks]
         have = {layout for (layout,) in con.execute(sql, args).fetchall()}

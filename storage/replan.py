@@ -15,8 +15,20 @@ import polars as pl
 
 from storage.db import connect
 
-_FIELDS = ("step", "source", "detections", "options", "keep_step_time_s", "measured_step_time_s", "chosen_action",
-           "net_gain_s", "reason", "acted", "control_version", "new_plan_json")  # fmt: skip
+_FIELDS = (
+    "step",
+    "source",
+    "detections",
+    "options",
+    "keep_step_time_s",
+    "measured_step_time_s",
+    "chosen_action",
+    "net_gain_s",
+    "reason",
+    "acted",
+    "control_version",
+    "new_plan_json",
+)
 
 
 def save_decision(db_path: str | Path, run_id: str, record: dict[str, Any], decision_id: int | None = None) -> int:
@@ -38,9 +50,7 @@ def save_decision(db_path: str | Path, run_id: str, record: dict[str, Any], deci
 
 def load_decisions(db_path: str | Path, run_id: str) -> pl.DataFrame:
     with connect(db_path) as con:
-        return con.sql(
-            "SELECT * FROM replan_decisions WHERE run_id = ? ORDER BY decision_id", params=[run_id]
-        ).pl()
+        return con.sql("SELECT * FROM replan_decisions WHERE run_id = ? ORDER BY decision_id", params=[run_id]).pl()
 
 
 def run_plan_json(db_path: str | Path, run_id: str) -> str | None:

@@ -12,19 +12,34 @@ from pathlib import Path
 
 import polars as pl
 
-from planner.plan import Plan
+from planner.specs.plan import Plan
 from storage.db import connect
 
 STATUSES = ("running", "completed", "failed")
 
 # Column types of a telemetry line; read_json is told them so a file of all-null losses still loads.
 _COLUMNS = {
-    "rank": "INTEGER", "step": "INTEGER", "stage": "INTEGER", "replica": "INTEGER", "tp_index": "INTEGER",
-    "attempt": "INTEGER", "num_microbatches": "INTEGER", "samples": "INTEGER", "tokens": "BIGINT",
-    "step_time_s": "DOUBLE", "compute_s": "DOUBLE", "comm_wait_s": "DOUBLE", "optimizer_s": "DOUBLE",
-    "loss": "DOUBLE", "memory_bytes": "BIGINT", "memory_kind": "VARCHAR", "wall_time_s": "DOUBLE",
-    "control_version": "INTEGER", "switch_action": "VARCHAR", "checkpoint_s": "DOUBLE",
-}  # fmt: skip
+    "rank": "INTEGER",
+    "step": "INTEGER",
+    "stage": "INTEGER",
+    "replica": "INTEGER",
+    "tp_index": "INTEGER",
+    "attempt": "INTEGER",
+    "num_microbatches": "INTEGER",
+    "samples": "INTEGER",
+    "tokens": "BIGINT",
+    "step_time_s": "DOUBLE",
+    "compute_s": "DOUBLE",
+    "comm_wait_s": "DOUBLE",
+    "optimizer_s": "DOUBLE",
+    "loss": "DOUBLE",
+    "memory_bytes": "BIGINT",
+    "memory_kind": "VARCHAR",
+    "wall_time_s": "DOUBLE",
+    "control_version": "INTEGER",
+    "switch_action": "VARCHAR",
+    "checkpoint_s": "DOUBLE",
+}
 
 
 def start_run(db_path: str | Path, run_id: str, plan: Plan, num_steps: int, run_dir: str | Path) -> None:
@@ -40,9 +55,17 @@ def start_run(db_path: str | Path, run_id: str, plan: Plan, num_steps: int, run_
                    predicted_step_time_s = excluded.predicted_step_time_s, status = 'running',
                    num_steps = excluded.num_steps, world_size = excluded.world_size, run_dir = excluded.run_dir,
                    message = NULL, ended_at = NULL""",
-            [run_id, plan.fingerprint(), plan.to_json(), plan.model, predicted, num_steps, plan.num_devices,
-             str(run_dir)],
-        )  # fmt: skip
+            [
+                run_id,
+                plan.fingerprint(),
+                plan.to_json(),
+                plan.model,
+                predicted,
+                num_steps,
+                plan.num_devices,
+                str(run_dir),
+            ],
+        )
 
 
 def finish_run(db_path: str | Path, run_id: str, status: str, message: str | None = None) -> None:

@@ -20,16 +20,17 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from planner.cluster import ClusterSpec
-from planner.discovery import (
+from launcher.host import identify
+from planner.errors import MeshplanError
+from planner.measure.discovery import (
     cluster_from_snapshot,
     hardware_fingerprint,
     node_identity,
     snapshot_fingerprint,
 )
-from planner.errors import MeshplanError
+from planner.specs.cluster import ClusterSpec
+from storage import files
 from storage.hardware import find_snapshot, load_snapshot, save_snapshot
-from tasks import files
 
 
 def _retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -48,24 +49,31 @@ def read_cluster_file(path: str) -> ClusterSpec:
     return files.read_cluster_file(path)
 
 
-@task(name="probe-identity", retries=2, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+@task(
+    name="probe-identity",
+    retries=2,
+    retry_delay_seconds=2,
+    timeout_seconds=120,
+    cache_policy=NO_CACHE,
+    retry_condition_fn=_retry_unless_user_error,
+)
 def probe_identity(num_ranks: int) -> dict[str, Any]:
     """This node's identity and fingerprint, before measuring anything. With GPUs, one rank per GPU."""
-    from worker.probe import cuda_devices, host_info
-
-    host, gpus = host_info(), cuda_devices()
+    found = identify()
+    host, gpus = found["host"], found["gpus"]
     ranks = len(gpus) or num_ranks
-    ident = node_identity(host["node"], host["cpu_model"], host["num_cores"], host["memory_bytes"],
-                          [g["name"] for g in gpus], ranks)  # fmt: skip
+    ident = node_identity(
+        host["node"], host["cpu_model"], host["num_cores"], host["memory_bytes"], [g["name"] for g in gpus], ranks
+    )
     return {"fingerprint": hardware_fingerprint([ident]), "num_ranks": ranks, "node": host["node"]}
 
 
 def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run cmd in its own process group and kill the whole group on timeout (torchrun leaves orphans otherwise)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -82,8 +90,13 @@ def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.Comple
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-@task(name="run-netbench", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+@task(
+    name="run-netbench",
+    retries=1,
+    retry_delay_seconds=5,
+    cache_policy=NO_CACHE,
+    retry_condition_fn=_retry_unless_user_error,
+)
 def run_netbench(
     run_dir: str, num_ranks: int, message_sizes: list[int], repeats: int, matmul_size: int, timeout_s: float
 ) -> str:
@@ -91,11 +104,22 @@ def run_netbench(
     out = Path(run_dir) / "snapshot.json"
     out.unlink(missing_ok=True)  # a retry must not ingest the failed attempt's file
     cmd = [
-        sys.executable, "-m", "worker.launch", f"--nproc-per-node={num_ranks}",  # torchrun on 127.0.0.1 only
-        "--max-restarts=0", "-m", "worker.netbench", "--out", str(out),
-        "--message-sizes", ",".join(str(s) for s in message_sizes),
-        "--repeats", str(repeats), "--matmul-size", str(matmul_size),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "worker.agent",
+        f"--nproc-per-node={num_ranks}",  # torchrun on 127.0.0.1 only
+        "--max-restarts=0",
+        "-m",
+        "worker.netbench",
+        "--out",
+        str(out),
+        "--message-sizes",
+        ",".join(str(s) for s in message_sizes),
+        "--repeats",
+        str(repeats),
+        "--matmul-size",
+        str(matmul_size),
+    ]
     res = _run_group(cmd, Path(run_dir), timeout_s)
     if res.returncode != 0 or not out.is_file():
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
@@ -113,15 +137,25 @@ def load_cluster(db_path: str, fingerprint: str) -> ClusterSpec:
     return load_snapshot(db_path, fingerprint).cluster
 
 
-@task(name="record-cluster-file", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+@task(
+    name="record-cluster-file",
+    retries=2,
+    retry_delay_seconds=2,
+    cache_policy=NO_CACHE,
+    retry_condition_fn=_retry_unless_user_error,
+)
 def record_cluster(db_path: str, cluster: ClusterSpec) -> str:
     """Store a described cluster under its own spec fingerprint (idempotent)."""
     return save_snapshot(db_path, "file-" + cluster.fingerprint(), cluster, "file")
 
 
-@task(name="ingest-snapshot", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_user_error)  # fmt: skip
+@task(
+    name="ingest-snapshot",
+    retries=2,
+    retry_delay_seconds=2,
+    cache_policy=NO_CACHE,
+    retry_condition_fn=_retry_unless_user_error,
+)
 def ingest_snapshot(db_path: str, snapshot_path: str, name: str | None = None) -> str:
     """Fit, convert and store a netbench snapshot under its hardware fingerprint (idempotent)."""
     p = Path(snapshot_path)
@@ -139,15 +173,23 @@ def ingest_snapshot(db_path: str, snapshot_path: str, name: str | None = None) -
 def publish_hardware(db_path: str, fingerprint: str, reused: bool) -> None:
     """A markdown artifact in the Prefect UI: devices, links and fits of the snapshot."""
     snap = load_snapshot(db_path, fingerprint)
-    lines = [f"# Hardware {fingerprint} ({snap.source}{', reused' if reused else ''})", "",
-             "| node | kind | devices | memory GB | planner GFLOP/s | measured GFLOP/s | mem GB/s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Hardware {fingerprint} ({snap.source}{', reused' if reused else ''})",
+        "",
+        "| node | kind | devices | memory GB | planner GFLOP/s | measured GFLOP/s | mem GB/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (node, kind), rows in snap.devices.group_by("node", "kind", maintain_order=True):
         measured, bw = rows["measured_flop_per_s"].median(), rows["memory_bandwidth_bytes_per_s"].median()
-        lines.append(f"| {node} | {kind} | {rows.height} | {rows['memory_bytes'][0] / 1e9:.1f} | "
-                     f"{rows['peak_flop_per_s'][0] / 1e9:,.1f} | {'-' if measured is None else f'{measured / 1e9:,.1f}'} | "
-                     f"{'-' if bw is None else f'{bw / 1e9:.1f}'} |")  # fmt: skip
+        lines.append(
+            f"| {node} | {kind} | {rows.height} | {rows['memory_bytes'][0] / 1e9:.1f} | "
+            f"{rows['peak_flop_per_s'][0] / 1e9:,.1f} | {'-' if measured is None else f'{measured / 1e9:,.1f}'} | "
+            f"{'-' if bw is None else f'{bw / 1e9:.1f}'} |"
+        )
     lines += ["", "| node | class | kind | α µs | GB/s | source |", "|---|---|---|---|---|---|"]
     for r in snap.links.iter_rows(named=True):
-        lines.append(f"| {r['node']} | {r['link_class']} | {r['kind']} | {r['latency_s'] * 1e6:.1f} | "
-                     f"{r['bandwidth_bytes_per_s'] / 1e9:.3f} | {r['source'] or 'cluster file'} |")  # fmt: skip
+        lines.append(
+            f"| {r['node']} | {r['link_class']} | {r['kind']} | {r['latency_s'] * 1e6:.1f} | "
+            f"{r['bandwidth_bytes_per_s'] / 1e9:.3f} | {r['source'] or 'cluster file'} |"
+        )
     create_markdown_artifact("\n".join(lines), key=f"hardware-{fingerprint}".lower(), description=snap.name)

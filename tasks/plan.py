@@ -12,11 +12,11 @@ import statistics
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from planner.calibrate import Calibration, cpu_calibration, pipeline_overhead_from
-from planner.cluster import ClusterSpec
-from planner.model import ModelSpec
-from planner.profiles import ProfileTable
+from planner.measure.calibrate import Calibration, cpu_calibration, pipeline_overhead_from
+from planner.measure.profiles import ProfileTable
 from planner.search import NoFeasiblePlan, SearchResult, search
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
 from tasks.caching import stable_inputs
 
 
@@ -30,7 +30,7 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
 
 @task(name="load-calibration", cache_policy=NO_CACHE)
 def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
-    """Measured corrections (planner.calibrate) for a discovered snapshot whose devices are all CPU
+    """Measured corrections (planner.measure.calibrate) for a discovered snapshot whose devices are all CPU
     ranks under gloo: discovery's collective fits, pipeline-schedule and FSDP2 overheads, and the profiled
     optimizer step per parameter per layout.
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
@@ -47,19 +47,43 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
     adam = load_optimizer_profile(db_path, model, "cpu")
     measurements = snap.measurements.to_dicts()
     overhead = pipeline_overhead_from(measurements, snap.cluster.nodes[0].intra_link)
-    return cpu_calibration(statistics.median(rates), rates, snap.fits.to_dicts(), len(rates), snap.cores_per_node,
-                           adam.get("plain"), adam.get("tp"), overhead, measurements, adam.get("fsdp"),
-                           int(adam.get("num_ranks", 1)))  # fmt: skip
+    return cpu_calibration(
+        statistics.median(rates),
+        rates,
+        snap.fits.to_dicts(),
+        len(rates),
+        snap.cores_per_node,
+        adam.get("plain"),
+        adam.get("tp"),
+        overhead,
+        measurements,
+        adam.get("fsdp"),
+        int(adam.get("num_ranks", 1)),
+    )
 
 
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)
 def search_plans(
-    model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable, global_batch: int, seq: int, top_k: int,
-    time_budget_s: float, calibration: Calibration | None = None, dtype: str = "bf16",
-) -> SearchResult | NoFeasiblePlan:  # fmt: skip
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable,
+    global_batch: int,
+    seq: int,
+    top_k: int,
+    time_budget_s: float,
+    calibration: Calibration | None = None,
+    dtype: str = "bf16",
+) -> SearchResult | NoFeasiblePlan:
     return search(
-        model, cluster, profiles, global_batch=global_batch, seq=seq, dtype=dtype, top_k=top_k,
-        time_budget_s=time_budget_s, calibration=calibration,
+        model,
+        cluster,
+        profiles,
+        global_batch=global_batch,
+        seq=seq,
+        dtype=dtype,
+        top_k=top_k,
+        time_budget_s=time_budget_s,
+        calibration=calibration,
     )
 
 

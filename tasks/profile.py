@@ -22,9 +22,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from planner.calibrate import OPTIMIZER_LAYOUTS
-from planner.model import ModelSpec
-from planner.profiles import CommFit, ProfileKey, ProfileTable
+from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.measure.profiles import CommFit, ProfileKey, ProfileTable
+from planner.specs.model import ModelSpec
 from storage.profiles import (
     ingest_jsonl,
     load_profile_table,
@@ -40,8 +40,14 @@ WORKER = [sys.executable, "-m", "worker.profile_layers"]
 def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.CompletedProcess[str]:
     """Run in its own process group (killed whole on timeout); one thread so timings stay stable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None if show_stderr else subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=None if show_stderr else subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -73,8 +79,13 @@ def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Pa
     return Path(run_dir) / f"{k.device_kind}-seq{k.seq_len}-tp{k.tp}-{digest}.jsonl"
 
 
-@task(name="profile-layers", retries=2, retry_delay_seconds=3, timeout_seconds=900,
-      cache_policy=stable_inputs("run_dir", "show_progress"))  # fmt: skip
+@task(
+    name="profile-layers",
+    retries=2,
+    retry_delay_seconds=3,
+    timeout_seconds=900,
+    cache_policy=stable_inputs("run_dir", "show_progress"),
+)
 def profile_group(
     model: ModelSpec,
     keys: list[ProfileKey],
@@ -88,27 +99,58 @@ def profile_group(
 ) -> list[dict[str, Any]]:
     """Measure one (device kind, seq, tp) group in a subprocess; returns the rows of its JSONL file.
 
-    `real_tp` (and tp > 1): the profiler runs as tp real ranks under torchrun (worker.launch:
+    `real_tp` (and tp > 1): the profiler runs as tp real ranks under torchrun (launcher.launch:
     loopback only) and times tp blocks on that group, all-reduces included; the caller sets it when
     this node has tp devices (`local_device()["device_count"]`)."""
     out = group_out_path(run_dir, model, keys)
     out.parent.mkdir(parents=True, exist_ok=True)
-    requests = [{"layer_kind": k.layer_kind, "micro_batch_size": k.micro_batch_size, "seq_len": k.seq_len,
-                 "tp": k.tp, "recompute": k.recompute} for k in keys]  # fmt: skip
+    requests = [
+        {
+            "layer_kind": k.layer_kind,
+            "micro_batch_size": k.micro_batch_size,
+            "seq_len": k.seq_len,
+            "tp": k.tp,
+            "recompute": k.recompute,
+        }
+        for k in keys
+    ]
     req_file = out.with_suffix(".requests.json")
     req_file.write_text(json.dumps(requests))
     spec_file = out.with_suffix(".spec.json")
     spec_file.write_text(model.model_dump_json())
-    cmd = WORKER + ["--spec-json", f"@{spec_file}", "--out", str(out), "--requests-json", str(req_file),
-                    "--device-kind", keys[0].device_kind, "--dtype", keys[0].dtype, "--repeats", str(repeats),
-                    "--min-block-s", str(min_block_s)]  # fmt: skip
+    cmd = WORKER + [
+        "--spec-json",
+        f"@{spec_file}",
+        "--out",
+        str(out),
+        "--requests-json",
+        str(req_file),
+        "--device-kind",
+        keys[0].device_kind,
+        "--dtype",
+        keys[0].dtype,
+        "--repeats",
+        str(repeats),
+        "--min-block-s",
+        str(min_block_s),
+    ]
     if keys[0].device_kind == "cpu":
         cmd += ["--device", "cpu"]
     if show_progress:
         cmd.append("--progress")
     if real_tp and keys[0].tp > 1:
-        cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(keys[0].tp), "-m",
-               "worker.profile_layers", *cmd[len(WORKER):], "--tp-group", "real"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "worker.agent",
+            "--nproc-per-node",
+            str(keys[0].tp),
+            "-m",
+            "worker.profile_layers",
+            *cmd[len(WORKER) :],
+            "--tp-group",
+            "real",
+        ]
     res = _run(cmd, timeout_s, show_stderr=show_progress)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:]) or "(stderr shown above)"
@@ -139,7 +181,7 @@ def load_profiles(db_path: str, model: ModelSpec) -> ProfileTable:
 @task(name="comm-fits", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def comm_fits(db_path: str, hardware_fingerprint: str) -> list[CommFit]:
     """α–β fits discovery stored for this hardware, plus datasheet fits for link kinds it did not measure."""
-    from planner.profiling import comm_fits_from_snapshot
+    from planner.measure.targets import comm_fits_from_snapshot
     from storage.hardware import load_snapshot
 
     snap = load_snapshot(db_path, hardware_fingerprint)
@@ -152,7 +194,7 @@ def profile_optimizer(
 ) -> list[dict[str, Any]]:
     """Measure torch AdamW's CPU step time per parameter over one block of `model`, for each parameter
     layout (plain, tp, fsdp), in a profiler subprocess: one process on a fake group, or with
-    `num_ranks` > 1 that many real ranks under torchrun (worker.launch: loopback only) all stepping at
+    `num_ranks` > 1 that many real ranks under torchrun (launcher.launch: loopback only) all stepping at
     once, as training's ranks do. Returns one row per layout for storage.profiles.upsert_optimizer_profiles.
     The spec file goes into `run_dir` when given, else into a temporary folder."""
     import datetime as dt
@@ -165,8 +207,18 @@ def profile_optimizer(
         spec_file.write_text(model.model_dump_json())
         cmd = WORKER + ["--optimizer", "--spec-json", f"@{spec_file}"]
         if num_ranks > 1:
-            cmd = [sys.executable, "-m", "worker.launch", "--nproc-per-node", str(num_ranks), "-m",
-                   "worker.profile_layers", *cmd[len(WORKER):], "--tp-group", "real"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "worker.agent",
+                "--nproc-per-node",
+                str(num_ranks),
+                "-m",
+                "worker.profile_layers",
+                *cmd[len(WORKER) :],
+                "--tp-group",
+                "real",
+            ]
         res = _run(cmd, timeout_s, show_stderr=False)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:])
@@ -182,8 +234,16 @@ def profile_optimizer(
         raise RuntimeError(f"optimizer profiler measured implausible seconds per parameter: {bad}")
     stamp = dt.datetime.now(dt.UTC).isoformat()
     return [
-        {"model_fingerprint": model.fingerprint(), "device_kind": out["device_kind"], "layout": layout,
-         "num_ranks": int(out["num_ranks"]), "torch_version": out["torch_version"], "model_name": model.name,
-         "optimizer": "adamw", "s_per_param": float(out[layout]), "measured_at": stamp}
+        {
+            "model_fingerprint": model.fingerprint(),
+            "device_kind": out["device_kind"],
+            "layout": layout,
+            "num_ranks": int(out["num_ranks"]),
+            "torch_version": out["torch_version"],
+            "model_name": model.name,
+            "optimizer": "adamw",
+            "s_per_param": float(out[layout]),
+            "measured_at": stamp,
+        }
         for layout in OPTIMIZER_LAYOUTS
-    ]  # fmt: skip
+    ]

@@ -12,26 +12,47 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from planner.cluster import ClusterSpec
-from planner.model import ModelSpec
-from planner.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
-from planner.plan import Plan
-from planner.profiles import ProfileTable
+from launcher.launch import Launch
+from launcher.supervise import Supervisor
+from planner.measure.profiles import ProfileTable
+from planner.replan.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan
 from storage.replan import save_decision
 from storage.runs import step_metrics
-from tasks.supervise import Supervisor
-from worker.launch import Launch
 
 
 @task(name="supervise-training", retries=0, cache_policy=NO_CACHE)
 def supervise_training(
-    db_path: str, run_id: str, launch: Launch, plan: Plan, model: ModelSpec, cluster: ClusterSpec,
-    profiles: ProfileTable | None, cfg: MonitorConfig, timeout_s: float, act: bool, poll_s: float,
-    synthetic_cluster: bool, show_progress: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    db_path: str,
+    run_id: str,
+    launch: Launch,
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable | None,
+    cfg: MonitorConfig,
+    timeout_s: float,
+    act: bool,
+    poll_s: float,
+    synthetic_cluster: bool,
+    show_progress: bool = False,
+) -> dict[str, Any]:
     """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""
-    sup = Supervisor(launch, plan, model, cluster, profiles, cfg, lambda rec: save_decision(db_path, run_id, rec),
-                     act=act, poll_s=poll_s, synthetic_cluster=synthetic_cluster, show_progress=show_progress)  # fmt: skip
+    sup = Supervisor(
+        launch,
+        plan,
+        model,
+        cluster,
+        profiles,
+        cfg,
+        lambda rec: save_decision(db_path, run_id, rec),
+        act=act,
+        poll_s=poll_s,
+        synthetic_cluster=synthetic_cluster,
+        show_progress=show_progress,
+    )
     return sup.run(timeout_s)
 
 

@@ -15,12 +15,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from launcher.control import TelemetryTail
+from launcher.launch import Launch, log_tail, run_logged, torchrun_command
+from launcher.progress import StepProgress
 from planner.errors import MeshplanError
-from planner.plan import Plan
+from planner.specs.plan import Plan
 from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
-from tasks.progress import StepProgress
-from worker.control import TelemetryTail
-from worker.launch import Launch, log_tail, run_logged, torchrun_command
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -51,14 +51,15 @@ def launch_training(
     """Run torchrun to completion; {returncode, wall_s}. A non-zero exit raises with the log's tail.
 
     While it runs, the ranks' telemetry is polled every `poll_s` for the progress display
-    (tasks/progress.py); the whole process group is killed past `timeout_s` or when interrupted.
+    (launcher/progress.py); the whole process group is killed past `timeout_s` or when interrupted.
     """
     log = Path(launch.run_dir) / "torchrun.log"
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
     with StepProgress(launch.steps, enabled=show_progress) as progress:
-        rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s,
-                                on_poll=lambda: progress.update(tail.read_new()), poll_s=poll_s)  # fmt: skip
+        rc, wall_s = run_logged(
+            torchrun_command(launch), log, timeout_s, on_poll=lambda: progress.update(tail.read_new()), poll_s=poll_s
+        )
         progress.update(tail.read_new())
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")

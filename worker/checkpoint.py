@@ -33,7 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from planner.model import ModelSpec
+from planner.specs.model import ModelSpec
 from worker import watchdog
 from worker.checkpoint_check import choose_resume, digest_folder, verify
 from worker.model import Decoder
@@ -109,12 +109,15 @@ def resume_from(resume: str, run_dir: Path) -> Path | None:
     """Collective: the verified checkpoint to resume from (see checkpoint_check.choose_resume), or None.
 
     Rank 0 appends what it chose and what it skipped to <run_dir>/resume.jsonl, so a fallback is on
-    record in the run folder, not only in the log."""  # fmt: skip
+    record in the run folder, not only in the log."""
     chosen, rejected = choose_resume(resume, run_dir)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        record = {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                  "checkpoint": str(chosen) if chosen else None,
-                  "step": checkpoint_step(chosen) if chosen else 0, "rejected": rejected}  # fmt: skip
+        record = {
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "checkpoint": str(chosen) if chosen else None,
+            "step": checkpoint_step(chosen) if chosen else 0,
+            "rejected": rejected,
+        }
         run_dir.mkdir(parents=True, exist_ok=True)
         with (run_dir / "resume.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")

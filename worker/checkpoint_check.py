@@ -50,7 +50,7 @@ def digest_folder(folder: Path) -> dict[str, dict[str, Any]]:
     """Collective when distributed: {file: {bytes, sha256}} of every file but meta.json, on rank 0.
 
     Rank r hashes the files DCP wrote for it (`__r_*.distcp`), so hashing is spread like writing was;
-    rank 0 adds `.metadata` and anything nobody claimed. Other ranks get {}."""  # fmt: skip
+    rank 0 adds `.metadata` and anything nobody claimed. Other ranks get {}."""
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "meta.json")
@@ -128,11 +128,15 @@ def candidates(root: Path) -> list[Path]:
     """`step_*` folders under a checkpoints root, newest first, none newer than the `latest` marker.
 
     The marker bounds the timeline: a folder past it belongs to an abandoned branch (a run resumed
-    from an older step into the same folder). A missing or garbled marker bounds nothing."""  # fmt: skip
-    steps = sorted(
-        ((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))),
-        reverse=True,
-    ) if root.is_dir() else []  # fmt: skip
+    from an older step into the same folder). A missing or garbled marker bounds nothing."""
+    steps = (
+        sorted(
+            ((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))),
+            reverse=True,
+        )
+        if root.is_dir()
+        else []
+    )
     marker = root / "latest"
     m = _STEP_DIR.match(marker.read_text(errors="replace").strip()) if marker.is_file() else None
     bound = int(m.group(1)) if m else None
@@ -160,7 +164,7 @@ def choose_resume(resume: str, run_dir: Path) -> tuple[Path | None, list[dict[st
 
     An explicitly named checkpoint folder that fails its check is an error (the user asked for that
     one); a run folder falls back to its newest valid checkpoint. Every skipped folder is printed
-    (rank 0) with its reason and returned for the record."""  # fmt: skip
+    (rank 0) with its reason and returned for the record."""
     if resume == "none":
         return None, []
     path = run_dir if resume == "auto" else Path(resume)
@@ -175,6 +179,9 @@ def choose_resume(resume: str, run_dir: Path) -> tuple[Path | None, list[dict[st
     if rejected and (not dist.is_initialized() or dist.get_rank() == 0):
         for r in rejected:
             print(f"checkpoint: skipping {r['checkpoint']}: {r['reason']}", file=sys.stderr, flush=True)
-        print(f"checkpoint: resuming from {chosen if chosen is not None else 'scratch (no valid checkpoint)'}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"checkpoint: resuming from {chosen if chosen is not None else 'scratch (no valid checkpoint)'}",
+            file=sys.stderr,
+            flush=True,
+        )
     return chosen, rejected

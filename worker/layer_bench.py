@@ -48,8 +48,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import checkpoint
 
-from planner.calibrate import OPTIMIZER_LAYOUTS
-from planner.model import ModelSpec
+from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.specs.model import ModelSpec
 from worker.model import Block, Embedding, Head, loss_fn
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -176,7 +176,7 @@ def time_case(
     """Median forward/backward seconds per iteration over `repeats` blocks, with IQR spreads.
 
     `agree` makes the ranks of a real tp group run the same number of iterations per block (each
-    one's collectives must meet the others'): it maps this rank's choice to the group's."""  # fmt: skip
+    one's collectives must meet the others'): it maps this rank's choice to the group's."""
     cuda = device.startswith("cuda")
     for _ in range(warmup):
         case.backward(case.forward())

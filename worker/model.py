@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.model import ModelSpec
+from planner.specs.model import ModelSpec
 
 
 class RMSNorm(nn.Module):

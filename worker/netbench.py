@@ -129,7 +129,7 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
     """One 1F1B step of torch.distributed.pipelining over ranks 0 and 1 with trivial stages (a
     256-wide Linear on one token, so compute and bytes are negligible): what the runtime's schedule
     costs per micro-batch slot beyond the layers and the α–β of the p2p (the cost model's pipeline
-    overhead, planner.calibrate). Measured on 2 gloo CPU ranks: 4.5–6 ms per micro-batch, against a 0.2–0.6 ms
+    overhead, planner.measure.calibrate). Measured on 2 gloo CPU ranks: 4.5–6 ms per micro-batch, against a 0.2–0.6 ms
     send/recv round trip. Other ranks only join the barriers."""
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -140,8 +140,9 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
     if rank < 2:
         m = PIPE_MICROBATCHES
         torch.manual_seed(0)
-        stage = PipelineStage(nn.Linear(PIPE_HIDDEN, PIPE_HIDDEN).to(device), rank, 2, torch.device(device),
-                              group=group)  # fmt: skip
+        stage = PipelineStage(
+            nn.Linear(PIPE_HIDDEN, PIPE_HIDDEN).to(device), rank, 2, torch.device(device), group=group
+        )
         sched = Schedule1F1B(stage, m, loss_fn=lambda y, t: (y - t).pow(2).mean())
         x = torch.randn(m, 1, PIPE_HIDDEN, device=device)
         target = torch.randn(m, 1, PIPE_HIDDEN, device=device)
@@ -155,8 +156,9 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
         step()  # warm-up: buffers and shapes
         t = median_time_s(step, device, repeats=repeats, inner=1)
         if rank == 0:  # per micro-batch: the cost model prices the step as m × (stage 0's τ) here
-            rows.append({"op": "pipeline_microbatch", "message_bytes": PIPE_HIDDEN * 4, "time_s": t / m, "src": 0,
-                         "dst": 1})  # fmt: skip
+            rows.append(
+                {"op": "pipeline_microbatch", "message_bytes": PIPE_HIDDEN * 4, "time_s": t / m, "src": 0, "dst": 1}
+            )
     dist.barrier()
     return rows
 
@@ -174,7 +176,7 @@ def bench_fsdp(repeats: int, device: str) -> list[dict]:
     unsharded, per module: `fsdp_module` rows at T = 1 for both FSDP_WIDTHS (their message_bytes:
     the module's parameter bytes), and `fsdp_tensor`, what each further 64×64 tensor adds (T = 1 to
     FSDP_TENSORS). On CPU ranks most of it is Python and copies around each collective, beyond what
-    the collectives' own fits price (planner.calibrate.fsdp_overhead_from). Other ranks only join
+    the collectives' own fits price (planner.measure.calibrate.fsdp_overhead_from). Other ranks only join
     the barriers."""
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
@@ -230,7 +232,7 @@ def bench_concurrency(device: str, matmul_size: int, rounds: int) -> list[dict]:
     """How much slower ranks compute when they run at once than alone (contention: shared caches and
     memory bus), and when they also meet after every chunk of work, as training's ranks do at each
     p2p and collective, than running free (lockstep): the cost model's two slowdowns
-    (planner.calibrate.measured_slowdowns).
+    (planner.measure.calibrate.measured_slowdowns).
 
     On CPU the first k = min(world, this node's cores) ranks take part, one per core (more ranks than
     cores would time the cores' sharing, which the cost model prices itself); on GPUs every rank.
@@ -284,8 +286,11 @@ def bench_concurrency(device: str, matmul_size: int, rounds: int) -> list[dict]:
         dist.all_gather_object(every, times["free"], group=group)
         if rank == 0:
             free = statistics.median(statistics.median(f[r] for f in every) for r in range(rounds))
-            for op, t in (("compute_alone", statistics.median(times["alone"])), ("compute_free", free),
-                          ("compute_lockstep", max(0.0, statistics.median(times["lockstep"])))):  # fmt: skip
+            for op, t in (
+                ("compute_alone", statistics.median(times["alone"])),
+                ("compute_free", free),
+                ("compute_lockstep", max(0.0, statistics.median(times["lockstep"]))),
+            ):
                 rows.append({"op": op, "message_bytes": 0, "time_s": t, "num_ranks": k})
     dist.barrier()
     return rows
@@ -306,13 +311,20 @@ def assemble(per_rank: list[dict[str, Any]], backend: str, sizes: list[int]) -> 
     for row in per_rank[0]["collectives"]:
         # A collective finishes when its slowest rank does.
         same = [
-            c["time_s"] for r in per_rank for c in r["collectives"]
+            c["time_s"]
+            for r in per_rank
+            for c in r["collectives"]
             if c["op"] == row["op"] and c["message_bytes"] == row["message_bytes"]
-        ]  # fmt: skip
-        measurements.append({
-            **row, "time_s": max(same), "src": None, "dst": None,
-            "link_class": _link_class(list(node_of.values())),
-        })  # fmt: skip
+        ]
+        measurements.append(
+            {
+                **row,
+                "time_s": max(same),
+                "src": None,
+                "dst": None,
+                "link_class": _link_class(list(node_of.values())),
+            }
+        )
     for r in per_rank:
         for row in r["pairs"]:
             link = _link_class([node_of[row["src"]], node_of[row["dst"]]])
@@ -352,10 +364,17 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
             pairs += bench_fsdp(repeats, device)
             collectives += bench_concurrency(device, matmul_size, repeats)
         report = {
-            "rank": rank, "local_rank": local_rank, "node": host_info()["node"], "host": host_info(),
-            "gpus": cuda_devices() if cuda else [], "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,
-            "probe": probe, "collectives": collectives, "unsupported": unsupported, "pairs": pairs,
-        }  # fmt: skip
+            "rank": rank,
+            "local_rank": local_rank,
+            "node": host_info()["node"],
+            "host": host_info(),
+            "gpus": cuda_devices() if cuda else [],
+            "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,
+            "probe": probe,
+            "collectives": collectives,
+            "unsupported": unsupported,
+            "pairs": pairs,
+        }
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, report)
         if rank == 0:

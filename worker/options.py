@@ -71,14 +71,33 @@ def parse_options(argv: list[str] | None = None) -> TrainOptions:
         raise MeshplanError("--slow-factor", a.slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
     if a.slow_link_s_per_mib < 0 or a.slow_link_s_per_msg < 0:
         raise MeshplanError("--slow-link-s-per-mib", a.slow_link_s_per_mib, "delays are >= 0 seconds")
-    faults = FaultSpec(a.slow_rank, a.slow_factor, a.slow_from_step, a.slow_link_rank, a.slow_link_s_per_mib,
-                       a.slow_link_s_per_msg, a.slow_link_from_step)  # fmt: skip
+    faults = FaultSpec(
+        a.slow_rank,
+        a.slow_factor,
+        a.slow_from_step,
+        a.slow_link_rank,
+        a.slow_link_s_per_mib,
+        a.slow_link_s_per_msg,
+        a.slow_link_from_step,
+    )
     return TrainOptions(
-        plan=a.plan, run_dir=a.run_dir, run_id=a.run_id or a.run_dir.name, model=a.model, model_json=a.model_json,
-        steps=a.steps, data=a.data, lr=a.lr, optimizer=a.optimizer, seed=a.seed,
-        checkpoint_every=a.checkpoint_every, resume=a.resume, timeout_s=a.timeout_s, dtype=a.dtype,
-        faults=faults, control_from_version=a.control_from_version,
-    )  # fmt: skip
+        plan=a.plan,
+        run_dir=a.run_dir,
+        run_id=a.run_id or a.run_dir.name,
+        model=a.model,
+        model_json=a.model_json,
+        steps=a.steps,
+        data=a.data,
+        lr=a.lr,
+        optimizer=a.optimizer,
+        seed=a.seed,
+        checkpoint_every=a.checkpoint_every,
+        resume=a.resume,
+        timeout_s=a.timeout_s,
+        dtype=a.dtype,
+        faults=faults,
+        control_from_version=a.control_from_version,
+    )
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float) -> torch.optim.Optimizer:

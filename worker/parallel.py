@@ -31,8 +31,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import MeshplanError
-from planner.model import ModelSpec
-from planner.plan import Plan, StagePlan
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan, StagePlan
 from worker.model import Decoder, init_weights
 
 
@@ -75,19 +75,21 @@ def check_runnable(plan: Plan, world_size: int) -> None:
         fewest = min(plan.num_microbatches(r) for r in range(plan.dp))
         if fewest < plan.pp:  # torch.distributed.pipelining's 1F1B / interleaved refuse this
             raise MeshplanError(
-                "batch_shares", list(plan.batch_shares),
+                "batch_shares",
+                list(plan.batch_shares),
                 f"a replica has {fewest} micro-batches < pp={plan.pp}; {plan.schedule} needs at least pp "
                 "(raise the share, lower micro_batch_size, or use gpipe)",
-            )  # fmt: skip
+            )
     ranks = mesh_ranks(plan)
     for dim, name in enumerate(("pp", "dp", "tp")):
         # Process groups number their members in ascending global rank, while pipelining maps stage
         # i to group rank i and DTensor shards by mesh coordinate: the two orders must agree.
         if not bool((ranks.diff(dim=dim) > 0).all()):
             raise MeshplanError(
-                "stages.device_ids", ranks.tolist(),
+                "stages.device_ids",
+                ranks.tolist(),
                 f"device ids must increase along {name} (later stages / replicas / tp shards get higher ids)",
-            )  # fmt: skip
+            )
     counts = {plan.num_microbatches(r) for r in range(plan.dp)}
     if len(counts) > 1 and any(s.sharding == "zero3" for s in plan.stages):
         # zero3 all-gathers parameters in every micro-batch's forward, so replicas with different
@@ -134,8 +136,14 @@ def apply_tp(part: Decoder, spec: ModelSpec, tp_mesh: DeviceMesh) -> None:
     The block's input and output stay replicated plain tensors, so pipeline p2p and the embedding /
     head (not split) are unchanged.
     """
-    styles = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-              "attn.wo": RowwiseParallel(), "mlp.w1": ColwiseParallel(), "mlp.w2": RowwiseParallel()}  # fmt: skip
+    styles = {
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(),
+        "mlp.w1": ColwiseParallel(),
+        "mlp.w2": RowwiseParallel(),
+    }
     if spec.family == "llama":
         styles["mlp.w3"] = ColwiseParallel()
     if spec.num_heads % tp_mesh.size() or spec.kv_heads % tp_mesh.size():

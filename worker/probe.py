@@ -79,13 +79,15 @@ def cuda_devices() -> list[dict[str, Any]]:
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append({
-            "index": i,
-            "name": p.name,
-            "memory_bytes": int(p.total_memory),
-            "sm_count": int(p.multi_processor_count),
-            "capability": f"{p.major}.{p.minor}",
-        })  # fmt: skip
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "memory_bytes": int(p.total_memory),
+                "sm_count": int(p.multi_processor_count),
+                "capability": f"{p.major}.{p.minor}",
+            }
+        )
     return out
 
 
@@ -202,5 +204,12 @@ def probe_local(matmul_size: int = 1024, repeats: int = 5) -> dict[str, Any]:
     }
 
 
+def identity() -> dict[str, Any]:
+    """This node's identity and its CUDA devices, measuring nothing (`python -m worker.probe --identity`)."""
+    return {"host": host_info(), "gpus": cuda_devices()}
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe_local(), indent=2))
+    import sys
+
+    print(json.dumps(identity() if "--identity" in sys.argv[1:] else probe_local(), indent=2))

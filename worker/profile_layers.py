@@ -15,7 +15,7 @@ every rank of the torchrun group steps at once on it, and rank 0 prints the rank
 Timings are load-guarded: each shape is timed in `--rounds` round-robin passes and the median pass
 is kept (see `typical`). The flow (not this process) writes the rows into DuckDB.
 
-`--tp-group real`: this process is one of tp ranks started by torchrun (`python -m worker.launch
+`--tp-group real`: this process is one of tp ranks started by torchrun (`python -m launcher.launch
 --nproc-per-node TP -m worker.profile_layers … --tp-group real`); tensor-parallel blocks are timed
 on that real group, collectives included (worker.layer_bench), and rank 0 writes the rows.
 """
@@ -36,12 +36,12 @@ from typing import Any
 
 import torch
 
-from planner import flops
-from planner.calibrate import OPTIMIZER_LAYOUTS
-from planner.catalog import lookup
 from planner.errors import UnknownNameError
-from planner.model import ModelSpec
-from planner.profiling import catalog_peak
+from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.measure.targets import catalog_peak
+from planner.specs import flops
+from planner.specs.catalog import lookup
+from planner.specs.model import ModelSpec
 from worker.inject import crash_once
 from worker.layer_bench import (
     Request,
@@ -195,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
         world = group.mesh.size()
         wrong = sorted({r.tp for r in requests_from_args(args, spec)} - {world})
         if wrong:
-            raise SystemExit(f"--tp-group real: requests with tp {wrong} in a group of {world} ranks; "
-                             f"launch one run per tp with --nproc-per-node equal to it")  # fmt: skip
+            raise SystemExit(
+                f"--tp-group real: requests with tp {wrong} in a group of {world} ranks; "
+                f"launch one run per tp with --nproc-per-node equal to it"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = [r for r in requests_from_args(args, spec) if r.as_key() not in read_done(out)] if lead else []
@@ -208,10 +210,15 @@ def run(args: argparse.Namespace) -> int:
         shape = (r.layer_kind, r.micro_batch_size, r.seq_len, r.tp, r.recompute if r.layer_kind == "block" else None)
         groups.setdefault(shape, []).append(r)
     common = {
-        "model_fingerprint": spec.fingerprint(), "model_name": spec.name, "device_kind": kind, "dtype": dtype,
-        "torch_version": torch.__version__, "num_threads": torch.get_num_threads() if device == "cpu" else None,
-        "host": platform.node(), "timing_method": "cuda:events" if device.startswith("cuda") else "cpu:perf_counter",
-    }  # fmt: skip
+        "model_fingerprint": spec.fingerprint(),
+        "model_name": spec.name,
+        "device_kind": kind,
+        "dtype": dtype,
+        "torch_version": torch.__version__,
+        "num_threads": torch.get_num_threads() if device == "cpu" else None,
+        "host": platform.node(),
+        "timing_method": "cuda:events" if device.startswith("cuda") else "cpu:perf_counter",
+    }
     if group is not None:
         common["timing_method"] += f"; tp blocks on a real group of {group.mesh.size()} ranks"
     peak = catalog_peak(kind, dtype)
@@ -233,20 +240,30 @@ def run(args: argparse.Namespace) -> int:
         for shape, reqs in groups.items():
             first = reqs[0]
             if progress:
-                progress[0].update(progress[1], description=f"{kind} {first.layer_kind} mbs={first.micro_batch_size} "
-                                   f"seq={first.seq_len} tp={first.tp}")  # fmt: skip
+                progress[0].update(
+                    progress[1],
+                    description=f"{kind} {first.layer_kind} mbs={first.micro_batch_size} "
+                    f"seq={first.seq_len} tp={first.tp}",
+                )
             timings[shape].append(time_request(spec, first, device, dtype, args, group))
             if not lead:
                 continue
             result = measure(spec, first, device, dtype, args, typical(timings[shape]))
             for r in reqs:
-                row = {**common, "layer_kind": r.layer_kind, "micro_batch_size": r.micro_batch_size,
-                       "seq_len": r.seq_len, "tp": r.tp, "recompute": r.recompute, **result,
-                       "estimated": False,
-                       "tp_comm_included": group is not None and r.layer_kind == "block" and r.tp > 1,
-                       "efficiency": result["achieved_flop_per_s"] / peak if peak else None,
-                       "efficiency_source": "achieved / catalog peak" if peak else None,
-                       "measured_at": dt.datetime.now(dt.UTC).isoformat()}  # fmt: skip
+                row = {
+                    **common,
+                    "layer_kind": r.layer_kind,
+                    "micro_batch_size": r.micro_batch_size,
+                    "seq_len": r.seq_len,
+                    "tp": r.tp,
+                    "recompute": r.recompute,
+                    **result,
+                    "estimated": False,
+                    "tp_comm_included": group is not None and r.layer_kind == "block" and r.tp > 1,
+                    "efficiency": result["achieved_flop_per_s"] / peak if peak else None,
+                    "efficiency_source": "achieved / catalog peak" if peak else None,
+                    "measured_at": dt.datetime.now(dt.UTC).isoformat(),
+                }
                 f.write(json.dumps(row) + "\n")
                 written += 1
             f.flush()
@@ -265,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
 
 def measure_optimizer(args: argparse.Namespace) -> dict[str, Any]:
     """AdamW's step time per local parameter over one block of the model, per parameter layout
-    (planner.calibrate.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
+    (planner.measure.calibrate.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
     adamw_s_per_param): in this process on a fake group, or with `--tp-group real` on every rank of
     the torchrun group at once, as training's ranks step (the median over ranks; "num_ranks" says which)."""
     import torch.distributed as dist
@@ -295,8 +312,14 @@ def _progress(total: int):  # noqa: ANN202 (rich types stay out of the signature
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    p = Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                 console=Console(stderr=True), transient=False)  # fmt: skip
+    p = Progress(
+        TextColumn("profiling {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
     p.start()
     return p, p.add_task("", total=total)
 
@@ -322,11 +345,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-block-s", type=float, default=0.05, help="minimum duration of one timed block")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (1: stable timings on shared machines)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
-    p.add_argument("--tp-group", choices=("fake", "real"), default="fake",
-                   help="time tp blocks on a fake in-process group, or as one of tp real ranks under torchrun")  # fmt: skip
+    p.add_argument(
+        "--tp-group",
+        choices=("fake", "real"),
+        default="fake",
+        help="time tp blocks on a fake in-process group, or as one of tp real ranks under torchrun",
+    )
     p.add_argument("--print-device", action="store_true", help="print the local device kind and exit")
-    p.add_argument("--optimizer", action="store_true",
-                   help="print AdamW's CPU step time per parameter (plain, tp, fsdp) for --spec-json and exit")  # fmt: skip
+    p.add_argument(
+        "--optimizer",
+        action="store_true",
+        help="print AdamW's CPU step time per parameter (plain, tp, fsdp) for --spec-json and exit",
+    )
     args = p.parse_args(argv)
     if args.optimizer and not args.spec_json:
         p.error("--optimizer needs --spec-json")
@@ -340,8 +370,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.print_device:
         device, kind = local_device()
         count = torch.cuda.device_count() if device.startswith("cuda") else len(os.sched_getaffinity(0))
-        print(json.dumps({"device": device, "device_kind": kind, "dtype": default_dtype(device),
-                          "torch_version": torch.__version__, "device_count": count}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "device": device,
+                    "device_kind": kind,
+                    "dtype": default_dtype(device),
+                    "torch_version": torch.__version__,
+                    "device_count": count,
+                }
+            )
+        )
         return
     if args.optimizer:
         out = measure_optimizer(args)

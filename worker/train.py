@@ -12,7 +12,7 @@ for sharding none; FSDP2 with divide factor 1 and SUM collectives for zero1/2/3)
 Σ_r Σ_mb (mbs/G)·∇loss_mb = (1/G)·Σ_samples ∇loss_sample — the full-batch mean gradient, whatever the
 shares. The logged loss is the replica's mean micro-batch loss (unscaled).
 
-Re-planning while running (worker/control.py): at every step boundary rank 0 reads
+Re-planning while running (launcher/control.py): at every step boundary rank 0 reads
 `<run>/control.json` and broadcasts it, so all ranks apply a new version at the same step — new
 batch shares (the schedule is rebuilt for the new micro-batch counts; the mbs / global-batch loss
 weight is unchanged, so the update stays exact), or checkpoint-and-exit for a relayout. Telemetry
@@ -44,11 +44,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
+from launcher.control import exit_path, read_control, write_json_atomic
 from planner.errors import MeshplanError
-from planner.model import ModelSpec, get_model
-from planner.plan import Plan, check_plan_against, parse_plan, parse_plan_json
+from planner.specs.model import ModelSpec, get_model
+from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
 from worker import checkpoint, watchdog
-from worker.control import exit_path, read_control, write_json_atomic
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
 from worker.model import loss_fn
@@ -119,13 +119,18 @@ def build_parts(
 
 
 def build_schedule(
-    plan: Plan, layout: RankLayout, parts: list[nn.Module], mesh: DeviceMesh, device: torch.device,
-    timer: ComputeTimer, faults: Faults | None = None,
+    plan: Plan,
+    layout: RankLayout,
+    parts: list[nn.Module],
+    mesh: DeviceMesh,
+    device: torch.device,
+    timer: ComputeTimer,
+    faults: Faults | None = None,
 ) -> _PipelineSchedule:
     """The plan's schedule over this rank's stages; micro-batch losses weighted by mbs / global batch.
 
     Built again (with fresh PipelineStage objects over the same modules) when batch shares change,
-    because a stage sizes its buffers for one micro-batch count."""  # fmt: skip
+    because a stage sizes its buffers for one micro-batch count."""
     weight = plan.micro_batch_size / plan.global_batch_size
 
     def weighted_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -150,12 +155,21 @@ def build_schedule(
 def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: int, load_s: float) -> dict:
     rows = replica_rows(plan.batch_shares, layout.replica)
     return {
-        "run_id": opts.run_id, "rank": layout.rank, "stage": layout.stage, "replica": layout.replica,
-        "tp_index": layout.tp_index, "pp": layout.pp, "dp": layout.dp, "tp": layout.tp,
-        "attempt": attempt, "num_microbatches": plan.num_microbatches(layout.replica),
-        "samples": len(rows), "tokens": len(rows) * plan.seq_len, "plan_fingerprint": plan.fingerprint(),
+        "run_id": opts.run_id,
+        "rank": layout.rank,
+        "stage": layout.stage,
+        "replica": layout.replica,
+        "tp_index": layout.tp_index,
+        "pp": layout.pp,
+        "dp": layout.dp,
+        "tp": layout.tp,
+        "attempt": attempt,
+        "num_microbatches": plan.num_microbatches(layout.replica),
+        "samples": len(rows),
+        "tokens": len(rows) * plan.seq_len,
+        "plan_fingerprint": plan.fingerprint(),
         "checkpoint_load_s": load_s,
-    }  # fmt: skip
+    }
 
 
 def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
@@ -248,25 +262,40 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
             checkpoint.save(opts.run_dir, done, parts, optims, meta)
             ckpt_s = time.perf_counter() - t3
         mem, mem_kind = memory_bytes(device)
-        log.write(step=step, step_time_s=step_s, compute_s=compute_s, optimizer_s=t2 - t1,
-                  comm_wait_s=max(0.0, step_s - compute_s - (t2 - t1)), loss=loss,
-                  memory_bytes=mem, memory_kind=mem_kind, control_version=version, switch_action=switch,
-                  checkpoint_s=ckpt_s)  # fmt: skip
+        log.write(
+            step=step,
+            step_time_s=step_s,
+            compute_s=compute_s,
+            optimizer_s=t2 - t1,
+            comm_wait_s=max(0.0, step_s - compute_s - (t2 - t1)),
+            loss=loss,
+            memory_bytes=mem,
+            memory_kind=mem_kind,
+            control_version=version,
+            switch_action=switch,
+            checkpoint_s=ckpt_s,
+        )
         if has_last and layout.replica == 0 and layout.tp_index == 0:
             print(f"step {step} loss {loss:.4f} step_time {step_s * 1e3:.1f} ms", flush=True)
     log.close()
 
 
 def _checkpoint_exit(
-    opts: TrainOptions, rank: int, step: int, version: int, parts: list[nn.Module],
-    optims: list[torch.optim.Optimizer], meta: dict,
+    opts: TrainOptions,
+    rank: int,
+    step: int,
+    version: int,
+    parts: list[nn.Module],
+    optims: list[torch.optim.Optimizer],
+    meta: dict,
 ) -> None:
-    """Save the state after `step` completed steps and tell the flow (exit.json) this exit was asked for."""  # fmt: skip
+    """Save the state after `step` completed steps and tell the flow (exit.json) this exit was asked for."""
     t0 = time.perf_counter()
     checkpoint.save(opts.run_dir, step, parts, optims, meta)
     if rank == 0:
-        write_json_atomic(exit_path(opts.run_dir), {"step": step, "version": version,
-                                                    "checkpoint_s": time.perf_counter() - t0})  # fmt: skip
+        write_json_atomic(
+            exit_path(opts.run_dir), {"step": step, "version": version, "checkpoint_s": time.perf_counter() - t0}
+        )
 
 
 def _maybe_inject_fault(step: int, rank: int, attempt: int) -> None:

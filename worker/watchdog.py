@@ -63,8 +63,12 @@ class Watchdog:
                 self._fire(phase, waited)
 
     def _fire(self, phase: str, waited: float) -> None:
-        print(f"watchdog{self._label}: stuck in {phase!r} for {waited:.0f} s (deadline {self.deadline_s:.0f} s): "
-              "a peer is dead or frozen; exiting so the job fails instead of hanging", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"watchdog{self._label}: stuck in {phase!r} for {waited:.0f} s (deadline {self.deadline_s:.0f} s): "
+            "a peer is dead or frozen; exiting so the job fails instead of hanging",
+            file=sys.stderr,
+            flush=True,
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         os._exit(WATCHDOG_EXIT_CODE)

@@ -36,24 +36,38 @@ def discover(
 
     d, path = cfg.discover, db_path(cfg)
     summary = discover_flow(
-        db_path=str(path), cluster_file=d.cluster or None, num_ranks=d.num_ranks, refresh=d.refresh,
-        message_sizes=list(d.message_sizes), repeats=d.repeats, matmul_size=d.matmul_size, timeout_s=d.timeout_s,
-    )  # fmt: skip
+        db_path=str(path),
+        cluster_file=d.cluster or None,
+        num_ranks=d.num_ranks,
+        refresh=d.refresh,
+        message_sizes=list(d.message_sizes),
+        repeats=d.repeats,
+        matmul_size=d.matmul_size,
+        timeout_s=d.timeout_s,
+    )
     snap = load_snapshot(path, summary["fingerprint"])
     if as_json:
-        print(json.dumps({
-            **summary, "db": str(path), "cluster": snap.cluster.model_dump(mode="json"),
-            "devices": snap.devices.to_dicts(), "fits": snap.fits.to_dicts(),
-            "unsupported": snap.unsupported.to_dicts(),
-        }, default=str))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    **summary,
+                    "db": str(path),
+                    "cluster": snap.cluster.model_dump(mode="json"),
+                    "devices": snap.devices.to_dicts(),
+                    "fits": snap.fits.to_dicts(),
+                    "unsupported": snap.unsupported.to_dicts(),
+                },
+                default=str,
+            )
+        )
         return
     _print_tables(summary, snap, path)
 
 
 def _check_cluster_file(path: Path) -> None:
     """Fail in milliseconds on a bad file, before Prefect's server starts (the flow's task parses it again)."""
-    from planner.cluster import parse_cluster_toml
     from planner.errors import MeshplanError
+    from planner.specs.cluster import parse_cluster_toml
 
     if not path.is_file():
         raise MeshplanError("--cluster", str(path), "no such file; pass a cluster TOML file (see examples/clusters/)")
@@ -83,18 +97,29 @@ def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
         t.add_column(col)
     for r in devices.iter_rows(named=True):
         t.add_row(
-            r["node"], r["kind"], str(r["count"]), _gb(r["memory_bytes"]), _gb(r["peak_flop_per_s"], fmt="{:,.1f}"),
-            _gb(r["measured_flop_per_s"], fmt="{:,.1f}"), r["matmul_dtype"] or "-",
+            r["node"],
+            r["kind"],
+            str(r["count"]),
+            _gb(r["memory_bytes"]),
+            _gb(r["peak_flop_per_s"], fmt="{:,.1f}"),
+            _gb(r["measured_flop_per_s"], fmt="{:,.1f}"),
+            r["matmul_dtype"] or "-",
             _gb(r["memory_bandwidth_bytes_per_s"]),
-        )  # fmt: skip
+        )
     console.print(t)
 
     links = Table(title="links (per device, per direction)")
     for col in ("node", "class", "kind", "α µs", "bandwidth GB/s", "measured"):
         links.add_column(col, no_wrap=True)
     for r in snap.links.iter_rows(named=True):
-        links.add_row(r["node"], r["link_class"], r["kind"], f"{r['latency_s'] * 1e6:.1f}",
-                      _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"), "yes" if r["measured"] else "no")  # fmt: skip
+        links.add_row(
+            r["node"],
+            r["link_class"],
+            r["kind"],
+            f"{r['latency_s'] * 1e6:.1f}",
+            _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"),
+            "yes" if r["measured"] else "no",
+        )
     console.print(links)
     for r in snap.links.iter_rows(named=True):
         console.print(f"  {r['node']} {r['link_class']}: {r['source'] or 'from the cluster file'}", highlight=False)
@@ -104,8 +129,14 @@ def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
         for col in ("op", "class", "α µs", "bandwidth GB/s", "r²", "points"):
             fits.add_column(col)
         for r in snap.fits.iter_rows(named=True):
-            fits.add_row(r["op"], r["link_class"], f"{r['alpha_s'] * 1e6:.1f}",
-                         _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"), f"{r['r2']:.3f}", str(r["num_points"]))  # fmt: skip
+            fits.add_row(
+                r["op"],
+                r["link_class"],
+                f"{r['alpha_s'] * 1e6:.1f}",
+                _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"),
+                f"{r['r2']:.3f}",
+                str(r["num_points"]),
+            )
         console.print(fits)
     for r in snap.unsupported.iter_rows(named=True):
         console.print(f"unsupported on this backend: {r['op']} ({r['reason']})")

@@ -15,7 +15,7 @@ def gpus() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from planner.catalog import CATALOG
+    from planner.specs.catalog import CATALOG
 
     t = Table(title="GPU catalog (dense peaks)")
     for col in ("name", "memory GiB", "bf16 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "fabric GB/s", "source"):
@@ -39,14 +39,24 @@ def models() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from planner.model import PRESETS
+    from planner.specs.model import PRESETS
 
     t = Table(title="model presets")
     for col in ("name", "family", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq", "params"):
         t.add_column(col)
     for m in PRESETS.values():
-        t.add_row(m.name, m.family, str(m.num_layers), str(m.hidden), str(m.num_heads), str(m.kv_heads),
-                  str(m.ffn), str(m.vocab_size), str(m.seq_len), f"{m.num_params() / 1e9:.3g}B")  # fmt: skip
+        t.add_row(
+            m.name,
+            m.family,
+            str(m.num_layers),
+            str(m.hidden),
+            str(m.num_heads),
+            str(m.kv_heads),
+            str(m.ffn),
+            str(m.vocab_size),
+            str(m.seq_len),
+            f"{m.num_params() / 1e9:.3g}B",
+        )
     Console().print(t)
 
 

@@ -17,7 +17,7 @@ def _cluster(path: Path | None, db: Path, snapshot: str | None = None) -> Any:
         from storage.hardware import resolve_cluster
 
         return resolve_cluster(db, snapshot)
-    from tasks.files import read_cluster_file
+    from storage.files import read_cluster_file
 
     return read_cluster_file(path)
 
@@ -39,8 +39,12 @@ def _print_table(rows: list[dict], title: str) -> None:
 @app.command()
 def plan(
     model: Annotated[str | None, typer.Option("--model", help="model preset name (default: config `model`)")] = None,
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")] = None,
-    snapshot: Annotated[str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")] = None,
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
+    ] = None,
+    snapshot: Annotated[
+        str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
+    ] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="samples per optimizer step")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
     top: Annotated[int | None, typer.Option("--top", help="how many plans to rank")] = None,
@@ -62,15 +66,23 @@ def plan(
         prefect_env(cfg)
         from flows.plan import plan_flow
 
-        summary = plan_flow(str(path), cfg.model, str(cluster) if cluster else None, cfg.search.global_batch,
-                            cfg.search.seq, cfg.search.top_k, cfg.search.time_budget_s, snapshot)  # fmt: skip
+        summary = plan_flow(
+            str(path),
+            cfg.model,
+            str(cluster) if cluster else None,
+            cfg.search.global_batch,
+            cfg.search.seq,
+            cfg.search.top_k,
+            cfg.search.time_budget_s,
+            snapshot,
+        )
         typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary["feasible"] else 1)
 
     from planner.errors import MeshplanError
-    from planner.model import get_model
+    from planner.report.ranking import ranking_rows
     from planner.search import NoFeasiblePlan, search
-    from planner.search.report import ranking_rows
+    from planner.specs.model import get_model
     from storage.plans import load_profiles_or_empty, save_plans
 
     m = get_model(cfg.model)
@@ -91,16 +103,20 @@ def plan(
     rows = ranking_rows(res)
     if as_json:
         doc = {
-            "feasible": True, "profiles": source, "ranking": rows,
+            "feasible": True,
+            "profiles": source,
+            "ranking": rows,
             "stats": {k: getattr(res.stats, k) for k in res.stats.__dataclass_fields__},
             "plans": [json.loads(p.to_json()) for p in res.plans],
-        }  # fmt: skip
+        }
         typer.echo(json.dumps(doc, indent=2))
         return
     st = res.stats
     _print_table(rows, f"{m.name} on {spec.name}: {spec.num_devices} devices, batch {s.global_batch}")
-    typer.echo(f"profiles: {source}; search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, "
-               f"{st.wall_s:.2f} s{' (time budget reached)' if st.timed_out else ''}")  # fmt: skip
+    typer.echo(
+        f"profiles: {source}; search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, "
+        f"{st.wall_s:.2f} s{' (time budget reached)' if st.timed_out else ''}"
+    )
     if out is not None:
         typer.echo(f"best plan written to {out}")
 
@@ -108,15 +124,17 @@ def plan(
 @app.command()
 def estimate(
     plan_file: Annotated[Path, typer.Option("--plan", help="plan JSON file (see tests/data/plan_v1.json)")],
-    cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")] = None,
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
+    ] = None,
     model: Annotated[str | None, typer.Option("--model", help="model preset (default: the plan's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
     """Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility."""
     from planner.cost import estimate as price
     from planner.errors import MeshplanError
-    from planner.model import PRESETS, get_model
-    from planner.plan import parse_plan_json
+    from planner.specs.model import PRESETS, get_model
+    from planner.specs.plan import parse_plan_json
     from storage.plans import load_profiles_or_empty
 
     if not plan_file.is_file():
@@ -151,8 +169,13 @@ def estimate(
         mem.add_column(col)
     for j, s in enumerate(p.stages[: p.pp]):
         peak, cap = c.peak_memory_bytes[j], c.memory_capacity_bytes[j]
-        mem.add_row(str(j), f"{s.layer_start}-{s.layer_end - 1}", f"{peak / gib:.2f} GiB", f"{cap / gib:.1f} GiB",
-                    "yes" if peak <= cap else "NO")  # fmt: skip
+        mem.add_row(
+            str(j),
+            f"{s.layer_start}-{s.layer_end - 1}",
+            f"{peak / gib:.2f} GiB",
+            f"{cap / gib:.1f} GiB",
+            "yes" if peak <= cap else "NO",
+        )
     con.print(mem)
     con.print(f"profiles: {source}" + "".join(f"\nnote: {n}" for n in c.notes))
     if not c.feasible:

@@ -78,11 +78,21 @@ def profile(
 
     p, path = cfg.profile, db_path(cfg)
     summary = profile_flow(
-        db_path=str(path), model_name=cfg.model, cluster_file=str(cluster) if cluster else None, mbs=list(p.mbs),
-        seq=list(p.seq) or None, tp=list(p.tp), recompute=list(p.recompute), dtype=p.dtype, repeats=p.repeats,
-        min_block_s=p.min_block_s, timeout_s=p.timeout_s, retries=p.retries, show_progress=not as_json,
+        db_path=str(path),
+        model_name=cfg.model,
+        cluster_file=str(cluster) if cluster else None,
+        mbs=list(p.mbs),
+        seq=list(p.seq) or None,
+        tp=list(p.tp),
+        recompute=list(p.recompute),
+        dtype=p.dtype,
+        repeats=p.repeats,
+        min_block_s=p.min_block_s,
+        timeout_s=p.timeout_s,
+        retries=p.retries,
+        show_progress=not as_json,
         comm=True,
-    )  # fmt: skip
+    )
     if as_json:
         print(json.dumps({**summary, "db": str(path)}, default=str))
         return
@@ -93,7 +103,7 @@ def _print(summary: dict[str, Any], path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from planner.model import get_model
+    from planner.specs.model import get_model
     from storage.profiles import profile_frame
 
     console = Console()
@@ -104,15 +114,27 @@ def _print(summary: dict[str, Any], path: Path) -> None:
     for r in frame.filter(frame["device_kind"].is_in(summary["device_kinds"])).iter_rows(named=True):
         spread = 100 * r["forward_spread_s"] / r["forward_s"] if r["forward_s"] else 0.0
         source = f"est {r['efficiency']:.2f}" if r["estimated"] else "measured"
-        t.add_row(r["device_kind"], r["layer_kind"], str(r["micro_batch_size"]), str(r["seq_len"]), str(r["tp"]),
-                  "y" if r["recompute"] else "n", f"{r['forward_s'] * 1e3:.3f}", f"{r['backward_s'] * 1e3:.3f}",
-                  "-" if r["estimated"] else f"{spread:.1f}", f"{r['activation_bytes'] / 1e6:.2f}",
-                  f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-", source)  # fmt: skip
+        t.add_row(
+            r["device_kind"],
+            r["layer_kind"],
+            str(r["micro_batch_size"]),
+            str(r["seq_len"]),
+            str(r["tp"]),
+            "y" if r["recompute"] else "n",
+            f"{r['forward_s'] * 1e3:.3f}",
+            f"{r['backward_s'] * 1e3:.3f}",
+            "-" if r["estimated"] else f"{spread:.1f}",
+            f"{r['activation_bytes'] / 1e6:.2f}",
+            f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-",
+            source,
+        )
     console.print(t)
     console.print(
         "±% = inter-quartile spread of forward time over timed blocks; est = roofline estimate at that efficiency"
     )
     for kind, e in summary["efficiency"].items():
         console.print(f"{kind}: estimated at efficiency {e['efficiency']:.2f} ({e['source']})")
-    console.print(f"measured {summary['measured']} rows in {summary['profiler_runs']} profiler run(s), reused "
-                  f"{summary['reused']}, estimated {summary['estimated']}; stored in {path}")  # fmt: skip
+    console.print(
+        f"measured {summary['measured']} rows in {summary['profiler_runs']} profiler run(s), reused "
+        f"{summary['reused']}, estimated {summary['estimated']}; stored in {path}"
+    )

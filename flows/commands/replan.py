@@ -31,8 +31,14 @@ def parse_every(text: str) -> float:
 
 def _replan_kwargs(cfg) -> dict:
     r = cfg.replan
-    return {"threshold": r.threshold, "persistence_steps": r.persistence_steps, "window": r.window,
-            "margin_s": r.margin_s, "min_gain": r.min_gain, "cooldown_steps": r.cooldown_steps}  # fmt: skip
+    return {
+        "threshold": r.threshold,
+        "persistence_steps": r.persistence_steps,
+        "window": r.window,
+        "margin_s": r.margin_s,
+        "min_gain": r.min_gain,
+        "cooldown_steps": r.cooldown_steps,
+    }
 
 
 @app.command()
@@ -47,8 +53,13 @@ def replan(
     prefect_env(cfg)
     from flows.replan import replan_flow
 
-    out = replan_flow(db_path=str(db_path(cfg)), run_id=run_id, cluster_path=str(cluster) if cluster else None,
-                      act=act, **_replan_kwargs(cfg))  # fmt: skip
+    out = replan_flow(
+        db_path=str(db_path(cfg)),
+        run_id=run_id,
+        cluster_path=str(cluster) if cluster else None,
+        act=act,
+        **_replan_kwargs(cfg),
+    )
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
         return
@@ -56,8 +67,10 @@ def replan(
         typer.echo(f"run {run_id}: no straggler detected — keep the plan")
         return
     for d in out["detections"]:
-        typer.echo(f"rank {d['rank']}: {d['kind']} {d['factor']:.2f}× slower since step {d['since_step']}"
-                   f" (detected at step {d['detected_at_step']})")  # fmt: skip
+        typer.echo(
+            f"rank {d['rank']}: {d['kind']} {d['factor']:.2f}× slower since step {d['since_step']}"
+            f" (detected at step {d['detected_at_step']})"
+        )
     typer.echo(f"decision: {out['action']}{' (acted)' if out['acted'] else ''} — {out['reason']}")
 
 
@@ -78,11 +91,17 @@ def schedule(
     cfg = load_settings()
     prefect_env(cfg)
     if "PREFECT_API_URL" not in os.environ:
-        raise MeshplanError("schedule", run_id, "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)")
+        raise MeshplanError(
+            "schedule", run_id, "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)"
+        )
     from flows.replan import replan_flow
 
-    params = {"db_path": str(db_path(cfg).resolve()), "run_id": run_id,
-              "cluster_path": str(cluster.resolve()) if cluster else None, **_replan_kwargs(cfg)}  # fmt: skip
+    params = {
+        "db_path": str(db_path(cfg).resolve()),
+        "run_id": run_id,
+        "cluster_path": str(cluster.resolve()) if cluster else None,
+        **_replan_kwargs(cfg),
+    }
     deployment = name or f"replan-{run_id}"
     typer.echo(f"serving replan/{deployment} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
     replan_flow.serve(name=deployment, interval=timedelta(seconds=seconds), parameters=params)

@@ -43,8 +43,12 @@ def train(
 ) -> None:
     """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported."""
     extra = []
-    for field, value in (("steps", steps), ("nproc_per_node", nproc_per_node), ("data", data),
-                         ("rdzv_endpoint", rdzv_endpoint)):  # fmt: skip
+    for field, value in (
+        ("steps", steps),
+        ("nproc_per_node", nproc_per_node),
+        ("data", data),
+        ("rdzv_endpoint", rdzv_endpoint),
+    ):
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
     cfg = load_settings(extra)
@@ -62,20 +66,48 @@ def train(
     if slow_factor < 1.0:
         raise MeshplanError("--slow-factor", slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
     t, path, r = cfg.train, db_path(cfg), cfg.replan
-    replan_config = {"threshold": r.threshold, "persistence_steps": r.persistence_steps, "window": r.window,
-                     "margin_s": r.margin_s, "min_gain": r.min_gain, "cooldown_steps": r.cooldown_steps,
-                     "search_budget_s": r.search_budget_s, "relayout": r.relayout}  # fmt: skip
+    replan_config = {
+        "threshold": r.threshold,
+        "persistence_steps": r.persistence_steps,
+        "window": r.window,
+        "margin_s": r.margin_s,
+        "min_gain": r.min_gain,
+        "cooldown_steps": r.cooldown_steps,
+        "search_budget_s": r.search_budget_s,
+        "relayout": r.relayout,
+    }
     out = train_flow(
-        db_path=str(path), plan_path=str(plan) if plan else None, plan_id=plan_id, steps=t.steps,
-        nproc_per_node=t.nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=t.rdzv_endpoint,
-        data=t.data, lr=t.lr, optimizer=t.optimizer, seed=t.seed, checkpoint_every=t.checkpoint_every,
-        resume=resume, max_restarts=t.max_restarts, run_id=run_id, runs_dir=str(Path(cfg.state.dir) / "runs"),
-        timeout_s=t.timeout_s, collective_timeout_s=t.collective_timeout_s,
-        replan=nnodes == 1 if replan is None else replan, replan_config=replan_config,
-        cluster_path=str(cluster) if cluster else None, poll_s=r.poll_s, slow_rank=slow_rank, slow_factor=slow_factor,
-        slow_from_step=slow_from_step, slow_link_rank=slow_link_rank, slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_from_step, show_progress=not as_json,
-    )  # fmt: skip
+        db_path=str(path),
+        plan_path=str(plan) if plan else None,
+        plan_id=plan_id,
+        steps=t.steps,
+        nproc_per_node=t.nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=t.rdzv_endpoint,
+        data=t.data,
+        lr=t.lr,
+        optimizer=t.optimizer,
+        seed=t.seed,
+        checkpoint_every=t.checkpoint_every,
+        resume=resume,
+        max_restarts=t.max_restarts,
+        run_id=run_id,
+        runs_dir=str(Path(cfg.state.dir) / "runs"),
+        timeout_s=t.timeout_s,
+        collective_timeout_s=t.collective_timeout_s,
+        replan=nnodes == 1 if replan is None else replan,
+        replan_config=replan_config,
+        cluster_path=str(cluster) if cluster else None,
+        poll_s=r.poll_s,
+        slow_rank=slow_rank,
+        slow_factor=slow_factor,
+        slow_from_step=slow_from_step,
+        slow_link_rank=slow_link_rank,
+        slow_link_s_per_mib=slow_link_s_per_mib,
+        slow_link_from_step=slow_from_step,
+        show_progress=not as_json,
+    )
     if as_json:
         typer.echo(json.dumps(out, indent=2, default=str))
         return

@@ -1,6 +1,6 @@
 """O(1) facts about device ids: node group, node, kind, and the link between devices.
 
-`DeviceIndex` answers what `planner.topology.link_between` answers on the networkx graph, without
+`DeviceIndex` answers what `planner.specs.topology.link_between` answers on the networkx graph, without
 building the graph (16,384 GPUs → one bisect per lookup), so pricing a plan stays cheap at scale.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from planner.cluster import ClusterSpec, NodeSpec
+from planner.specs.cluster import ClusterSpec, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,22 +7,22 @@ is taken on the critical replica so that compute + bubble + p2p + TP + ZeRO-3 ga
 and dp_comm + optimizer add up to the tail. Calibrated CPU ranks outnumbering their cores stretch
 each steady-state pipeline slot to one micro-batch's CPU work on all ranks over the cores, and the
 pipelined part and the optimizer step to their CPU work over the cores (processor sharing,
-planner.calibrate); the stretch is booked as compute and optimizer time.
+planner.measure.calibrate); the stretch is booked as compute and optimizer time.
 """
 
 from __future__ import annotations
 
-from planner import flops
-from planner.calibrate import Calibration
-from planner.cluster import ClusterSpec
 from planner.cost import formulas as F
+from planner.cost.completion import ProfileNeed, complete_profiles
 from planner.cost.devices import DeviceIndex, intra_link
-from planner.cost.profiles_for import ProfileNeed, profiles_for
 from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
 from planner.errors import MeshplanError
-from planner.model import ModelSpec
-from planner.plan import CostBreakdown, Plan, check_plan_against
-from planner.profiles import ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import ProfileTable
+from planner.specs import flops
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import CostBreakdown, Plan, check_plan_against
 
 COST_MODEL_VERSION = "meshplan-cost-1"
 GIB = 2**30
@@ -55,10 +55,10 @@ def estimate(
     calibration: Calibration | None = None,
 ) -> CostBreakdown:
     """The predicted cost of one optimizer step of `plan` (see the module docstring); `calibration`
-    applies measured corrections (planner.calibrate), e.g. for CPU ranks under gloo."""
+    applies measured corrections (planner.measure.calibrate), e.g. for CPU ranks under gloo."""
     check_plan_fits_model(plan, model, cluster)
     idx = index or DeviceIndex(cluster)
-    table = profiles_for(
+    table = complete_profiles(
         model, cluster, profiles, plan_profile_needs(plan), kinds={g.spec.device_kind for g in idx.groups}
     )
     stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
@@ -95,14 +95,25 @@ def estimate(
                 groups = {g.index: g.spec for g in ginfo}
                 spec = min(groups.values(), key=lambda g: g.peak_flop_per_s(plan.dtype))
                 ctx = StageContext(
-                    kind=spec.device_kind, dtype=plan.dtype, mbs=plan.micro_batch_size, seq=plan.seq_len, tp=s.tp,
-                    recompute=s.recompute == "full", first=i == 0, last=i == nst - 1, pp=pp, sharding=s.sharding,
-                    dp=dp, inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, m, v),
+                    kind=spec.device_kind,
+                    dtype=plan.dtype,
+                    mbs=plan.micro_batch_size,
+                    seq=plan.seq_len,
+                    tp=s.tp,
+                    recompute=s.recompute == "full",
+                    first=i == 0,
+                    last=i == nst - 1,
+                    pp=pp,
+                    sharding=s.sharding,
+                    dp=dp,
+                    inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, m, v),
                     memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
-                    tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec), dp_link=dp_links[i],
+                    tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec),
+                    dp_link=dp_links[i],
                     next_link=None if nxt is None else idx.link(devs[0], nxt.replica_devices(r)[0]),
-                    next_tp=nxt.tp if nxt is not None else s.tp, calib=calibration,
-                )  # fmt: skip
+                    next_tp=nxt.tp if nxt is not None else s.tp,
+                    calib=calibration,
+                )
                 co = memo.get(ctx)
                 if co is None:
                     co = memo[ctx] = stage_coeffs(ctx, model, table)
@@ -122,9 +133,11 @@ def estimate(
     # CPU work of one micro-batch per replica and stage (its tp ranks each compute their shard).
     # Processor sharing in a pipeline's steady state: all ranks of every replica compute at once,
     # so a slot of the slowest stage lasts at least one micro-batch's work on all of them over
-    # the cores (planner.calibrate); fill and drain keep the critical path.
-    mb_work = [sum(stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
-               for r in range(dp)]  # fmt: skip
+    # the cores (planner.measure.calibrate); fill and drain keep the critical path.
+    mb_work = [
+        sum(stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
+        for r in range(dp)
+    ]
     slot_work = sum(mb_work) / cores if shared else 0.0
 
     def pipe_time(r: int, min_slot_s: float) -> float:
@@ -144,7 +157,7 @@ def estimate(
         tails.append(e + g + o)
         parts.append((e + g, o))
     jt = max(range(pp), key=lambda j: tails[j])
-    # Processor sharing on CPU ranks (planner.calibrate): more ranks than cores stretch a phase to its
+    # Processor sharing on CPU ranks (planner.measure.calibrate): more ranks than cores stretch a phase to its
     # CPU work over the cores when that exceeds its critical path. Work = every rank's compute in the
     # pipelined part (tp ranks of a stage each compute their shard), and every rank's optimizer step.
     share_pipe = share_opt = 0.0
@@ -190,9 +203,13 @@ def estimate(
     peak_flops = sum(group_peak[idx.group(d).index] for s in stages[:pp] for d in s.device_ids)
     model_flops = flops.model_flops_per_step(model, plan.global_batch_size, plan.seq_len)
     terms = {
-        "compute": compute, "pipeline bubble": bubble, "pipeline p2p": p2p, "tensor-parallel comm": tp_comm,
-        "data-parallel comm": parts[jt][0] + zero3, "optimizer step": parts[jt][1] + share_opt,
-    }  # fmt: skip
+        "compute": compute,
+        "pipeline bubble": bubble,
+        "pipeline p2p": p2p,
+        "tensor-parallel comm": tp_comm,
+        "data-parallel comm": parts[jt][0] + zero3,
+        "optimizer step": parts[jt][1] + share_opt,
+    }
     top = max(terms, key=lambda k: terms[k])
     where = jt if top in ("data-parallel comm", "optimizer step") else jb
     bottleneck = f"{top} (stage {where}, {specs_rs[rc][where][0].device_kind})"
@@ -203,15 +220,27 @@ def estimate(
     needs = plan_profile_needs(plan)
     kinds_used = {spec.device_kind for row in specs_rs for spec, _ in row}
     estimated = sum(
-        1 for r in table
-        if r.estimated and r.key.device_kind in kinds_used
+        1
+        for r in table
+        if r.estimated
+        and r.key.device_kind in kinds_used
         and ProfileNeed(r.key.micro_batch_size, r.key.seq_len, r.key.tp, r.key.recompute, r.key.dtype) in needs
-    )  # fmt: skip
+    )
     if estimated:
         notes.append(f"{estimated} profile rows estimated from datasheet peaks")
     return CostBreakdown(
-        step_time_s=step, compute_s=compute, bubble_s=bubble, pp_comm_s=p2p, dp_comm_s=parts[jt][0] + zero3,
-        tp_comm_s=tp_comm, optimizer_s=parts[jt][1] + share_opt, tokens_per_s=plan.global_batch_size * plan.seq_len / step,
-        mfu=model_flops / (step * peak_flops), peak_memory_bytes=tuple(peak_mem), memory_capacity_bytes=tuple(cap_mem),
-        bottleneck=bottleneck, feasible=not over, notes=tuple(notes),
-    )  # fmt: skip
+        step_time_s=step,
+        compute_s=compute,
+        bubble_s=bubble,
+        pp_comm_s=p2p,
+        dp_comm_s=parts[jt][0] + zero3,
+        tp_comm_s=tp_comm,
+        optimizer_s=parts[jt][1] + share_opt,
+        tokens_per_s=plan.global_batch_size * plan.seq_len / step,
+        mfu=model_flops / (step * peak_flops),
+        peak_memory_bytes=tuple(peak_mem),
+        memory_capacity_bytes=tuple(cap_mem),
+        bottleneck=bottleneck,
+        feasible=not over,
+        notes=tuple(notes),
+    )

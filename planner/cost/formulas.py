@@ -6,7 +6,7 @@ Units: seconds, bytes, bytes/s, FLOP/s. `n` is a group size, `alpha_s` a per-mes
 
 from __future__ import annotations
 
-from planner.flops import DTYPE_BYTES
+from planner.specs.flops import DTYPE_BYTES
 
 # Mixed-precision Adam keeps bf16 params + bf16 grads (2+2 B) and fp32 master weights, m and v
 # (4+4+4 B): 16 B/param (Rajbhandari et al., ZeRO, SC'20 §3.1, "2Ψ + 2Ψ + 12Ψ"). fp32 training
@@ -72,7 +72,7 @@ def pipeline_time_s(stage_s: list[float], num_microbatches: int, min_slot_s: flo
     Σ t_i + (m − 1)·max t_i. Every micro-batch passes every stage once (Σ t_i, fill + drain)
     and the rest are paced by the slowest stage. With equal stages this is (m + p − 1)·t, i.e. a
     bubble of (p − 1)/m of the ideal m·t (Narayanan et al. SC'21 §2.2; Huang et al. GPipe 2019).
-    `min_slot_s` floors those m − 1 steady slots: ranks that share cores (planner.calibrate) all
+    `min_slot_s` floors those m − 1 steady slots: ranks that share cores (planner.measure.calibrate) all
     compute at once there, so a slot lasts at least their joint work over the cores."""
     return sum(stage_s) + (num_microbatches - 1) * max(max(stage_s), min_slot_s)
 
@@ -141,7 +141,7 @@ def adam_step_s(
 ) -> float:
     """Adam is memory-bound: 28 B moved per parameter (see ADAM_BYTES_MOVED_PER_PARAM) at HBM speed
     (the roofline of an element-wise kernel; Williams et al. 2009). An unfused implementation moves
-    more (planner.calibrate.ADAM_BYTES_PER_PARAM_CPU_LOOP for torch's CPU loop)."""
+    more (planner.measure.calibrate.ADAM_BYTES_PER_PARAM_CPU_LOOP for torch's CPU loop)."""
     return num_params * bytes_per_param / memory_bandwidth_bytes_per_s
 
 

@@ -8,7 +8,7 @@ gradient bucket copies; Adam step); its allocation is mem_a·n + mem_b bytes. `e
 these at the plan's n, and the search evaluates them for every n at once, so the two agree by
 construction.
 
-`StageContext.calib` (planner.calibrate, passed by `estimate(..., calibration=...)`; the search
+`StageContext.calib` (planner.measure.calibrate, passed by `estimate(..., calibration=...)`; the search
 passes none) swaps datasheet assumptions for measured ones: profiled times × the rank contention
 slowdown, gloo's fitted all_reduce / all_gather / reduce_scatter instead of ring formulas on the
 send/recv link, the measured overlap of gradient sync, and the optimizer's bytes per parameter.
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner import flops
-from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link
-from planner.flops import DTYPE_BYTES, LayerKind
-from planner.model import ModelSpec
-from planner.profiles import ProfileKey, ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import ProfileKey, ProfileTable
+from planner.specs import flops
+from planner.specs.flops import DTYPE_BYTES, LayerKind
+from planner.specs.model import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class StageContext:
     dp_link: Link
     next_link: Link | None
     next_tp: int
-    calib: Calibration | None = None  # measured corrections (planner.calibrate); None = datasheet model
+    calib: Calibration | None = None  # measured corrections (planner.measure.calibrate); None = datasheet model
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool)
 def boundary_p2p_s(hidden_bytes: float, tp: int, next_tp: int, link: Link, calib: Calibration | None) -> float:
     """One micro-batch at a stage boundary: the activation forward and its gradient backward, where
     with equal tp each rank sends 1/tp (Megatron's scatter/gather optimisation, Narayanan et al.
-    SC'21 §4.1), plus the schedule's own measured cost (planner.calibrate.pipeline_overhead_s).
+    SC'21 §4.1), plus the schedule's own measured cost (planner.measure.calibrate.pipeline_overhead_s).
     stage_coeffs and the search's arrays price every boundary with this one function."""
     p2p = 2 * F.p2p_s(hidden_bytes / min(tp, next_tp), link.bandwidth_bytes_per_s, link.latency_s)
     return p2p + (calib.pipeline_overhead_s if calib is not None else 0.0)
@@ -196,16 +196,18 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             cal.grad_sync_overlap if cal is not None and cal.grad_sync_overlap is not None else F.DP_OVERLAP_FRACTION
         )
         # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
-        # planner.calibrate.FsdpOverhead): the block, and the stage's embedding / head
+        # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head
         fs = cal.fsdp if cal is not None else None
         fs_a = fs.op_s(flops.layer_tensors("block", model), params_a * e) if fs is not None else 0.0
         fs_b = 0.0
         if fs is not None:
             fs_b = sum(
-                fs.op_s(flops.layer_tensors(r.key.layer_kind, model),
-                        flops.layer_params(r.key.layer_kind, model, ctx.tp) * e)
+                fs.op_s(
+                    flops.layer_tensors(r.key.layer_kind, model),
+                    flops.layer_params(r.key.layer_kind, model, ctx.tp) * e,
+                )
                 for r in rows_const
-            )  # fmt: skip
+            )
         if ctx.sharding == "zero3":
             # FSDP: all-gather each layer's weights before its forward and again before its backward,
             # prefetched, so only the part a layer's own compute cannot hide is exposed.
@@ -217,15 +219,16 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             overlap_c = 1.0 if cal is None or cal.grad_sync_overlap is None else cal.grad_sync_overlap
             zero3_a = exposed(params_a, slow_blk * blk.forward_s, slow_blk * blk.backward_s)
             zero3_b = sum(
-                exposed(float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), slow * r.forward_s,
-                        slow * r.backward_s)
+                exposed(
+                    float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), slow * r.forward_s, slow * r.backward_s
+                )
                 for r in rows_const
-            )  # fmt: skip
+            )
             zero3_a += 2 * fs_a
             zero3_b += 2 * fs_b
         # gradient sync: all-reduce without sharding, reduce-scatter with ZeRO (same bytes on the wire
         # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION, or by
-        # the calibrated runtime's measured overlap (none for meshplan's CPU worker: planner.calibrate).
+        # the calibrated runtime's measured overlap (none for meshplan's CPU worker: planner.measure.calibrate).
         per_byte, sync_lat = (ar_per_byte, ar_lat) if ctx.sharding == "none" else (rs_per_byte, rs_lat)
         e1 = params_a * e * per_byte - overlap * bwd_a
         e0 = sync_lat + params_b * e * per_byte - overlap * bwd_b
@@ -251,7 +254,7 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
         adam_s = adam_s or cal.adam_s_per_param
     if adam_s:
         # the measured optimizer step per parameter; ranks that stepped at once when it was measured
-        # held their lockstep already (planner.calibrate)
+        # held their lockstep already (planner.measure.calibrate)
         adam_slow = cal.slowdown(real_group=cal.adam_num_ranks > 1)  # type: ignore[union-attr]
         o1, o0 = (adam_slow * adam_s * n / shard for n in (params_a, params_b))
     else:
@@ -270,7 +273,28 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     mem_a = state_a + ctx.inflight * act_a
     mem_b = state_b + ctx.inflight * act_b
     return StageCoeffs(
-        compute_a=compute_a, compute_b=compute_b, tp_a=tp_a, tp_b=tp_b, zero3_a=zero3_a, zero3_b=zero3_b,
-        p2p_b=p2p_b, bwd_a=bwd_a, bwd_b=bwd_b, e0=e0, e1=e1, g0=g0, g1=g1, o0=o0, o1=o1,
-        params_a=params_a, params_b=params_b, state_a=state_a, state_b=state_b, act_a=act_a, act_b=act_b, mem_a=mem_a, mem_b=mem_b, workspace_bytes=workspace,
-    )  # fmt: skip
+        compute_a=compute_a,
+        compute_b=compute_b,
+        tp_a=tp_a,
+        tp_b=tp_b,
+        zero3_a=zero3_a,
+        zero3_b=zero3_b,
+        p2p_b=p2p_b,
+        bwd_a=bwd_a,
+        bwd_b=bwd_b,
+        e0=e0,
+        e1=e1,
+        g0=g0,
+        g1=g1,
+        o0=o0,
+        o1=o1,
+        params_a=params_a,
+        params_b=params_b,
+        state_a=state_a,
+        state_b=state_b,
+        act_a=act_a,
+        act_b=act_b,
+        mem_a=mem_a,
+        mem_b=mem_b,
+        workspace_bytes=workspace,
+    )

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import flops
-from planner.calibrate import Calibration
 from planner.cost import formulas as F
 from planner.cost.devices import Link, cross_node_link
 from planner.cost.stage import StageCoeffs, StageContext, boundary_p2p_s, stage_coeffs
-from planner.model import ModelSpec
-from planner.profiles import ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import ProfileTable
 from planner.search.classes import DeviceClass
 from planner.search.inner import StageArrays
+from planner.specs import flops
+from planner.specs.model import ModelSpec
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Pricer:
     profiles: ProfileTable
     dtype: str
     seq: int
-    calib: Calibration | None = None  # measured corrections (planner.calibrate), as estimate() takes them
+    calib: Calibration | None = None  # measured corrections (planner.measure.calibrate), as estimate() takes them
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
@@ -98,11 +98,25 @@ def stage_arrays(
         key = (st.cls, st.tp, i < recompute_prefix, i == 0, i == pp - 1, dplink[i])
         if prev_ctx is None or prev_ctx[0] != key:
             ctx = StageContext(
-                kind=c.kind, dtype=pr.dtype, mbs=mbs, seq=pr.seq, tp=st.tp, recompute=i < recompute_prefix,
-                first=i == 0, last=i == pp - 1, pp=pp, sharding=sharding, dp=dp, inflight=0.0,
-                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s, tp_link=c.intra,
-                dp_link=dplink[i], next_link=None, next_tp=st.tp, calib=pr.calib,
-            )  # fmt: skip
+                kind=c.kind,
+                dtype=pr.dtype,
+                mbs=mbs,
+                seq=pr.seq,
+                tp=st.tp,
+                recompute=i < recompute_prefix,
+                first=i == 0,
+                last=i == pp - 1,
+                pp=pp,
+                sharding=sharding,
+                dp=dp,
+                inflight=0.0,
+                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s,
+                tp_link=c.intra,
+                dp_link=dplink[i],
+                next_link=None,
+                next_tp=st.tp,
+                calib=pr.calib,
+            )
             prev_ctx = (key, pr.coeffs(ctx))
         co = prev_ctx[1]
         bases.append(co)
@@ -112,8 +126,21 @@ def stage_arrays(
             ln = next_link(c, st, pr.classes[nx.cls], nx)
             p2p = boundary_p2p_s(hidden, st.tp, nx.tp, ln, pr.calib)
         k = F.inflight_microbatches(schedule, i, pp, m)
-        cols.append((co.a, co.b + p2p, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1, co.state_a + k * co.act_a,
-                     co.state_b + k * co.act_b, co.workspace_bytes, c.memory_bytes, F.runtime_reserve_bytes(c.kind)))  # fmt: skip
+        cols.append(
+            (
+                co.a,
+                co.b + p2p,
+                co.e0,
+                co.e1,
+                co.g0 + co.o0,
+                co.g1 + co.o1,
+                co.state_a + k * co.act_a,
+                co.state_b + k * co.act_b,
+                co.workspace_bytes,
+                c.memory_bytes,
+                F.runtime_reserve_bytes(c.kind),
+            )
+        )
         kinds.append(c.kind)
     a, b, e0, e1, z0, z1, mem_a, mem_b, ws, cap, reserve = (np.array(x) for x in zip(*cols, strict=True))
     peak = ((mem_a[:, None] * ns[None, :] + mem_b[:, None]) + ws[:, None]) * (1 + F.FRAGMENTATION_FRACTION) + reserve[
@@ -136,6 +163,11 @@ def mix_prefix(none: StageArrays, full: StageArrays, k: int) -> StageArrays:
         return out
 
     return StageArrays(
-        pick(none.a, full.a), pick(none.b, full.b), pick(none.e0, full.e0), pick(none.e1, full.e1),
-        pick(none.z0, full.z0), pick(none.z1, full.z1), pick(none.mem_ok, full.mem_ok),
-    )  # fmt: skip
+        pick(none.a, full.a),
+        pick(none.b, full.b),
+        pick(none.e0, full.e0),
+        pick(none.e1, full.e1),
+        pick(none.z0, full.z0),
+        pick(none.z1, full.z1),
+        pick(none.mem_ok, full.mem_ok),
+    )

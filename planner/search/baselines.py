@@ -11,21 +11,34 @@
 
 from __future__ import annotations
 
-from planner.calibrate import Calibration
-from planner.cluster import ClusterSpec
 from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
-from planner.model import ModelSpec
-from planner.plan import Plan, Provenance, StagePlan
-from planner.profiles import ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import ProfileTable
 from planner.search.build import balanced_microbatches
 from planner.search.replicas import even_split
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan, Provenance, StagePlan
 
 
 def _layout(
-    model: ModelSpec, name: str, cluster: str, *, pp: int, tp: int, dp: int, mbs: int, gb: int, seq: int, dtype: str,
-    schedule: str, recompute: str, sharding: str, algorithm: str,
-) -> Plan:  # fmt: skip
+    model: ModelSpec,
+    name: str,
+    cluster: str,
+    *,
+    pp: int,
+    tp: int,
+    dp: int,
+    mbs: int,
+    gb: int,
+    seq: int,
+    dtype: str,
+    schedule: str,
+    recompute: str,
+    sharding: str,
+    algorithm: str,
+) -> Plan:
     split = even_split(model.num_layers, pp)
     stages, start, w = [], 0, dp * tp
     for s, n in enumerate(split):
@@ -38,20 +51,35 @@ def _layout(
                 dp=dp,
                 recompute=recompute,
                 sharding=sharding,  # type: ignore[arg-type]
-            )  # fmt: skip
+            )
         )
         start += n
     shares = tuple(k * mbs for k in balanced_microbatches(gb // mbs, dp))
     return Plan(
-        model=name, cluster=cluster, global_batch_size=gb, seq_len=seq, micro_batch_size=mbs, schedule=schedule,  # type: ignore[arg-type]
-        dtype=dtype, stages=tuple(stages), batch_shares=shares, provenance=Provenance(algorithm=algorithm),  # type: ignore[arg-type]
-    )  # fmt: skip
+        model=name,
+        cluster=cluster,
+        global_batch_size=gb,
+        seq_len=seq,
+        micro_batch_size=mbs,
+        schedule=schedule,  # type: ignore[arg-type]
+        dtype=dtype,
+        stages=tuple(stages),
+        batch_shares=shares,
+        provenance=Provenance(algorithm=algorithm),  # type: ignore[arg-type]
+    )
 
 
 def megatron_baseline(
-    model: ModelSpec, cluster: ClusterSpec, table: ProfileTable, *, global_batch: int, seq: int, dtype: str,
-    index: DeviceIndex | None = None, calibration: Calibration | None = None,
-) -> Plan | None:  # fmt: skip
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    table: ProfileTable,
+    *,
+    global_batch: int,
+    seq: int,
+    dtype: str,
+    index: DeviceIndex | None = None,
+    calibration: Calibration | None = None,
+) -> Plan | None:
     node = min(n.num_devices for n in cluster.nodes)
     tps = [t for t in range(node, 0, -1) if node % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0]
     tp, n = tps[0], cluster.num_devices
@@ -62,9 +90,21 @@ def megatron_baseline(
             if _states_cannot_fit(model, cluster, tp, pp, dp, sharding, dtype):
                 continue
             plan = _layout(
-                model, model.name, cluster.name, pp=pp, tp=tp, dp=dp, mbs=1, gb=global_batch, seq=seq, dtype=dtype,
-                schedule="1f1b", recompute=recompute, sharding=sharding, algorithm="baseline-megatron",
-            )  # fmt: skip
+                model,
+                model.name,
+                cluster.name,
+                pp=pp,
+                tp=tp,
+                dp=dp,
+                mbs=1,
+                gb=global_batch,
+                seq=seq,
+                dtype=dtype,
+                schedule="1f1b",
+                recompute=recompute,
+                sharding=sharding,
+                algorithm="baseline-megatron",
+            )
             cost = estimate(plan, model, cluster, table, idx, calibration)
             if cost.feasible:
                 return plan.model_copy(update={"predicted": cost})
@@ -82,9 +122,13 @@ def _states_cannot_fit(
 
 
 def uniform_baseline(
-    best: Plan, model: ModelSpec, cluster: ClusterSpec, table: ProfileTable, index: DeviceIndex | None = None,
+    best: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    table: ProfileTable,
+    index: DeviceIndex | None = None,
     calibration: Calibration | None = None,
-) -> Plan | None:  # fmt: skip
+) -> Plan | None:
     tp, pp, mbs = min(s.tp for s in best.stages), best.pp, best.micro_batch_size
     dp = min(cluster.num_devices // (tp * pp), best.global_batch_size // mbs)
     if dp < 1:
@@ -93,10 +137,21 @@ def uniform_baseline(
     last = None
     for recompute in ("none", "full"):
         plan = _layout(
-            model, best.model, best.cluster, pp=pp, tp=tp, dp=dp, mbs=mbs, gb=best.global_batch_size, seq=best.seq_len,
-            dtype=best.dtype, schedule=best.schedule, recompute=recompute, sharding=best.stages[0].sharding,
+            model,
+            best.model,
+            best.cluster,
+            pp=pp,
+            tp=tp,
+            dp=dp,
+            mbs=mbs,
+            gb=best.global_batch_size,
+            seq=best.seq_len,
+            dtype=best.dtype,
+            schedule=best.schedule,
+            recompute=recompute,
+            sharding=best.stages[0].sharding,
             algorithm="baseline-uniform",
-        )  # fmt: skip
+        )
         last = plan.model_copy(update={"predicted": estimate(plan, model, cluster, table, idx, calibration)})
         if last.predicted.feasible:  # type: ignore[union-attr]
             return last

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.plan import Plan, Provenance, StagePlan
 from planner.search.classes import DeviceClass
 from planner.search.space import Shape
+from planner.specs.plan import Plan, Provenance, StagePlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +71,23 @@ def build_plan(
                 dp=shape.dp,
                 recompute="full" if j < choice.recompute_prefix else "none",
                 sharding=choice.sharding,  # type: ignore[arg-type]
-            )  # fmt: skip
+            )
         )
         start += n
     shares = tuple(k * choice.mbs for k in choice.microbatches)
     return Plan(
-        model=model, cluster=cluster, global_batch_size=sum(shares), seq_len=seq, micro_batch_size=choice.mbs,
-        schedule=choice.schedule, virtual_stages=choice.virtual_stages, dtype=dtype, stages=tuple(stages),  # type: ignore[arg-type]
-        batch_shares=shares, provenance=provenance,
-    )  # fmt: skip
+        model=model,
+        cluster=cluster,
+        global_batch_size=sum(shares),
+        seq_len=seq,
+        micro_batch_size=choice.mbs,
+        schedule=choice.schedule,
+        virtual_stages=choice.virtual_stages,
+        dtype=dtype,
+        stages=tuple(stages),  # type: ignore[arg-type]
+        batch_shares=shares,
+        provenance=provenance,
+    )
 
 
 def balanced_microbatches(total: int, dp: int) -> tuple[int, ...]:

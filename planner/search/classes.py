@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cluster import ClusterSpec, NodeSpec
 from planner.cost.devices import Link, cross_node_link, intra_link
+from planner.specs.cluster import ClusterSpec, NodeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +65,16 @@ class DeviceClass:
 
 def _key(spec: NodeSpec, dtype: str) -> tuple:
     return (
-        spec.device_kind, spec.num_devices, spec.memory_bytes, spec.peak_flop_per_s(dtype),
-        spec.memory_bandwidth_bytes_per_s, spec.intra_link.bandwidth_bytes_per_s, spec.intra_link.latency_s,
-        spec.inter_link.bandwidth_bytes_per_s, spec.inter_link.latency_s,
-    )  # fmt: skip
+        spec.device_kind,
+        spec.num_devices,
+        spec.memory_bytes,
+        spec.peak_flop_per_s(dtype),
+        spec.memory_bandwidth_bytes_per_s,
+        spec.intra_link.bandwidth_bytes_per_s,
+        spec.intra_link.latency_s,
+        spec.inter_link.bandwidth_bytes_per_s,
+        spec.inter_link.latency_s,
+    )
 
 
 def device_classes(cluster: ClusterSpec, dtype: str = "bf16") -> list[DeviceClass]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from planner.cluster import ClusterSpec
 from planner.cost import formulas as F
-from planner.model import ModelSpec
 from planner.search.classes import DeviceClass
 from planner.search.space import SearchSpace, valid_tps
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
 
 
 def usable_bytes(classes: list[DeviceClass]) -> float:

@@ -85,9 +85,16 @@ def solve_split(
 
 
 def _grid(
-    s: StageArrays, tau: np.ndarray, zt: np.ndarray, caps: np.ndarray, bvals: np.ndarray, zvals: np.ndarray,
-    num_layers: int, w_sum: float, w_max: float,
-) -> Split | None:  # fmt: skip
+    s: StageArrays,
+    tau: np.ndarray,
+    zt: np.ndarray,
+    caps: np.ndarray,
+    bvals: np.ndarray,
+    zvals: np.ndarray,
+    num_layers: int,
+    w_sum: float,
+    w_max: float,
+) -> Split | None:
     """Solve every (B, Z) grid point at once and return the best true cost among their splits."""
     p, nmax = tau.shape
     if len(bvals) * len(zvals) > EXACT_GRID and len(zvals) > Z_SAMPLES:

@@ -46,11 +46,25 @@ def interleaved_arrays(
         co = None
         for e in range(j, entries, pp):
             ctx = StageContext(
-                kind=c.kind, dtype=pr.dtype, mbs=mbs, seq=pr.seq, tp=st.tp, recompute=j < recompute_prefix,
-                first=e == 0, last=e == entries - 1, pp=pp, sharding=sharding, dp=dp, inflight=0.0,
-                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s, tp_link=c.intra,
-                dp_link=dplink[j], next_link=None, next_tp=st.tp, calib=pr.calib,
-            )  # fmt: skip
+                kind=c.kind,
+                dtype=pr.dtype,
+                mbs=mbs,
+                seq=pr.seq,
+                tp=st.tp,
+                recompute=j < recompute_prefix,
+                first=e == 0,
+                last=e == entries - 1,
+                pp=pp,
+                sharding=sharding,
+                dp=dp,
+                inflight=0.0,
+                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s,
+                tp_link=c.intra,
+                dp_link=dplink[j],
+                next_link=None,
+                next_tp=st.tp,
+                calib=pr.calib,
+            )
             co = pr.coeffs(ctx)
             p2p = 0.0
             if e + 1 < entries:
@@ -64,8 +78,21 @@ def interleaved_arrays(
             ws = max(ws, co.workspace_bytes)
         assert co is not None
         a, mem_a, shift = co.a, co.state_a + kk * co.act_a, v - 1
-        rows.append((a, b + a * shift, e0 + co.e1 * shift, co.e1, z0 + (co.g1 + co.o1) * shift, co.g1 + co.o1,
-                     mem_a, mem_b + mem_a * shift, ws, c.memory_bytes, F.runtime_reserve_bytes(c.kind)))  # fmt: skip
+        rows.append(
+            (
+                a,
+                b + a * shift,
+                e0 + co.e1 * shift,
+                co.e1,
+                z0 + (co.g1 + co.o1) * shift,
+                co.g1 + co.o1,
+                mem_a,
+                mem_b + mem_a * shift,
+                ws,
+                c.memory_bytes,
+                F.runtime_reserve_bytes(c.kind),
+            )
+        )
     a, b, e0, e1, z0, z1, mem_a, mem_b, ws, cap, reserve = (np.array(x) for x in zip(*rows, strict=True))
     peak = ((mem_a[:, None] * ns[None, :] + mem_b[:, None]) + ws[:, None]) * (1 + F.FRAGMENTATION_FRACTION)
     mem_ok = np.floor(peak + reserve[:, None]) <= cap[:, None]

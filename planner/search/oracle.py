@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import combinations, permutations, product
 
-from planner.calibrate import Calibration
-from planner.cluster import ClusterSpec
 from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
-from planner.model import ModelSpec
-from planner.plan import Plan, Provenance
-from planner.profiles import ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import ProfileTable
 from planner.search.build import Choice, build_plan
 from planner.search.classes import device_classes
 from planner.search.space import SearchSpace, Segment, Shape
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan, Provenance
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -46,9 +46,8 @@ def oracle_shapes(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, dt
 
     def tps(c):
         return [
-            t for t in space.tps
-            if c.devices_per_node % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0
-        ]  # fmt: skip
+            t for t in space.tps if c.devices_per_node % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0
+        ]
 
     for size in range(1, min(space.max_classes, len(classes)) + 1):
         for subset in combinations(classes, size):
@@ -117,9 +116,15 @@ def oracle_search(
                                 continue  # Megatron's interleaved schedule needs m divisible by pp
                             choice = Choice(mbs, sched, shard, k, split, shares, v)
                             plan = build_plan(
-                                classes, shape, choice, model=model.name, cluster=cluster.name, seq=seq,
-                                dtype=dtype, provenance=Provenance(algorithm="oracle"),
-                            )  # fmt: skip
+                                classes,
+                                shape,
+                                choice,
+                                model=model.name,
+                                cluster=cluster.name,
+                                seq=seq,
+                                dtype=dtype,
+                                provenance=Provenance(algorithm="oracle"),
+                            )
                             cost = estimate(plan, model, cluster, profiles, idx, calibration)
                             if cost.feasible and (best is None or cost.step_time_s < best.predicted.step_time_s):  # type: ignore[union-attr]
                                 best = plan.model_copy(update={"predicted": cost})

@@ -71,9 +71,17 @@ def solve_replicas(
     def arrays(c: int, n: int, m: int):
         stages = [StageSpec(c, tp, s, n * tp) for s in range(pp)]
         return stage_arrays(
-            pr, stages, num_layers, mbs=mbs, schedule=schedule, sharding=sharding, dp=dp,
-            recompute_prefix=k, m=m, dplink=[link] * pp,
-        )  # fmt: skip
+            pr,
+            stages,
+            num_layers,
+            mbs=mbs,
+            schedule=schedule,
+            sharding=sharding,
+            dp=dp,
+            recompute_prefix=k,
+            m=m,
+            dplink=[link] * pp,
+        )
 
     base = {c: arrays(c, n, m_guess) for c, n in shape.groups}
     splits = {even_split(num_layers, pp)} if num_layers >= pp else set()

@@ -15,16 +15,13 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from planner.calibrate import Calibration
-from planner.cluster import ClusterSpec
 from planner.cost import COST_MODEL_VERSION, estimate
 from planner.cost import formulas as F
+from planner.cost.completion import ProfileNeed, complete_profiles, table_fingerprint
 from planner.cost.devices import DeviceIndex
-from planner.cost.profiles_for import ProfileNeed, profiles_for, table_fingerprint
 from planner.errors import MeshplanError
-from planner.model import ModelSpec
-from planner.plan import Plan, Provenance
-from planner.profiles import LayerProfile, ProfileKey, ProfileTable
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.search.arrays import Pricer, StageSpec, dp_link, mix_prefix, stage_arrays
 from planner.search.build import Choice, balanced_microbatches, build_plan
 from planner.search.classes import DeviceClass, device_classes
@@ -41,6 +38,9 @@ from planner.search.space import (
     replica_shapes,
     valid_tps,
 )
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan, Provenance
 
 ALGORITHM = "meshplan-classes-dp-v1"
 REPLICA_ORDER_PENALTY = 1.25
@@ -126,7 +126,7 @@ def search(
         # even ZeRO-3 over every device cannot hold weights, grads and Adam states: no need to search
         stats.wall_s = time.perf_counter() - t0
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
-    table = profiles_for(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
+    table = complete_profiles(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
     pr = Pricer(model, classes, table, dtype, seq, calibration)
     found: list[tuple[float, int, _Found]] = []  # max-heap of the best top_k + 1 by internal cost
     keep = top_k + 1
@@ -256,8 +256,19 @@ def search(
                     if schedule == "interleaved-1f1b":
                         if nothing_fits:
                             continue
-                        _search_interleaved(pr, shape, mbs, sharding, total_mb, L, space, stats, bound, record,
-                                            recompute_dominated(shape, mbs))  # fmt: skip
+                        _search_interleaved(
+                            pr,
+                            shape,
+                            mbs,
+                            sharding,
+                            total_mb,
+                            L,
+                            space,
+                            stats,
+                            bound,
+                            record,
+                            recompute_dominated(shape, mbs),
+                        )
                         continue
                     both = None
                     for k in recompute_prefixes(shape.pp, space.exhaustive_below) if space.recompute else [0]:
@@ -265,9 +276,15 @@ def search(
                         if shape.family == "replicas":
                             stats.inner_solves += 1
                             res = solve_replicas(
-                                pr, shape, mbs=mbs, schedule=schedule, sharding=sharding, k=k,
-                                total_mb=total_mb, num_layers=L,
-                            )  # fmt: skip
+                                pr,
+                                shape,
+                                mbs=mbs,
+                                schedule=schedule,
+                                sharding=sharding,
+                                k=k,
+                                total_mb=total_mb,
+                                num_layers=L,
+                            )
                             if res is None:
                                 stats.infeasible += 1
                                 continue
@@ -306,11 +323,13 @@ def search(
     if not found:
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
     prov = Provenance(
-        algorithm=ALGORITHM, cost_model_version=COST_MODEL_VERSION,
+        algorithm=ALGORITHM,
+        cost_model_version=COST_MODEL_VERSION,
         config_fingerprint=_fingerprint(global_batch, seq, dtype, top_k, space, calibration),
         profile_fingerprint=table_fingerprint(table),
-        cluster_fingerprint=cluster.fingerprint(), model_fingerprint=model.fingerprint(),
-    )  # fmt: skip
+        cluster_fingerprint=cluster.fingerprint(),
+        model_fingerprint=model.fingerprint(),
+    )
     idx = DeviceIndex(cluster)
     plans: dict[str, Plan] = {}
     for _, _, f in sorted(found, key=lambda x: (-x[0], x[1])):
@@ -364,8 +383,9 @@ def _search_interleaved(pr, shape, mbs, sharding, total_mb, L, space, stats, bou
             continue
         for k in recompute_prefixes(pp, space.exhaustive_below) if space.recompute else [0]:
             stats.candidates += 1
-            arr = interleaved_arrays(pr, ranks, links, L, mbs=mbs, sharding=sharding, dp=shape.dp,
-                                     recompute_prefix=k, m=m, v=v)  # fmt: skip
+            arr = interleaved_arrays(
+                pr, ranks, links, L, mbs=mbs, sharding=sharding, dp=shape.dp, recompute_prefix=k, m=m, v=v
+            )
             stats.inner_solves += 1
             sol = solve_split(arr, L - pp * (v - 1), m, bound(), 1.0 / v, m - 1.0 / v)
             if sol is None:

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations, permutations, product
 
-from planner.model import ModelSpec
 from planner.search.classes import DeviceClass
+from planner.specs.model import ModelSpec
 
 
 @dataclass(frozen=True)

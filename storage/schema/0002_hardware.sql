@@ -1,11 +1,11 @@
 -- Hardware snapshots (stage 1, discover): one per hardware fingerprint, probed or described in a file.
 -- Child rows are keyed by the fingerprint plus their natural key and are replaced as a whole on re-save.
 CREATE TABLE IF NOT EXISTS hardware_snapshots (
-    fingerprint VARCHAR PRIMARY KEY,          -- identity only (planner.discovery / ClusterSpec.fingerprint)
+    fingerprint VARCHAR PRIMARY KEY,          -- identity only (planner.measure.discovery / ClusterSpec.fingerprint)
     name VARCHAR NOT NULL,
     source VARCHAR NOT NULL CHECK (source IN ('probe', 'file')),
     backend VARCHAR,                          -- gloo / nccl for probes
-    cluster_json JSON NOT NULL,               -- planner.cluster.ClusterSpec
+    cluster_json JSON NOT NULL,               -- planner.specs.cluster.ClusterSpec
     snapshot_json JSON,                       -- the raw netbench snapshot (probes only)
     created_at TIMESTAMP NOT NULL DEFAULT now()
 );

@@ -1,7 +1,7 @@
 -- Training runs (stage 4, train) and the per-rank, per-step telemetry their ranks wrote.
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY,
-    plan_fingerprint VARCHAR NOT NULL,        -- planner.plan.Plan.fingerprint()
+    plan_fingerprint VARCHAR NOT NULL,        -- planner.specs.plan.Plan.fingerprint()
     plan_json JSON NOT NULL,
     model VARCHAR NOT NULL,
     predicted_step_time_s DOUBLE,             -- plan.predicted.step_time_s when the plan has a prediction

@@ -19,9 +19,18 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 MESHPLAN = [sys.executable, "-m", "flows.cli"]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--virtual-time-budget=30000", "--window-size=1400,1000"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=30000",
+    "--window-size=1400,1000",
+]
 
 
 def _free_port() -> int:
@@ -32,8 +41,9 @@ def _free_port() -> int:
 
 def _chromium(tmp_path, *args: str) -> str:
     profile = tmp_path / f"chromium-{time.monotonic_ns()}"
-    out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
-                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180
+    )
     return out.stdout
 
 
@@ -43,8 +53,13 @@ def test_flow_run_page_shows_the_plan_artifact_in_a_real_browser(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     port = _free_port()
-    ui = subprocess.Popen([*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    ui = subprocess.Popen(
+        [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         info_file = tmp_path / "prefect-server.json"
         deadline = time.monotonic() + 150
@@ -52,12 +67,30 @@ def test_flow_run_page_shows_the_plan_artifact_in_a_real_browser(tmp_path):
             assert ui.poll() is None and time.monotonic() < deadline, "meshplan ui did not start"
             time.sleep(0.5)
         api = json.loads(info_file.read_text())["api_url"]
-        plan = subprocess.run([*MESHPLAN, "--state-dir", str(tmp_path), "plan", "--model", "gpt3-13b", "--cluster",
-                               "examples/clusters/mixed-a100-v100-t4.toml", "--global-batch", "64", "--flow", "--json"],
-                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        plan = subprocess.run(
+            [
+                *MESHPLAN,
+                "--state-dir",
+                str(tmp_path),
+                "plan",
+                "--model",
+                "gpt3-13b",
+                "--cluster",
+                "examples/clusters/mixed-a100-v100-t4.toml",
+                "--global-batch",
+                "64",
+                "--flow",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert plan.returncode == 0, plan.stderr
-        req = urllib.request.Request(f"{api}/flow_runs/filter", data=b'{"flow_runs": {"name": {}}}',
-                                     headers={"content-type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{api}/flow_runs/filter", data=b'{"flow_runs": {"name": {}}}', headers={"content-type": "application/json"}
+        )
         runs = json.loads(urllib.request.urlopen(req, timeout=30).read())
         run_id = runs[0]["id"]
         page = f"http://127.0.0.1:{port}/v2/runs/flow-run/{run_id}?tab=Artifacts"

@@ -13,20 +13,28 @@ MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
 def _meshplan(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
     env.pop("PREFECT_API_URL", None)
-    return subprocess.run([sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 CASES = {
     "unknown model": (["plan", "--model", "gpt9", "--cluster", MIXED], ["model='gpt9'", "did you mean"]),
     "bad cluster file": (["plan", "--model", "tiny", "--cluster", "{bad}"], ["gpu='A100'", "did you mean A10"]),
     "missing cluster file": (["plan", "--model", "tiny", "--cluster", "nope.toml"], ["--cluster", "no such file"]),
-    "infeasible plan": (["plan", "--model", "gpt3-175b", "--cluster", MIXED], ["no feasible plan", "largest device has 40 GiB"]),
+    "infeasible plan": (
+        ["plan", "--model", "gpt3-175b", "--cluster", MIXED],
+        ["no feasible plan", "largest device has 40 GiB"],
+    ),
     "never discovered": (["plan", "--model", "tiny"], ["never discovered", "meshplan discover"]),
     "unreadable plan": (["estimate", "--plan", "{garbage}", "--cluster", MIXED], ["not valid JSON", "re-export"]),
     "unknown plan id": (["train", "--plan-id", "deadbeef", "--steps", "2"], ["--plan-id='deadbeef'", "meshplan db"]),
     "bad override": (["--set", "train.steps=0", "run"], ["train.steps=0", "too small"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -34,11 +42,17 @@ def test_user_mistake_is_one_line_with_the_fix(tmp_path, case):
     args, expected = CASES[case]
     (tmp_path / "bad.toml").write_text(BAD_CLUSTER)
     (tmp_path / "garbage.json").write_text("{garbage")
-    args = [a.replace("{bad}", str(tmp_path / "bad.toml")).replace("{garbage}", str(tmp_path / "garbage.json"))
-            for a in args]  # fmt: skip
+    args = [
+        a.replace("{bad}", str(tmp_path / "bad.toml")).replace("{garbage}", str(tmp_path / "garbage.json"))
+        for a in args
+    ]
     if args[:1] == ["--set"]:
-        out = subprocess.run([sys.executable, "-m", "flows.cli", *args[:2], "--state-dir", str(tmp_path), *args[2:]],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "flows.cli", *args[:2], "--state-dir", str(tmp_path), *args[2:]],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     else:
         out = _meshplan(tmp_path, *args)
     assert out.returncode == 1, (out.stdout, out.stderr)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from flows.discover import discover_flow
-from planner.cluster import parse_cluster_toml
 from planner.errors import MeshplanError
+from planner.specs.cluster import parse_cluster_toml
 from storage.hardware import list_snapshots, load_snapshot
 
 ROOT = Path(__file__).parents[2]
@@ -85,8 +85,17 @@ def test_cli_bad_cluster_file_exits_1_with_one_line(tmp_path):
 def test_cli_records_a_cluster_file_and_prints_json(tmp_path):
     import json
 
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), "discover",
-           "--cluster", str(MIXED), "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "discover",
+        "--cluster",
+        str(MIXED),
+        "--json",
+    ]
     from prefect.settings import PREFECT_API_URL
 
     # Point the CLI at the session's test server instead of starting its own (10-60 s on a busy machine).

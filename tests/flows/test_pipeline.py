@@ -6,14 +6,22 @@ import re
 
 import pytest
 
-from planner.config import load_config
+from planner.specs.config import load_config
 
 SMALL = [
-    "discover.num_ranks=2", "discover.message_sizes=[1024, 65536]", "discover.repeats=2", "discover.matmul_size=256",
-    "profile.mbs=[1, 2]", "profile.tp=[1]", "profile.repeats=2",
-    "search.global_batch=4", "search.time_budget_s=1.0",
-    "train.steps=3", "train.data=\"synthetic\"", "train.checkpoint_every=10",
-]  # fmt: skip
+    "discover.num_ranks=2",
+    "discover.message_sizes=[1024, 65536]",
+    "discover.repeats=2",
+    "discover.matmul_size=256",
+    "profile.mbs=[1, 2]",
+    "profile.tp=[1]",
+    "profile.repeats=2",
+    "search.global_batch=4",
+    "search.time_budget_s=1.0",
+    "train.steps=3",
+    'train.data="synthetic"',
+    "train.checkpoint_every=10",
+]
 
 
 @pytest.mark.flow
@@ -47,8 +55,15 @@ def test_one_off_profiler_crash_is_retried_and_the_flow_succeeds(tmp_path, monke
     from flows.profile import profile_flow
 
     monkeypatch.setenv("MESHPLAN_CRASH_ONCE", f"{tmp_path / 'crashes'}:profile")
-    state = profile_flow(str(tmp_path / "m.duckdb"), "tiny", mbs=[1], tp=[1], repeats=2,
-                         run_dir=str(tmp_path / "prof"), return_state=True)  # fmt: skip
+    state = profile_flow(
+        str(tmp_path / "m.duckdb"),
+        "tiny",
+        mbs=[1],
+        tp=[1],
+        repeats=2,
+        run_dir=str(tmp_path / "prof"),
+        return_state=True,
+    )
     assert state.is_completed()
     assert (tmp_path / "crashes" / "profile").exists()  # the first attempt really crashed
     assert state.result()["measured"] > 0

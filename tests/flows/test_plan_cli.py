@@ -19,13 +19,28 @@ def run(tmp_path, *args, timeout=300):
 
 def test_plan_json_ranks_plans_writes_the_best_and_stores_them(tmp_path):
     out = tmp_path / "best.json"
-    p = run(tmp_path, "plan", "--model", "gpt2-small", "--cluster", str(MIXED), "--global-batch", "32", "--top", "3",
-            "--budget", "3", "--json", "--out", str(out))  # fmt: skip
+    p = run(
+        tmp_path,
+        "plan",
+        "--model",
+        "gpt2-small",
+        "--cluster",
+        str(MIXED),
+        "--global-batch",
+        "32",
+        "--top",
+        "3",
+        "--budget",
+        "3",
+        "--json",
+        "--out",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["feasible"] and doc["ranking"][0]["rank"] == 1
     assert "vs_megatron" in doc["ranking"][0] and "vs_uniform" in doc["ranking"][0]
-    from planner.plan import parse_plan_json
+    from planner.specs.plan import parse_plan_json
     from storage.plans import plans_frame
 
     best = parse_plan_json(out.read_text())
@@ -55,8 +70,16 @@ def test_estimate_prices_the_golden_plan(tmp_path):
 
 
 def test_estimate_of_a_plan_for_another_model_fails_in_one_line(tmp_path):
-    p = run(tmp_path, "estimate", "--cluster", str(DATA / "golden-4xT4.toml"), "--plan", str(DATA / "plan_v1.json"),
-            "--model", "gpt2-small")  # fmt: skip
+    p = run(
+        tmp_path,
+        "estimate",
+        "--cluster",
+        str(DATA / "golden-4xT4.toml"),
+        "--plan",
+        str(DATA / "plan_v1.json"),
+        "--model",
+        "gpt2-small",
+    )
     assert p.returncode == 1
     assert p.stderr.strip().count("\n") == 0 and "--model" in p.stderr
 

@@ -19,8 +19,11 @@ def _artifacts(key, flow_run_id):
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))  # fmt: skip
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
 
     return asyncio.run(read())
 
@@ -30,8 +33,15 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
     from storage.plans import best_plan, plans_frame
 
     db = str(tmp_path / "m.duckdb")
-    state = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
-                      time_budget_s=5.0, return_state=True)  # fmt: skip
+    state = plan_flow(
+        db,
+        "gpt2-small",
+        str(EXAMPLES / "mixed-a100-v100-t4.toml"),
+        global_batch=32,
+        top_k=3,
+        time_budget_s=5.0,
+        return_state=True,
+    )
     out = state.result()
     assert out["feasible"]
     frame = plans_frame(db, out["search_key"])
@@ -41,8 +51,9 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
     assert len(_artifacts("plan-ranking", run_id)) == 1 and len(_artifacts("plan-report", run_id)) == 1
     shown = capsys.readouterr().out  # the search's progress lines (plain: pytest's stdout is no terminal)
     assert "plan: searching gpt2-small on" in shown and f"plan: {out['candidates']} candidates priced" in shown
-    again = plan_flow(db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3,
-                      time_budget_s=5.0)  # fmt: skip
+    again = plan_flow(
+        db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3, time_budget_s=5.0
+    )
     assert again["best"] == out["best"]
     assert "search result reused from the cache" in capsys.readouterr().out
     assert plans_frame(db, out["search_key"]).height == frame.height
@@ -57,31 +68,51 @@ def test_plan_flow_reports_an_infeasible_model(tmp_path):
 
 @pytest.mark.dist
 def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_path, capsys):
-    """Discovery's gloo fits and the profiled optimizer step reach the search (planner.calibrate): the
+    """Discovery's gloo fits and the profiled optimizer step reach the search (planner.measure.calibrate): the
     stored best plan costs exactly what estimate(..., calibration) says, not the datasheet model."""
     from flows.discover import discover_flow
     from flows.plan import plan_flow
     from flows.profile import profile_flow
-    from planner.calibrate import fsdp_overhead_from, measured_slowdowns, pipeline_overhead_s
     from planner.cost import estimate
-    from planner.model import get_model
+    from planner.measure.calibrate import fsdp_overhead_from, measured_slowdowns, pipeline_overhead_s
+    from planner.specs.model import get_model
     from storage.hardware import load_snapshot
     from storage.plans import best_plan
     from storage.profiles import load_optimizer_profile, load_profile_table
     from tasks.plan import load_calibration
 
     db = str(tmp_path / "m.duckdb")
-    snap = discover_flow(db, num_ranks=2, message_sizes=[1024, 65536, 1048576], repeats=2, matmul_size=256,
-                         timeout_s=180, run_dir=str(tmp_path / "discover"))  # fmt: skip
-    profile_flow(db_path=db, model_name="tiny", mbs=[1, 2], seq=[32], tp=[1], recompute=[False], repeats=2,
-                 min_block_s=0.002, comm=False, run_dir=str(tmp_path / "runs"))  # fmt: skip
+    snap = discover_flow(
+        db,
+        num_ranks=2,
+        message_sizes=[1024, 65536, 1048576],
+        repeats=2,
+        matmul_size=256,
+        timeout_s=180,
+        run_dir=str(tmp_path / "discover"),
+    )
+    profile_flow(
+        db_path=db,
+        model_name="tiny",
+        mbs=[1, 2],
+        seq=[32],
+        tp=[1],
+        recompute=[False],
+        repeats=2,
+        min_block_s=0.002,
+        comm=False,
+        run_dir=str(tmp_path / "runs"),
+    )
     model = get_model("tiny")
     out = plan_flow(db, "tiny", global_batch=4, seq=32, snapshot=snap["fingerprint"])
     assert out["feasible"] and "plan: calibrated to discovery" in capsys.readouterr().out
     calib = load_calibration.fn(db, model, snap["fingerprint"])
     adam = load_optimizer_profile(db, model, "cpu")
-    assert calib is not None and (calib.adam_s_per_param, calib.adam_dtensor_s_per_param,
-                                  calib.adam_fsdp_s_per_param) == (adam["plain"], adam["tp"], adam["fsdp"])  # fmt: skip
+    assert calib is not None and (
+        calib.adam_s_per_param,
+        calib.adam_dtensor_s_per_param,
+        calib.adam_fsdp_s_per_param,
+    ) == (adam["plain"], adam["tp"], adam["fsdp"])
     # real ranks stepped at once: 2 where this machine has 2 cores (the profile flow's choice)
     assert calib.adam_num_ranks == adam["num_ranks"] == min(2, len(os.sched_getaffinity(0)))
     assert calib.fit("all_reduce") is not None and calib.grad_sync_overlap == 0.0
@@ -89,8 +120,9 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(tmp_p
     stored = load_snapshot(db, snap["fingerprint"])
     (pipe,) = stored.measurements.filter(stored.measurements["op"] == "pipeline_microbatch").iter_rows(named=True)
     link = stored.cluster.nodes[0].intra_link
-    assert calib.pipeline_overhead_s == pipeline_overhead_s(pipe["time_s"], pipe["message_bytes"], link.latency_s,
-                                                            link.bandwidth_bytes_per_s)  # fmt: skip
+    assert calib.pipeline_overhead_s == pipeline_overhead_s(
+        pipe["time_s"], pipe["message_bytes"], link.latency_s, link.bandwidth_bytes_per_s
+    )
     # FSDP2's own cost per module, from discovery's bench rows less the collectives' fitted price
     assert calib.fsdp == fsdp_overhead_from(stored.measurements.to_dicts(), dict(calib.collectives))
     assert calib.fsdp is not None and calib.fsdp.module_s > 0

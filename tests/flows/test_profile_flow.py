@@ -7,8 +7,8 @@ import pytest
 from flows.commands.profile import grid_values
 from flows.profile import profile_flow
 from planner.errors import MeshplanError
-from planner.model import PRESETS
-from planner.profiles import DEFAULT_EFFICIENCY
+from planner.measure.profiles import DEFAULT_EFFICIENCY
+from planner.specs.model import PRESETS
 from storage.profiles import load_profile_table, profile_frame
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-a100-v100-t4.toml"
@@ -71,7 +71,10 @@ def test_tp_blocks_are_timed_on_a_real_tp_group_and_priced_without_a_second_all_
     assert rows.height == 3, "one row per shape: only rank 0 of the group writes"
     assert rows["timing_method"].str.contains("real group of 2 ranks").all()
     assert dict(zip(rows["layer_kind"], rows["tp_comm_included"], strict=True)) == {
-        "block": True, "embedding": False, "head": False}  # fmt: skip
+        "block": True,
+        "embedding": False,
+        "head": False,
+    }
     table = load_profile_table(db, PRESETS["tiny"], ["cpu"])
     block = next(r for r in table if r.key.layer_kind == "block")
     assert block.tp_comm_included and block.forward_s > 0 and block.backward_s > 0
@@ -99,10 +102,13 @@ def test_optimizer_step_per_parameter_is_measured_once_per_layout_on_real_ranks_
     # ~1e-8 s (plain) and ~3e-8 s (DTensor) per parameter here; 10 µs per parameter would be absurd.
     assert all(0 < s < 1e-5 for s in first["optimizer"].values()), first["optimizer"]
     with connect(db) as con:
-        rows = con.execute("SELECT layout, num_ranks, device_kind, torch_version, optimizer, s_per_param "
-                           "FROM optimizer_steps ORDER BY layout").fetchall()  # fmt: skip
-    assert [r[:5] for r in rows] == [(layout, ranks, "cpu", first["torch_version"], "adamw")
-                                     for layout in ("fsdp", "plain", "tp")]  # fmt: skip
+        rows = con.execute(
+            "SELECT layout, num_ranks, device_kind, torch_version, optimizer, s_per_param "
+            "FROM optimizer_steps ORDER BY layout"
+        ).fetchall()
+    assert [r[:5] for r in rows] == [
+        (layout, ranks, "cpu", first["torch_version"], "adamw") for layout in ("fsdp", "plain", "tp")
+    ]
     assert {r[0]: r[5] for r in rows} == first["optimizer"]
 
     second = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **TINY)

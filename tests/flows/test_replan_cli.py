@@ -21,7 +21,7 @@ import pytest
 
 from flows.commands.replan import parse_every
 from planner.errors import MeshplanError
-from planner.plan import parse_plan
+from planner.specs.plan import parse_plan
 from storage.replan import load_decisions
 from storage.runs import finish_run, ingest_step_metrics, start_run
 
@@ -30,24 +30,54 @@ pytestmark = pytest.mark.flow
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH")
+    }
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 def _stored_straggler_run(state: Path, run_id: str = "stored") -> Path:
-    plan = parse_plan({"model": "tiny", "cluster": "cpu", "global_batch_size": 16, "seq_len": 32, "micro_batch_size": 1,
-                       "dtype": "fp32", "batch_shares": [4, 4, 4, 4],
-                       "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]})  # fmt: skip
+    plan = parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 16,
+            "seq_len": 32,
+            "micro_batch_size": 1,
+            "dtype": "fp32",
+            "batch_shares": [4, 4, 4, 4],
+            "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}],
+        }
+    )
     run_dir = state / "runs" / run_id
     (run_dir / "telemetry").mkdir(parents=True)
     rng, files = random.Random(0), {r: [] for r in range(4)}
     for step in range(40):
         comp = {r: 4 * 0.010 * (1 + rng.gauss(0, 0.03)) * (2.0 if r == 1 and step >= 15 else 1.0) for r in range(4)}
         for r in range(4):
-            files[r].append({"rank": r, "step": step, "stage": 0, "replica": r, "tp_index": 0, "attempt": 0,
-                             "num_microbatches": 4, "samples": 4, "tokens": 128, "step_time_s": max(comp.values()),
-                             "compute_s": comp[r], "comm_wait_s": max(comp.values()) - comp[r], "optimizer_s": 0.0,
-                             "loss": 1.0, "memory_bytes": 1, "memory_kind": "cpu_max_rss", "wall_time_s": step})  # fmt: skip
+            files[r].append(
+                {
+                    "rank": r,
+                    "step": step,
+                    "stage": 0,
+                    "replica": r,
+                    "tp_index": 0,
+                    "attempt": 0,
+                    "num_microbatches": 4,
+                    "samples": 4,
+                    "tokens": 128,
+                    "step_time_s": max(comp.values()),
+                    "compute_s": comp[r],
+                    "comm_wait_s": max(comp.values()) - comp[r],
+                    "optimizer_s": 0.0,
+                    "loss": 1.0,
+                    "memory_bytes": 1,
+                    "memory_kind": "cpu_max_rss",
+                    "wall_time_s": step,
+                }
+            )
     for r, rows in files.items():
         (run_dir / "telemetry" / f"rank_{r:05d}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
     db = state / "meshplan.duckdb"
@@ -65,16 +95,26 @@ def test_every_parses_units_and_rejects_nonsense():
 
 def test_replan_command_decides_and_records_for_a_stored_run(tmp_path):
     db = _stored_straggler_run(tmp_path)
-    out = subprocess.run([*MESHPLAN, "--state-dir", str(tmp_path), "replan", "--run-id", "stored"], env=_env(),
-                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [*MESHPLAN, "--state-dir", str(tmp_path), "replan", "--run-id", "stored"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rank 1: compute" in out.stdout and "decision: rebalance" in out.stdout
     assert load_decisions(db, "stored")["chosen_action"].to_list() == ["rebalance"]
 
 
 def test_schedule_without_a_server_fails_with_one_line(tmp_path):
-    out = subprocess.run([*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "x", "--every", "5m"],
-                         env=_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "x", "--every", "5m"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "run `meshplan ui` first" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
@@ -94,9 +134,14 @@ def test_schedule_serves_an_interval_deployment_that_runs_on_demand(tmp_path):
     _stored_straggler_run(tmp_path)
     server = start_server(tmp_path, port=_free_port())
     api_url = json.loads((tmp_path / "prefect-server.json").read_text())["api_url"]
-    serve = subprocess.Popen([*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "stored", "--every", "1h",
-                              "--name", "t"], env=_env(PREFECT_RUNNER_POLL_FREQUENCY="1"), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    serve = subprocess.Popen(
+        [*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "stored", "--every", "1h", "--name", "t"],
+        env=_env(PREFECT_RUNNER_POLL_FREQUENCY="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             deployment = asyncio.run(_wait_for_deployment("replan/t", serve))

@@ -17,10 +17,10 @@ import pytest
 
 from flows.replan import replan_flow
 from flows.train import train_flow
+from launcher.control import control_path
 from storage.db import query
 from storage.replan import load_decisions
 from tests.worker.test_train_dist import assert_matches_reference
-from worker.control import control_path
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
 
@@ -43,18 +43,36 @@ GAIN_MIN = 1.3  # what the issue asks
 
 
 def _dp4_plan(tmp: Path, share: int = SHARE) -> str:
-    plan = {"model": "tiny", "cluster": "cpu", "global_batch_size": 4 * share, "seq_len": 32, "micro_batch_size": 1,
-            "schedule": "1f1b", "dtype": "fp32", "batch_shares": [share] * 4,
-            "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]}  # fmt: skip
+    plan = {
+        "model": "tiny",
+        "cluster": "cpu",
+        "global_batch_size": 4 * share,
+        "seq_len": 32,
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "dtype": "fp32",
+        "batch_shares": [share] * 4,
+        "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}],
+    }
     path = tmp / "dp4.json"
     path.write_text(json.dumps(plan))
     return str(path)
 
 
 def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool, **kw) -> dict:
-    return train_flow(db_path=db, plan_path=plan, steps=steps, nproc_per_node=kw.pop("nproc", 4), run_id=run_id,
-                      runs_dir=str(tmp / "runs"), checkpoint_every=kw.pop("checkpoint_every", 1000), timeout_s=600,
-                      replan=replan, replan_config=CFG, **{**SGD, **kw})  # fmt: skip
+    return train_flow(
+        db_path=db,
+        plan_path=plan,
+        steps=steps,
+        nproc_per_node=kw.pop("nproc", 4),
+        run_id=run_id,
+        runs_dir=str(tmp / "runs"),
+        checkpoint_every=kw.pop("checkpoint_every", 1000),
+        timeout_s=600,
+        replan=replan,
+        replan_config=CFG,
+        **{**SGD, **kw},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +97,9 @@ def tokens_per_s(rows: list[dict], first: int, last: int) -> float:
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
-    tokens = sum(sum(r["tokens"] for r in by_step[s] if r["stage"] == 0 and r["tp_index"] == 0)
-                 for s in range(first, last + 1))  # fmt: skip
+    tokens = sum(
+        sum(r["tokens"] for r in by_step[s] if r["stage"] == 0 and r["tp_index"] == 0) for s in range(first, last + 1)
+    )
     wall = max(r["wall_time_s"] for r in by_step[last]) - max(r["wall_time_s"] for r in by_step[first - 1])
     return tokens / wall
 
@@ -125,8 +144,10 @@ def test_measured_throughput_after_the_switch_beats_keeping_the_old_plan(slowed)
     after_on, after_off = tokens_per_s(rows_on, switch + 1, last), tokens_per_s(rows_off, switch + 1, last)
     healthy_on, healthy_off = tokens_per_s(rows_on, 3, FROM_STEP - 1), tokens_per_s(rows_off, 3, FROM_STEP - 1)
     gain = (after_on / healthy_on) / (after_off / healthy_off)
-    print(f"tokens/s healthy {healthy_on:.0f} | {healthy_off:.0f}; after the switch (step {switch}): re-plan "
-          f"{after_on:.0f}, keep {after_off:.0f}: raw {after_on / after_off:.2f}×, drift-corrected {gain:.2f}×")  # fmt: skip
+    print(
+        f"tokens/s healthy {healthy_on:.0f} | {healthy_off:.0f}; after the switch (step {switch}): re-plan "
+        f"{after_on:.0f}, keep {after_off:.0f}: raw {after_on / after_off:.2f}×, drift-corrected {gain:.2f}×"
+    )
     # What bounds it on 2 cores: keeping the plan slows the whole step by less than 2x (2x on rank
     # 1's compute; the all-reduce, control broadcast and Python do not slow down: ~20 % of a healthy
     # step at 8 samples per rank, ~30 % at 4, ~11 % at 16), and the rebalanced step gets back to
@@ -160,15 +181,16 @@ def test_a_clean_run_triggers_no_replan(tmp_path):
     # that may be detected (and is then recorded), but no fault means no switch.
     assert out["status"] == "completed" and not any(d["acted"] for d in out["decisions"]), out["decisions"]
     assert not control_path(out["run_dir"]).exists()
-    again = replan_flow(db_path=db, run_id="clean", threshold=0.3, window=10, persistence_steps=5, margin_s=0.5,
-                        act=False)  # fmt: skip
+    again = replan_flow(
+        db_path=db, run_id="clean", threshold=0.3, window=10, persistence_steps=5, margin_s=0.5, act=False
+    )
     assert again["action"] == "keep" or again["detections"], again
 
 
 def _params_equal_reference(ckpt: Path, steps: int, lr: float) -> float:
-    from planner.model import get_model
+    from planner.specs.model import get_model
+    from tests.support.reference import train_reference
     from worker.checkpoint import load_full_model_state
-    from worker.reference import train_reference
 
     ref, _ = train_reference(get_model("tiny"), 8, 32, steps, "synthetic", 0, lr, "sgd")
     got = load_full_model_state(ckpt, get_model("tiny"))
@@ -176,15 +198,34 @@ def _params_equal_reference(ckpt: Path, steps: int, lr: float) -> float:
 
 
 def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_step(tmp_path):
-    plan = {"model": "tiny", "cluster": "cpu", "global_batch_size": 8, "seq_len": 32, "micro_batch_size": 1,
-            "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8],
-            "stages": [{"layer_start": i, "layer_end": i + 1, "device_ids": [i]} for i in range(4)]}  # fmt: skip
+    plan = {
+        "model": "tiny",
+        "cluster": "cpu",
+        "global_batch_size": 8,
+        "seq_len": 32,
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "dtype": "fp32",
+        "batch_shares": [8],
+        "stages": [{"layer_start": i, "layer_end": i + 1, "device_ids": [i]} for i in range(4)],
+    }
     (tmp_path / "pp4.json").write_text(json.dumps(plan))
     # a relaunch costs 30-50 s on this loaded box (measured): a 10x slow stage over ~100 remaining
     # steps repays it, over ~60 it did not (the monitor then rightly kept the plan)
     db, steps = str(tmp_path / "m.duckdb"), 120
-    out = _train(db, str(tmp_path / "pp4.json"), "relayout", tmp_path, steps, True, slow_rank=2, slow_factor=10.0,
-                 slow_from_step=10, checkpoint_every=20, lr=LONG_LR)  # fmt: skip
+    out = _train(
+        db,
+        str(tmp_path / "pp4.json"),
+        "relayout",
+        tmp_path,
+        steps,
+        True,
+        slow_rank=2,
+        slow_factor=10.0,
+        slow_from_step=10,
+        checkpoint_every=20,
+        lr=LONG_LR,
+    )
     first = out["decisions"][0]
     assert first["chosen_action"] == "relayout" and first["acted"]
     new_plan = json.loads(first["new_plan_json"])
@@ -193,8 +234,11 @@ def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_
     exit_step = seg0["exit_step"]
     assert exit_step > first["step"]
     run_dir = Path(out["run_dir"])
-    rows = [json.loads(line) for f in sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
-            for line in f.read_text().splitlines()]  # fmt: skip
+    rows = [
+        json.loads(line)
+        for f in sorted((run_dir / "telemetry").glob("rank_*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     old = sorted({r["step"] for r in rows if r["plan_fingerprint"] == seg0["plan_fingerprint"]})
     # after the relaunch the monitor re-learns its baselines within a few steps, so on a loaded box
     # it may rebalance the new plan later on (measured once: a 2x slow rank at step 26): a new fingerprint

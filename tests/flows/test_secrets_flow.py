@@ -19,7 +19,7 @@ import duckdb
 import pytest
 
 from flows.train import train_flow
-from planner.plan import parse_plan
+from planner.specs.plan import parse_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
 
@@ -27,12 +27,22 @@ SECRET_VARS = ("MESHPLAN_TEST_SECRET", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WAN
 
 
 def _plan_file(tmp_path: Path) -> str:
-    plan = parse_plan({
-        "model": "tiny", "cluster": "cpu", "global_batch_size": 8, "seq_len": 32, "micro_batch_size": 2,
-        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8],
-        "stages": [{"layer_start": 0, "layer_end": 2, "device_ids": [0]},
-                   {"layer_start": 2, "layer_end": 4, "device_ids": [1]}],
-    })  # fmt: skip
+    plan = parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 8,
+            "seq_len": 32,
+            "micro_batch_size": 2,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "batch_shares": [8],
+            "stages": [
+                {"layer_start": 0, "layer_end": 2, "device_ids": [0]},
+                {"layer_start": 2, "layer_end": 4, "device_ids": [1]},
+            ],
+        }
+    )
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     return str(path)
@@ -72,8 +82,17 @@ def test_no_secret_reaches_the_database_run_folders_or_prefect(tmp_path, monkeyp
     for var, value in secrets.items():
         monkeypatch.setenv(var, value)
     db, runs = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
-    common = dict(db_path=db, plan_path=_plan_file(tmp_path), steps=3, nproc_per_node=2, data="synthetic",
-                  checkpoint_every=2, runs_dir=runs, timeout_s=300, collective_timeout_s=60)  # fmt: skip
+    common = dict(
+        db_path=db,
+        plan_path=_plan_file(tmp_path),
+        steps=3,
+        nproc_per_node=2,
+        data="synthetic",
+        checkpoint_every=2,
+        runs_dir=runs,
+        timeout_s=300,
+        collective_timeout_s=60,
+    )
     ok = train_flow(run_id="secret-ok", **common)
     assert ok["status"] == "completed"
     monkeypatch.setenv("MESHPLAN_FAULT", "1:1")  # rank 1 SIGKILLs itself at step 1: the failure path

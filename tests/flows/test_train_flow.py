@@ -8,7 +8,7 @@ import pytest
 
 from flows.train import train_flow
 from planner.errors import MeshplanError
-from planner.plan import CostBreakdown, parse_plan
+from planner.specs.plan import CostBreakdown, parse_plan
 from storage.db import query
 from storage.runs import load_run
 
@@ -17,18 +17,39 @@ PROGRESS = re.compile(
     r"train: steps (\d+)/(\d+) \(\d+%\) \| loss [-\d.]+ \| step [\d.]+ ms \| [-\d,]+ tok/s \| ETA [-\d:]+"
 )
 
-PREDICTED = CostBreakdown(step_time_s=0.05, compute_s=0.04, bubble_s=0.01, pp_comm_s=0, dp_comm_s=0, tp_comm_s=0,
-                          optimizer_s=0, tokens_per_s=5000, mfu=0.1, peak_memory_bytes=(1, 1),
-                          memory_capacity_bytes=(2, 2), bottleneck="compute")  # fmt: skip
+PREDICTED = CostBreakdown(
+    step_time_s=0.05,
+    compute_s=0.04,
+    bubble_s=0.01,
+    pp_comm_s=0,
+    dp_comm_s=0,
+    tp_comm_s=0,
+    optimizer_s=0,
+    tokens_per_s=5000,
+    mfu=0.1,
+    peak_memory_bytes=(1, 1),
+    memory_capacity_bytes=(2, 2),
+    bottleneck="compute",
+)
 
 
 def _plan_file(tmp_path: Path) -> str:
-    plan = parse_plan({
-        "model": "tiny", "cluster": "cpu", "global_batch_size": 8, "seq_len": 32, "micro_batch_size": 2,
-        "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8],
-        "stages": [{"layer_start": 0, "layer_end": 1, "device_ids": [0]},
-                   {"layer_start": 1, "layer_end": 4, "device_ids": [1]}],
-    }).model_copy(update={"predicted": PREDICTED})  # fmt: skip
+    plan = parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 8,
+            "seq_len": 32,
+            "micro_batch_size": 2,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "batch_shares": [8],
+            "stages": [
+                {"layer_start": 0, "layer_end": 1, "device_ids": [0]},
+                {"layer_start": 1, "layer_end": 4, "device_ids": [1]},
+            ],
+        }
+    ).model_copy(update={"predicted": PREDICTED})
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
     return str(path)
@@ -43,8 +64,11 @@ def _artifact(key: str, flow_run_id) -> str:
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))  # fmt: skip
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
 
     found = asyncio.run(read())
     assert len(found) == 1, f"{len(found)} {key!r} artifacts for flow run {flow_run_id}"
@@ -57,12 +81,26 @@ def _progress_lines(text: str) -> list[tuple[int, int, str]]:
 
 def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys):
     db = str(tmp_path / "m.duckdb")
-    state = train_flow(db_path=db, plan_path=_plan_file(tmp_path), steps=4, nproc_per_node=2, data="text", lr=0.01,
-                       checkpoint_every=2, run_id="flow-run", timeout_s=300, show_progress=True, return_state=True)  # fmt: skip
+    state = train_flow(
+        db_path=db,
+        plan_path=_plan_file(tmp_path),
+        steps=4,
+        nproc_per_node=2,
+        data="text",
+        lr=0.01,
+        checkpoint_every=2,
+        run_id="flow-run",
+        timeout_s=300,
+        show_progress=True,
+        return_state=True,
+    )
     out = state.result()
     assert out["status"] == "completed" and out["rows"] == 4 * 2  # 4 steps x 2 ranks
-    rows = query(db, "SELECT rank, stage, step, loss, step_time_s, compute_s, comm_wait_s FROM step_metrics "
-                     "WHERE run_id = 'flow-run' ORDER BY rank, step")  # fmt: skip
+    rows = query(
+        db,
+        "SELECT rank, stage, step, loss, step_time_s, compute_s, comm_wait_s FROM step_metrics "
+        "WHERE run_id = 'flow-run' ORDER BY rank, step",
+    )
     assert rows["rank"].to_list() == [0] * 4 + [1] * 4
     assert rows.filter(rows["stage"] == 0)["loss"].null_count() == 4  # loss only on the last stage
     assert (rows["compute_s"] > 0).all() and (rows["comm_wait_s"] >= 0).all()
@@ -96,8 +134,21 @@ def test_meshplan_train_shows_step_progress_while_the_supervised_job_runs(tmp_pa
 
     from flows.cli import app
 
-    args = ["--state-dir", str(tmp_path / "state"), "train", "--plan", _plan_file(tmp_path), "--steps", "6",
-            "--nproc-per-node", "2", "--data", "synthetic", "--run-id", "cli"]  # fmt: skip
+    args = [
+        "--state-dir",
+        str(tmp_path / "state"),
+        "train",
+        "--plan",
+        _plan_file(tmp_path),
+        "--steps",
+        "6",
+        "--nproc-per-node",
+        "2",
+        "--data",
+        "synthetic",
+        "--run-id",
+        "cli",
+    ]
     res = CliRunner().invoke(app, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     lines = _progress_lines(res.stdout)

@@ -28,8 +28,14 @@ def _env() -> dict:
 
 def test_ui_serves_on_loopback_commands_report_to_it_and_it_stops_cleanly(tmp_path):
     port = _free_port()
-    proc = subprocess.Popen([*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     info_file = tmp_path / "prefect-server.json"
     deadline = time.monotonic() + 150
     try:
@@ -54,8 +60,13 @@ def _check_running_server(state: Path, port: int, info: dict) -> None:
     with urllib.request.urlopen(info["api_url"] + "/health", timeout=10) as r:
         assert r.status == 200
     # a second server on the same port is refused with one line naming the fix
-    again = subprocess.run([*MESHPLAN, "--state-dir", str(state), "ui", "--port", str(port)], env=_env(),
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    again = subprocess.run(
+        [*MESHPLAN, "--state-dir", str(state), "ui", "--port", str(port)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 1
     assert "already in use; pass another --port" in again.stderr and "Traceback" not in again.stderr
     # meshplan's Prefect settings now point at this server

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from planner.alphabeta import AlphaBeta, fit_alpha_beta
 from planner.errors import MeshplanError
+from planner.measure.alphabeta import AlphaBeta, fit_alpha_beta
 
 
 def test_fit_recovers_alpha_and_beta_from_exact_points():

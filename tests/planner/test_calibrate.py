@@ -1,10 +1,14 @@
-"""planner.calibrate: contention, per-op gloo fits, CPU Adam and overlap, applied by estimate()."""
+"""planner.measure.calibrate: contention, per-op gloo fits, CPU Adam and overlap, applied by estimate()."""
 
 import dataclasses
 
 import pytest
 
-from planner.calibrate import (
+from planner.cost import estimate
+from planner.cost.completion import complete_profiles
+from planner.cost.estimate import plan_profile_needs
+from planner.errors import MeshplanError
+from planner.measure.calibrate import (
     ADAM_BYTES_PER_PARAM_CPU_LOOP,
     Calibration,
     CollectiveFit,
@@ -13,35 +17,52 @@ from planner.calibrate import (
     cpu_calibration,
     measured_slowdowns,
 )
-from planner.cluster import parse_cluster
-from planner.cost import estimate
-from planner.cost.estimate import plan_profile_needs
-from planner.cost.profiles_for import profiles_for
-from planner.errors import MeshplanError
-from planner.flops import layer_params
-from planner.model import ModelSpec, get_model
-from planner.plan import parse_plan
-from planner.profiles import ProfileTable
+from planner.measure.profiles import ProfileTable
+from planner.specs.cluster import parse_cluster
+from planner.specs.flops import layer_params
+from planner.specs.model import ModelSpec, get_model
+from planner.specs.plan import parse_plan
 
 LINK = {"kind": "gloo-loopback", "bandwidth_bytes_per_s": 4e9, "latency_s": 50e-6}
 
 
 def cpu_cluster(n: int):
-    return parse_cluster({"name": "cpu", "nodes": [{
-        "name": "vm", "device": "cpu", "num_devices": n, "intra_link": LINK, "inter_link": LINK,
-        "device_memory_bytes": 4 * 2**30, "device_peak_flop_per_s": 50e9,
-        "device_memory_bandwidth_bytes_per_s": 10e9,
-    }]})  # fmt: skip
+    return parse_cluster(
+        {
+            "name": "cpu",
+            "nodes": [
+                {
+                    "name": "vm",
+                    "device": "cpu",
+                    "num_devices": n,
+                    "intra_link": LINK,
+                    "inter_link": LINK,
+                    "device_memory_bytes": 4 * 2**30,
+                    "device_peak_flop_per_s": 50e9,
+                    "device_memory_bandwidth_bytes_per_s": 10e9,
+                }
+            ],
+        }
+    )
 
 
 def plan(dp: int = 1, sharding: str = "none"):
-    return parse_plan({
-        "version": 1, "model": "tiny", "cluster": "cpu", "global_batch_size": 2 * dp, "seq_len": 64,
-        "micro_batch_size": 2, "schedule": "1f1b", "dtype": "fp32",
-        "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": list(range(dp)), "dp": dp,
-                    "sharding": sharding}],
-        "batch_shares": [2] * dp,
-    })  # fmt: skip
+    return parse_plan(
+        {
+            "version": 1,
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 2 * dp,
+            "seq_len": 64,
+            "micro_batch_size": 2,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "stages": [
+                {"layer_start": 0, "layer_end": 4, "device_ids": list(range(dp)), "dp": dp, "sharding": sharding}
+            ],
+            "batch_shares": [2] * dp,
+        }
+    )
 
 
 def test_contention_slowdown_is_single_rate_over_median_concurrent_rate():
@@ -137,10 +158,20 @@ def pp_plan(sizes: list[int], m: int):
     for k, n in enumerate(sizes):
         stages.append({"layer_start": start, "layer_end": start + n, "device_ids": [k]})
         start += n
-    return parse_plan({
-        "version": 1, "model": "tiny", "cluster": "cpu", "global_batch_size": m, "seq_len": 64,
-        "micro_batch_size": 1, "schedule": "gpipe", "dtype": "fp32", "stages": stages, "batch_shares": [m],
-    })  # fmt: skip
+    return parse_plan(
+        {
+            "version": 1,
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": m,
+            "seq_len": 64,
+            "micro_batch_size": 1,
+            "schedule": "gpipe",
+            "dtype": "fp32",
+            "stages": stages,
+            "batch_shares": [m],
+        }
+    )
 
 
 def test_more_ranks_than_cores_stretch_compute_and_optimizer_to_their_cpu_work_over_the_cores():
@@ -182,8 +213,9 @@ def test_a_measured_adam_time_per_param_wins_over_bytes_and_is_slowed_like_compu
 
 def test_dtensor_stages_take_their_layouts_adam_time_and_plain_ones_the_plain_time():
     model = get_model("tiny")
-    cal = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9, adam_dtensor_s_per_param=20e-9,
-                          adam_fsdp_s_per_param=30e-9)  # fmt: skip
+    cal = cpu_calibration(
+        50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9, adam_dtensor_s_per_param=20e-9, adam_fsdp_s_per_param=30e-9
+    )
     params = sum(layer_params(k, model, 1) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
     # sharding none over dp: GradSumSync keeps plain parameters
     assert estimate(plan(dp=2), model, cpu_cluster(2), calibration=cal).optimizer_s == pytest.approx(5e-9 * params)
@@ -193,8 +225,9 @@ def test_dtensor_stages_take_their_layouts_adam_time_and_plain_ones_the_plain_ti
     # tensor parallel: the tp layout's rate
     tp_cal = dataclasses.replace(cal, adam_fsdp_s_per_param=None)
     t = estimate(tp_plan(), model, cpu_cluster(2), calibration=cal).optimizer_s
-    assert t == pytest.approx(20e-9 * sum(layer_params(k, model, 2) * n for k, n in
-                                          (("block", 4), ("embedding", 1), ("head", 1))))  # fmt: skip
+    assert t == pytest.approx(
+        20e-9 * sum(layer_params(k, model, 2) * n for k, n in (("block", 4), ("embedding", 1), ("head", 1)))
+    )
     # a calibration without the FSDP2 figure (older stores) prices FSDP2 at the tp layout's
     z_old = estimate(plan(dp=2, sharding="zero1"), model, cpu_cluster(2), calibration=tp_cal)
     assert z_old.optimizer_s == pytest.approx(20e-9 * params / 2)
@@ -212,7 +245,7 @@ def test_an_optimizer_step_timed_on_ranks_stepping_together_is_not_slowed_by_loc
 
 
 def test_pipeline_overhead_is_the_measured_micro_batch_less_the_priced_p2p_and_never_negative():
-    from planner.calibrate import pipeline_overhead_s
+    from planner.measure.calibrate import pipeline_overhead_s
 
     # 2 p2p of 1 KB at α 0.1 ms and 1 GB/s: 2 × (1e-4 + 1.024e-6) s are priced already
     assert pipeline_overhead_s(5e-3, 1024, 1e-4, 1e9) == pytest.approx(5e-3 - 2 * (1e-4 + 1024 / 1e9))
@@ -240,17 +273,22 @@ def test_a_steady_pipeline_slot_on_shared_cores_lasts_all_ranks_work_over_the_co
 
 
 def test_fsdp_overhead_is_the_measured_module_step_less_its_priced_collectives():
-    from planner.calibrate import FsdpOverhead, fsdp_overhead_from
+    from planner.measure.calibrate import FsdpOverhead, fsdp_overhead_from
 
     fits = collective_fits(
-        [{"op": "all_gather", "link_class": "intra-node", "alpha_s": 1e-4, "beta_s_per_byte": 2e-9},
-         {"op": "reduce_scatter", "link_class": "intra-node", "alpha_s": 1.5e-3, "beta_s_per_byte": 2e-9}], 2,
-    )  # fmt: skip
+        [
+            {"op": "all_gather", "link_class": "intra-node", "alpha_s": 1e-4, "beta_s_per_byte": 2e-9},
+            {"op": "reduce_scatter", "link_class": "intra-node", "alpha_s": 1.5e-3, "beta_s_per_byte": 2e-9},
+        ],
+        2,
+    )
     small, big = 16384, 4194304
-    rows = [{"op": "fsdp_module", "message_bytes": small, "time_s": 6e-3},
-            {"op": "fsdp_module", "message_bytes": big, "time_s": 40e-3},
-            {"op": "fsdp_tensor", "message_bytes": small, "time_s": 1e-4},
-            {"op": "all_reduce", "message_bytes": small, "time_s": 1.0}]  # fmt: skip
+    rows = [
+        {"op": "fsdp_module", "message_bytes": small, "time_s": 6e-3},
+        {"op": "fsdp_module", "message_bytes": big, "time_s": 40e-3},
+        {"op": "fsdp_tensor", "message_bytes": small, "time_s": 1e-4},
+        {"op": "all_reduce", "message_bytes": small, "time_s": 1.0},
+    ]
 
     def residual(b: int, t: float) -> float:  # two all-gathers and a reduce-scatter are priced already
         return t - 2 * (1e-4 + 2e-9 * b) - (1.5e-3 + 2e-9 * b)
@@ -271,8 +309,8 @@ def test_zero_stages_book_fsdp_overhead_on_every_gather_and_reduce_scatter_of_ev
     """One micro-batch per replica: ZeRO-3 gathers each module before forward and before backward
     and reduce-scatters it (3 ops); ZeRO-1/2 gather once per step and reduce-scatter (2);
     unsharded data parallelism runs no FSDP2 at all."""
-    from planner.calibrate import FsdpOverhead
-    from planner.flops import layer_tensors
+    from planner.measure.calibrate import FsdpOverhead
+    from planner.specs.flops import layer_tensors
 
     model, cl = get_model("tiny"), cpu_cluster(2)
     base = cpu_calibration(50e9, [50e9, 50e9], [], 2, adam_s_per_param=5e-9)
@@ -319,17 +357,26 @@ def test_lockstep_slowdown_scales_compute_and_optimizer_like_contention():
 
 
 def tp_plan():
-    return parse_plan({
-        "version": 1, "model": "tiny", "cluster": "cpu", "global_batch_size": 2, "seq_len": 64,
-        "micro_batch_size": 2, "schedule": "1f1b", "dtype": "fp32",
-        "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1], "tp": 2}], "batch_shares": [2],
-    })  # fmt: skip
+    return parse_plan(
+        {
+            "version": 1,
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 2,
+            "seq_len": 64,
+            "micro_batch_size": 2,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1], "tp": 2}],
+            "batch_shares": [2],
+        }
+    )
 
 
 def test_blocks_timed_on_a_real_tp_group_are_not_slowed_by_lockstep_again():
     """A tp block profiled on a real group ran in lockstep with its peers: only contention slows it."""
     model, cl, p = get_model("tiny"), cpu_cluster(2), tp_plan()
-    table = profiles_for(model, cl, None, plan_profile_needs(p), kinds={"cpu"})
+    table = complete_profiles(model, cl, None, plan_profile_needs(p), kinds={"cpu"})
     real = ProfileTable(
         dataclasses.replace(r, tp_comm_included=True, estimated=False) if r.key.layer_kind == "block" else r
         for r in table

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import parse_cluster
 from planner.cost import estimate
 from planner.cost import formulas as F
 from planner.errors import MeshplanError
-from planner.flops import block_input_bytes
-from planner.model import get_model
-from planner.plan import Plan, StagePlan, parse_plan_json
+from planner.specs.cluster import parse_cluster
+from planner.specs.flops import block_input_bytes
+from planner.specs.model import get_model
+from planner.specs.plan import Plan, StagePlan, parse_plan_json
 
 GOLDEN = Path(__file__).parents[1] / "data" / "plan_v1.json"
 
@@ -29,7 +29,7 @@ def t4_cluster():
                     "inter_link": "eth-100g",
                 }
             ],
-        }  # fmt: skip
+        }
     )
 
 
@@ -62,12 +62,17 @@ def test_p2p_between_nodes_is_priced_on_the_slower_hop():
 def test_single_device_memory_matches_hand_count():
     model = get_model("tiny")
     plan = Plan(
-        model="tiny", cluster="c", global_batch_size=2, seq_len=64, micro_batch_size=2,
-        stages=(StagePlan(layer_start=0, layer_end=4, device_ids=(0,)),), batch_shares=(2,),
-    )  # fmt: skip
+        model="tiny",
+        cluster="c",
+        global_batch_size=2,
+        seq_len=64,
+        micro_batch_size=2,
+        stages=(StagePlan(layer_start=0, layer_end=4, device_ids=(0,)),),
+        batch_shares=(2,),
+    )
     c = estimate(plan, model, t4_cluster())
     params = model.num_params()  # tied GPT on one stage: every parameter once
-    from planner.profiles import ProfileKey, estimate_layer
+    from planner.measure.profiles import ProfileKey, estimate_layer
 
     spec = t4_cluster().nodes[0]
 
@@ -105,9 +110,14 @@ def test_estimate_rejects_device_ids_outside_the_cluster():
 def test_plan_too_big_for_memory_is_reported_infeasible_with_numbers():
     model = get_model("gpt3-6.7b")
     plan = Plan(
-        model=model.name, cluster="c", global_batch_size=4, seq_len=2048, micro_batch_size=1,
-        stages=(StagePlan(layer_start=0, layer_end=32, device_ids=(0,)),), batch_shares=(4,),
-    )  # fmt: skip
+        model=model.name,
+        cluster="c",
+        global_batch_size=4,
+        seq_len=2048,
+        micro_batch_size=1,
+        stages=(StagePlan(layer_start=0, layer_end=32, device_ids=(0,)),),
+        batch_shares=(4,),
+    )
     c = estimate(plan, model, t4_cluster())
     assert not c.feasible
     assert c.bottleneck.startswith("memory (stage 0:") and "GiB" in c.bottleneck
@@ -115,15 +125,34 @@ def test_plan_too_big_for_memory_is_reported_infeasible_with_numbers():
 
 def test_interleaved_schedule_has_a_smaller_bubble_than_1f1b():
     model = get_model("gpt3-1.3b")
-    cl = parse_cluster({"name": "a", "nodes": [{"name": "a", "device": "A100-SXM4-80GB", "num_devices": 4,
-                                                "intra_link": "nvlink3", "inter_link": "ib-hdr"}]})  # fmt: skip
+    cl = parse_cluster(
+        {
+            "name": "a",
+            "nodes": [
+                {
+                    "name": "a",
+                    "device": "A100-SXM4-80GB",
+                    "num_devices": 4,
+                    "intra_link": "nvlink3",
+                    "inter_link": "ib-hdr",
+                }
+            ],
+        }
+    )
     common = dict(
         model=model.name, cluster="a", global_batch_size=16, seq_len=2048, micro_batch_size=1, batch_shares=(16,)
     )
-    plain = Plan(schedule="1f1b", stages=tuple(
-        StagePlan(layer_start=6 * i, layer_end=6 * i + 6, device_ids=(i,)) for i in range(4)), **common)  # fmt: skip
-    inter = Plan(schedule="interleaved-1f1b", virtual_stages=2, stages=tuple(
-        StagePlan(layer_start=3 * i, layer_end=3 * i + 3, device_ids=(i % 4,)) for i in range(8)), **common)  # fmt: skip
+    plain = Plan(
+        schedule="1f1b",
+        stages=tuple(StagePlan(layer_start=6 * i, layer_end=6 * i + 6, device_ids=(i,)) for i in range(4)),
+        **common,
+    )
+    inter = Plan(
+        schedule="interleaved-1f1b",
+        virtual_stages=2,
+        stages=tuple(StagePlan(layer_start=3 * i, layer_end=3 * i + 3, device_ids=(i % 4,)) for i in range(8)),
+        **common,
+    )
     a, b = estimate(plain, model, cl), estimate(inter, model, cl)
     assert b.bubble_s < a.bubble_s
     assert b.bubble_s == pytest.approx(a.bubble_s / 2, rel=0.05)

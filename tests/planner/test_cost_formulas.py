@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner import flops
 from planner.cost import formulas as F
-from planner.model import get_model
+from planner.specs import flops
+from planner.specs.model import get_model
 
 
 def test_ring_allreduce_matches_hand_computed_time():

@@ -1,6 +1,6 @@
 """The decision gate switches only when the gain beats the switch cost, and never flaps."""
 
-from planner.decide import GateConfig, Option, decide
+from planner.replan.gate import GateConfig, Option, decide
 
 
 def test_switches_when_gain_times_remaining_beats_cost():

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.discovery import (
+from planner.errors import MeshplanError, UnknownNameError
+from planner.measure.discovery import (
     INTER,
     INTRA,
     check_snapshot,
@@ -16,7 +17,6 @@ from planner.discovery import (
     fit_snapshot,
     snapshot_fingerprint,
 )
-from planner.errors import MeshplanError, UnknownNameError
 
 SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
 MEM = 24 * 2**30
@@ -24,8 +24,13 @@ MEM = 24 * 2**30
 
 def _probe(flop: float, mem_bw: float = 10e9, device: str = "cpu") -> dict:
     dtype = "fp32" if device == "cpu" else "bf16"
-    return {"device": device, "matmul_flop_per_s": flop, "matmul_dtype": dtype, "matmul_size": 1024,
-            "memory_bandwidth_bytes_per_s": mem_bw}  # fmt: skip
+    return {
+        "device": device,
+        "matmul_flop_per_s": flop,
+        "matmul_dtype": dtype,
+        "matmul_size": 1024,
+        "memory_bandwidth_bytes_per_s": mem_bw,
+    }
 
 
 def make_snapshot(nodes: dict[str, int], alpha_s: dict[str, float], bw: dict[str, float], gpus: dict | None = None):
@@ -33,10 +38,24 @@ def make_snapshot(nodes: dict[str, int], alpha_s: dict[str, float], bw: dict[str
     gpus = gpus or {}
     ranks, node_info, rank = [], {}, 0
     for name, n in nodes.items():
-        node_gpus = [{"index": i, "name": gpus[name], "memory_bytes": 80 * 2**30, "sm_count": 132,
-                      "capability": "9.0"} for i in range(n)] if name in gpus else []  # fmt: skip
-        node_info[name] = {"node": name, "hostname": name, "cpu_model": "AMD EPYC", "num_cores": 2,
-                           "memory_bytes": MEM, "gpus": node_gpus, "nvlink": None, "ranks": []}  # fmt: skip
+        node_gpus = (
+            [
+                {"index": i, "name": gpus[name], "memory_bytes": 80 * 2**30, "sm_count": 132, "capability": "9.0"}
+                for i in range(n)
+            ]
+            if name in gpus
+            else []
+        )
+        node_info[name] = {
+            "node": name,
+            "hostname": name,
+            "cpu_model": "AMD EPYC",
+            "num_cores": 2,
+            "memory_bytes": MEM,
+            "gpus": node_gpus,
+            "nvlink": None,
+            "ranks": [],
+        }
         for local in range(n):
             device = f"cuda:{local}" if name in gpus else "cpu"
             ranks.append(
@@ -50,15 +69,41 @@ def make_snapshot(nodes: dict[str, int], alpha_s: dict[str, float], bw: dict[str
         for b in range(a + 1, len(ranks)):
             cls = INTRA if node_of[a] == node_of[b] else INTER
             for s in SIZES:
-                meas.append({"op": "send_recv", "message_bytes": s, "time_s": alpha_s[cls] + s / bw[cls],
-                             "src": a, "dst": b, "num_ranks": 2, "link_class": cls})  # fmt: skip
+                meas.append(
+                    {
+                        "op": "send_recv",
+                        "message_bytes": s,
+                        "time_s": alpha_s[cls] + s / bw[cls],
+                        "src": a,
+                        "dst": b,
+                        "num_ranks": 2,
+                        "link_class": cls,
+                    }
+                )
     all_cls = INTRA if len(nodes) == 1 else INTER
     for s in SIZES:
-        meas.append({"op": "all_reduce", "message_bytes": s, "time_s": 2 * alpha_s[all_cls] + 2 * s / bw[all_cls],
-                     "src": None, "dst": None, "num_ranks": len(ranks), "link_class": all_cls})  # fmt: skip
-    return {"version": 1, "created_at": "2026-12-02T00:00:00+00:00", "backend": "nccl" if gpus else "gloo",
-            "world_size": len(ranks), "message_sizes": SIZES, "nodes": node_info, "ranks": ranks,
-            "measurements": meas, "unsupported": []}  # fmt: skip
+        meas.append(
+            {
+                "op": "all_reduce",
+                "message_bytes": s,
+                "time_s": 2 * alpha_s[all_cls] + 2 * s / bw[all_cls],
+                "src": None,
+                "dst": None,
+                "num_ranks": len(ranks),
+                "link_class": all_cls,
+            }
+        )
+    return {
+        "version": 1,
+        "created_at": "2026-12-02T00:00:00+00:00",
+        "backend": "nccl" if gpus else "gloo",
+        "world_size": len(ranks),
+        "message_sizes": SIZES,
+        "nodes": node_info,
+        "ranks": ranks,
+        "measurements": meas,
+        "unsupported": [],
+    }
 
 
 def test_cpu_ranks_become_one_measured_cpu_node():
@@ -159,13 +204,26 @@ def test_runtime_overhead_rows_are_kept_but_never_fitted_as_links():
     """The netbench's pipelining, FSDP2 and concurrency rows are calibration inputs, not transfers: even
     at two sizes (FSDP2's module rows) they get no α–β fit, while the collectives beside them still do."""
     snap = make_snapshot({"n0": 2}, {INTRA: 10e-6}, {INTRA: 8e9})
-    extra = [{"op": op, "message_bytes": b, "time_s": t, "src": 0, "dst": 1, "num_ranks": 2, "link_class": INTRA}
-             for op, b, t in (("fsdp_module", 16384, 6e-3), ("fsdp_module", 4194304, 30e-3),
-                              ("fsdp_tensor", 16384, 1e-4), ("pipeline_microbatch", 1024, 2e-3),
-                              ("compute_alone", 0, 24e-3), ("compute_lockstep", 0, 30e-3),
-                              ("compute_free", 0, 25e-3))]  # fmt: skip
+    extra = [
+        {"op": op, "message_bytes": b, "time_s": t, "src": 0, "dst": 1, "num_ranks": 2, "link_class": INTRA}
+        for op, b, t in (
+            ("fsdp_module", 16384, 6e-3),
+            ("fsdp_module", 4194304, 30e-3),
+            ("fsdp_tensor", 16384, 1e-4),
+            ("pipeline_microbatch", 1024, 2e-3),
+            ("compute_alone", 0, 24e-3),
+            ("compute_lockstep", 0, 30e-3),
+            ("compute_free", 0, 25e-3),
+        )
+    ]
     snap["measurements"] += extra
     ops = {f.op for f in fit_snapshot(snap)}
     assert "all_reduce" in ops and "send_recv" in ops
-    assert not ops & {"fsdp_module", "fsdp_tensor", "pipeline_microbatch", "compute_alone", "compute_lockstep",
-                      "compute_free"}  # fmt: skip
+    assert not ops & {
+        "fsdp_module",
+        "fsdp_tensor",
+        "pipeline_microbatch",
+        "compute_alone",
+        "compute_lockstep",
+        "compute_free",
+    }

@@ -2,19 +2,34 @@
 
 import tomllib
 
-from planner.export import to_megatron, to_torchtitan
-from planner.model import get_model
-from planner.plan import Plan, StagePlan
+from planner.report.export import to_megatron, to_torchtitan
+from planner.specs.model import get_model
+from planner.specs.plan import Plan, StagePlan
 
 
 def _plan(shares=(4, 4), sizes=(1, 3), recompute="none", sharding="none") -> Plan:
     stages, start = [], 0
     for i, n in enumerate(sizes):
-        stages.append(StagePlan(layer_start=start, layer_end=start + n, device_ids=(2 * i, 2 * i + 1), dp=2,
-                                recompute=recompute, sharding=sharding))  # fmt: skip
+        stages.append(
+            StagePlan(
+                layer_start=start,
+                layer_end=start + n,
+                device_ids=(2 * i, 2 * i + 1),
+                dp=2,
+                recompute=recompute,
+                sharding=sharding,
+            )
+        )
         start += n
-    return Plan(model="tiny", cluster="c", global_batch_size=sum(shares), seq_len=64, micro_batch_size=2,
-                stages=tuple(stages), batch_shares=shares)  # fmt: skip
+    return Plan(
+        model="tiny",
+        cluster="c",
+        global_batch_size=sum(shares),
+        seq_len=64,
+        micro_batch_size=2,
+        stages=tuple(stages),
+        batch_shares=shares,
+    )
 
 
 def test_torchtitan_export_is_valid_toml_with_split_points():
@@ -42,8 +57,14 @@ def test_megatron_args_carry_uneven_first_last_stage_and_gqa():
 
 def test_megatron_reports_uneven_middle_stages():
     bounds = [(0, 2), (2, 5), (5, 9), (9, 12)]
-    plan = Plan(model="gpt2-small", cluster="c", global_batch_size=2, seq_len=1024, micro_batch_size=1,
-                stages=tuple(StagePlan(layer_start=a, layer_end=b, device_ids=(i,)) for i, (a, b) in enumerate(bounds)),
-                batch_shares=(2,))  # fmt: skip
+    plan = Plan(
+        model="gpt2-small",
+        cluster="c",
+        global_batch_size=2,
+        seq_len=1024,
+        micro_batch_size=1,
+        stages=tuple(StagePlan(layer_start=a, layer_end=b, device_ids=(i,)) for i, (a, b) in enumerate(bounds)),
+        batch_shares=(2,),
+    )
     _, warnings = to_megatron(plan, get_model("gpt2-small"))
     assert any("uneven middle stages [2, 3, 4, 3]" in w for w in warnings)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from planner import flops
-from planner.model import PRESETS, ModelSpec
+from planner.specs import flops
+from planner.specs.model import PRESETS, ModelSpec
 
 
 def test_gpt_block_forward_flops_equal_megatron_24bsh2_plus_4bs2h():

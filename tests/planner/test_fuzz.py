@@ -5,10 +5,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.config import load_config
 from planner.errors import MeshplanError
-from planner.model import ModelSpec
-from planner.plan import parse_plan_json
+from planner.specs.config import load_config
+from planner.specs.model import ModelSpec
+from planner.specs.plan import parse_plan_json
 from planner.validation import parse
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -16,10 +16,26 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 70), st.floats(all
 
 
 @SETTINGS
-@given(st.dictionaries(
-    st.sampled_from(["name", "family", "num_layers", "hidden", "num_heads", "num_kv_heads", "ffn_hidden",
-                     "vocab_size", "seq_len", "tie_embeddings", "bogus"]),
-    st.one_of(scalars, st.sampled_from(["gpt", "llama"]), st.sampled_from([2, 4, 8, 64, 128]))))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "name",
+                "family",
+                "num_layers",
+                "hidden",
+                "num_heads",
+                "num_kv_heads",
+                "ffn_hidden",
+                "vocab_size",
+                "seq_len",
+                "tie_embeddings",
+                "bogus",
+            ]
+        ),
+        st.one_of(scalars, st.sampled_from(["gpt", "llama"]), st.sampled_from([2, 4, 8, 64, 128])),
+    )
+)
 def test_model_spec_fuzz(data):
     try:
         m = parse(ModelSpec, data)
@@ -30,20 +46,40 @@ def test_model_spec_fuzz(data):
 
 
 stage = st.fixed_dictionaries(
-    {"layer_start": st.integers(-1, 5), "layer_end": st.integers(-1, 6),
-     "device_ids": st.lists(st.integers(-1, 6), max_size=4)},
-    optional={"tp": st.integers(0, 3), "dp": st.integers(0, 3), "recompute": st.sampled_from(["none", "full", "x"]),
-              "sharding": st.sampled_from(["none", "zero3", "zero9"])},
-)  # fmt: skip
+    {
+        "layer_start": st.integers(-1, 5),
+        "layer_end": st.integers(-1, 6),
+        "device_ids": st.lists(st.integers(-1, 6), max_size=4),
+    },
+    optional={
+        "tp": st.integers(0, 3),
+        "dp": st.integers(0, 3),
+        "recompute": st.sampled_from(["none", "full", "x"]),
+        "sharding": st.sampled_from(["none", "zero3", "zero9"]),
+    },
+)
 
 
 @SETTINGS
-@given(st.fixed_dictionaries(
-    {"model": st.just("tiny"), "cluster": st.just("c"), "global_batch_size": st.integers(-1, 9),
-     "seq_len": st.integers(0, 64), "micro_batch_size": st.integers(0, 4), "stages": st.lists(stage, max_size=3),
-     "batch_shares": st.lists(st.integers(-1, 8), max_size=3)},
-    optional={"schedule": st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b", "zb"]),
-              "virtual_stages": st.integers(0, 3), "version": st.integers(0, 2), "junk": scalars}))  # fmt: skip
+@given(
+    st.fixed_dictionaries(
+        {
+            "model": st.just("tiny"),
+            "cluster": st.just("c"),
+            "global_batch_size": st.integers(-1, 9),
+            "seq_len": st.integers(0, 64),
+            "micro_batch_size": st.integers(0, 4),
+            "stages": st.lists(stage, max_size=3),
+            "batch_shares": st.lists(st.integers(-1, 8), max_size=3),
+        },
+        optional={
+            "schedule": st.sampled_from(["1f1b", "gpipe", "interleaved-1f1b", "zb"]),
+            "virtual_stages": st.integers(0, 3),
+            "version": st.integers(0, 2),
+            "junk": scalars,
+        },
+    )
+)
 def test_plan_json_fuzz(data):
     try:
         plan = parse_plan_json(json.dumps(data))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.catalog import lookup
-from planner.model import get_model
-from planner.profiles import MEMORY_EFFICIENCY, ProfileKey, estimate_layer
+from planner.measure.profiles import MEMORY_EFFICIENCY, ProfileKey, estimate_layer
+from planner.specs.catalog import lookup
+from planner.specs.model import get_model
 
 A100 = lookup("A100-SXM4-80GB")
 

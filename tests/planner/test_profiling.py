@@ -2,18 +2,18 @@
 
 import pytest
 
-from planner.cluster import parse_cluster_toml
 from planner.errors import MeshplanError
-from planner.model import PRESETS
-from planner.profiles import DEFAULT_EFFICIENCY, LayerProfile, ProfileKey, achieved_efficiency
-from planner.profiling import (
-    calibration_for,
+from planner.measure.profiles import DEFAULT_EFFICIENCY, LayerProfile, ProfileKey, achieved_efficiency
+from planner.measure.targets import (
     comm_fits_from_snapshot,
     device_dtype,
+    efficiency_for,
     profile_keys,
     shape_groups,
     validate_shapes,
 )
+from planner.specs.cluster import parse_cluster_toml
+from planner.specs.model import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -30,21 +30,23 @@ def test_grid_has_one_key_per_distinct_shape_and_groups_by_seq_and_tp():
 
 def test_gpu_measurements_calibrate_gpu_estimates():
     h100 = _row("H100-SXM5-80GB", 1e-6)
-    eff, source = calibration_for(TINY, "A100-SXM4-40GB", [h100], {"H100-SXM5-80GB": 989e12})
+    eff, source = efficiency_for(TINY, "A100-SXM4-40GB", [h100], {"H100-SXM5-80GB": 989e12})
     assert eff == pytest.approx(achieved_efficiency(TINY, h100, 989e12)) and "H100" in source
 
 
 def test_cpu_measurements_do_not_calibrate_gpu_estimates():
     cpu = _row("cpu", 1e-3, "fp32")
-    assert calibration_for(TINY, "A100-SXM4-40GB", [cpu], {"cpu": 50e9}) == (DEFAULT_EFFICIENCY, "default")
+    assert efficiency_for(TINY, "A100-SXM4-40GB", [cpu], {"cpu": 50e9}) == (DEFAULT_EFFICIENCY, "default")
 
 
 def test_gpus_train_in_bf16_and_cpus_in_the_configured_dtype():
     assert device_dtype("T4", "fp32") == "bf16" and device_dtype("cpu", "fp32") == "fp32"
 
 
-@pytest.mark.parametrize(("mbs", "seq", "tp", "field"), [([0], [], [1], "profile.mbs"), ([1], [65], [1], "profile.seq"),
-                                                         ([1], [], [3], "profile.tp")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mbs", "seq", "tp", "field"),
+    [([0], [], [1], "profile.mbs"), ([1], [65], [1], "profile.seq"), ([1], [], [3], "profile.tp")],
+)
 def test_unbuildable_shapes_are_rejected_with_the_field(mbs, seq, tp, field):
     with pytest.raises(MeshplanError, match=field):
         validate_shapes(TINY, mbs, seq, tp)
@@ -55,8 +57,10 @@ def test_comm_fits_use_measured_fits_per_link_class_and_datasheet_for_the_rest()
         'name = "c"\n[[nodes]]\nname = "a"\ndevice = "A100-SXM4-40GB"\nnum_devices = 2\n'
         'intra_link = "nvlink3"\ninter_link = "ib-hdr"\n'
     )
-    fits = comm_fits_from_snapshot(cluster, [{"op": "all_reduce", "link_class": "intra-node", "alpha_s": 1e-5,
-                                              "beta_s_per_byte": 1e-11, "r2": 0.99}])  # fmt: skip
+    fits = comm_fits_from_snapshot(
+        cluster,
+        [{"op": "all_reduce", "link_class": "intra-node", "alpha_s": 1e-5, "beta_s_per_byte": 1e-11, "r2": 0.99}],
+    )
     by = {(f.link_kind, f.op): f for f in fits}
     assert by[("nvlink3", "all_reduce")].measured and by[("nvlink3", "all_reduce")].time_s(1e6) == pytest.approx(2e-5)
     assert not by[("ib-hdr", "send_recv")].measured

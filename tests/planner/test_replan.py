@@ -5,29 +5,49 @@ import random
 import pytest
 
 from planner.cost import estimate
-from planner.decide import GateConfig
-from planner.degrade import cpu_cluster, degrade_cluster, degrade_profiles, slow_kind
-from planner.model import get_model
-from planner.monitor import MonitorConfig, ReplanMonitor
-from planner.plan import parse_plan
-from planner.profiles import LayerProfile, ProfileKey, ProfileTable
-from planner.replan import SwitchCosts, relabel_for_runtime, replan, runnable_reason
+from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
+from planner.replan.degrade import cpu_cluster, degrade_cluster, degrade_profiles, slow_kind
+from planner.replan.detect import DetectConfig, Detection, Slowdown
+from planner.replan.gate import GateConfig
+from planner.replan.monitor import MonitorConfig, ReplanMonitor
+from planner.replan.options import SwitchCosts, relabel_for_runtime, replan, runnable_reason
 from planner.search.classes import device_classes
-from planner.straggler import DetectConfig, Detection, Slowdown
+from planner.specs.model import get_model
+from planner.specs.plan import parse_plan
 
 TINY = get_model("tiny")
 
 
 def dp4(shares=(4, 4, 4, 4)):
-    return parse_plan({"model": "tiny", "cluster": "cpu", "global_batch_size": sum(shares), "seq_len": 32,
-                       "micro_batch_size": 1, "schedule": "1f1b", "dtype": "fp32", "batch_shares": list(shares),
-                       "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}]})  # fmt: skip
+    return parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": sum(shares),
+            "seq_len": 32,
+            "micro_batch_size": 1,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "batch_shares": list(shares),
+            "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1, 2, 3], "dp": 4}],
+        }
+    )
 
 
 def pp4():
-    return parse_plan({"model": "tiny", "cluster": "cpu", "global_batch_size": 8, "seq_len": 32,
-                       "micro_batch_size": 1, "schedule": "1f1b", "dtype": "fp32", "batch_shares": [8],
-                       "stages": [{"layer_start": i, "layer_end": i + 1, "device_ids": [i]} for i in range(4)]})  # fmt: skip
+    return parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "cpu",
+            "global_batch_size": 8,
+            "seq_len": 32,
+            "micro_batch_size": 1,
+            "schedule": "1f1b",
+            "dtype": "fp32",
+            "batch_shares": [8],
+            "stages": [{"layer_start": i, "layer_end": i + 1, "device_ids": [i]} for i in range(4)],
+        }
+    )
 
 
 def slowed(rank, factor, kind="compute"):
@@ -67,8 +87,16 @@ def test_degraded_estimate_grows_with_the_factor():
 
 @pytest.mark.parametrize("factor", [1.5, 2.0, 4.0])
 def test_rebalance_moves_microbatches_off_the_slow_replica(factor):
-    r = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, factor), remaining_steps=200, measured_healthy_step_s=0.1,
-               relayout=False)  # fmt: skip
+    r = replan(
+        dp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, factor),
+        remaining_steps=200,
+        measured_healthy_step_s=0.1,
+        relayout=False,
+    )
     assert r.decision.chosen.action == "rebalance" and r.decision.net_gain_s > 0
     shares = r.chosen_plan.batch_shares
     assert sum(shares) == 16 and all(s >= 1 for s in shares) and shares[1] == min(shares) < 4
@@ -78,32 +106,82 @@ def test_rebalance_moves_microbatches_off_the_slow_replica(factor):
 def test_rebalance_does_not_stop_on_replicas_tied_for_the_slowest():
     # rank 1 at 4x, 32 samples: the greedy used to stop at [12, 3, 9, 8] (12 → 11 on rank 0 ties it with
     # rank 1's 3 × 4 = 12: the step does not drop); the best split has 10 on each healthy replica
-    r = replan(dp4((8, 8, 8, 8)), TINY, cpu_cluster(4), None, slowed(1, 4.0), remaining_steps=200,
-               measured_healthy_step_s=0.1, relayout=False)  # fmt: skip
+    r = replan(
+        dp4((8, 8, 8, 8)),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, 4.0),
+        remaining_steps=200,
+        measured_healthy_step_s=0.1,
+        relayout=False,
+    )
     assert r.chosen_plan.batch_shares == (10, 2, 10, 10)
 
 
 def test_calibration_states_gains_in_measured_seconds():
-    a = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, 2.0), remaining_steps=50, measured_healthy_step_s=0.1,
-               relayout=False)  # fmt: skip
-    b = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, 2.0), remaining_steps=50, measured_healthy_step_s=0.2,
-               relayout=False)  # fmt: skip
+    a = replan(
+        dp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, 2.0),
+        remaining_steps=50,
+        measured_healthy_step_s=0.1,
+        relayout=False,
+    )
+    b = replan(
+        dp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, 2.0),
+        remaining_steps=50,
+        measured_healthy_step_s=0.2,
+        relayout=False,
+    )
     assert b.decision.keep_step_time_s == pytest.approx(2 * a.decision.keep_step_time_s)
     assert b.calibration == pytest.approx(2 * a.calibration)
 
 
 def test_switch_is_refused_when_too_few_steps_remain_or_during_cooldown():
-    few = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, 2.0), remaining_steps=2, measured_healthy_step_s=0.1,
-                 relayout=False)  # fmt: skip
+    few = replan(
+        dp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, 2.0),
+        remaining_steps=2,
+        measured_healthy_step_s=0.1,
+        relayout=False,
+    )
     assert few.decision.chosen.action == "keep" and "nets" in few.decision.reason
-    cool = replan(dp4(), TINY, cpu_cluster(4), None, slowed(1, 2.0), remaining_steps=500, measured_healthy_step_s=0.1,
-                  steps_since_switch=1, gate=GateConfig(cooldown_steps=5), relayout=False)  # fmt: skip
+    cool = replan(
+        dp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(1, 2.0),
+        remaining_steps=500,
+        measured_healthy_step_s=0.1,
+        steps_since_switch=1,
+        gate=GateConfig(cooldown_steps=5),
+        relayout=False,
+    )
     assert cool.decision.chosen.action == "keep" and "cooldown" in cool.decision.reason
 
 
 def test_pipeline_without_replicas_relayouts_away_from_a_4x_slow_stage():
-    r = replan(pp4(), TINY, cpu_cluster(4), None, slowed(2, 4.0), remaining_steps=1000, measured_healthy_step_s=0.1,
-               costs=SwitchCosts(1.0, 10.0, 1.0))  # fmt: skip
+    r = replan(
+        pp4(),
+        TINY,
+        cpu_cluster(4),
+        None,
+        slowed(2, 4.0),
+        remaining_steps=1000,
+        measured_healthy_step_s=0.1,
+        costs=SwitchCosts(1.0, 10.0, 1.0),
+    )
     assert r.decision.chosen.action == "relayout"
     assert "rebalance" not in r.plans  # dp = 1: nothing to re-split
     new, mapping = relabel_for_runtime(r.chosen_plan)
@@ -116,10 +194,21 @@ def test_pipeline_without_replicas_relayouts_away_from_a_4x_slow_stage():
 
 
 def test_relabel_maps_a_permuted_subset_onto_ranks_in_mesh_order():
-    plan = parse_plan({"model": "tiny", "cluster": "c", "global_batch_size": 4, "seq_len": 32, "micro_batch_size": 1,
-                       "dtype": "fp32", "batch_shares": [2, 2],
-                       "stages": [{"layer_start": 0, "layer_end": 2, "device_ids": [3, 0], "dp": 2},
-                                  {"layer_start": 2, "layer_end": 4, "device_ids": [5, 1], "dp": 2}]})  # fmt: skip
+    plan = parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "c",
+            "global_batch_size": 4,
+            "seq_len": 32,
+            "micro_batch_size": 1,
+            "dtype": "fp32",
+            "batch_shares": [2, 2],
+            "stages": [
+                {"layer_start": 0, "layer_end": 2, "device_ids": [3, 0], "dp": 2},
+                {"layer_start": 2, "layer_end": 4, "device_ids": [5, 1], "dp": 2},
+            ],
+        }
+    )
     new, mapping = relabel_for_runtime(plan)
     assert mapping == {3: 0, 0: 1, 5: 2, 1: 3}
     assert [s.device_ids for s in new.stages] == [(0, 1), (2, 3)]
@@ -136,8 +225,16 @@ def _telemetry(steps, slow_rank=None, factor=2.0, from_step=12, shares=(4, 4, 4,
         slowest = max(comp.values())
         for r in range(4):
             comm = slowest - comp[r] + 0.002
-            rows.append({"step": st, "rank": r, "step_time_s": slowest + 0.002, "compute_s": comp[r],
-                         "comm_wait_s": comm, "samples": shares[r]})  # fmt: skip
+            rows.append(
+                {
+                    "step": st,
+                    "rank": r,
+                    "step_time_s": slowest + 0.002,
+                    "compute_s": comp[r],
+                    "comm_wait_s": comm,
+                    "samples": shares[r],
+                }
+            )
     return rows
 
 

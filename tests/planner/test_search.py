@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import parse_cluster, parse_cluster_toml
-from planner.model import ModelSpec, get_model
 from planner.search import SearchSpace, search
 from planner.search.classes import device_classes
 from planner.search.replicas import water_fill
+from planner.specs.cluster import parse_cluster, parse_cluster_toml
+from planner.specs.model import ModelSpec, get_model
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "clusters"
 
@@ -24,8 +24,9 @@ def kind_of(cluster):
 
 
 def test_faster_device_kind_gets_more_layers():
-    cluster = parse_cluster({"name": "hv", "nodes": [node("h", "H100-SXM5-80GB", 1, "nvlink4"),
-                                                     node("v", "V100-SXM2-32GB", 1, "nvlink2")]})  # fmt: skip
+    cluster = parse_cluster(
+        {"name": "hv", "nodes": [node("h", "H100-SXM5-80GB", 1, "nvlink4"), node("v", "V100-SXM2-32GB", 1, "nvlink2")]}
+    )
     model = get_model("gpt3-1.3b")
     res = search(model, cluster, global_batch=32, space=SearchSpace(families=("pipeline",)), baselines=False)
     kind = kind_of(cluster)
@@ -37,8 +38,15 @@ def test_faster_device_kind_gets_more_layers():
 
 
 def test_device_kind_too_slow_to_help_is_left_out():
-    cluster = parse_cluster({"name": "ht", "nodes": [node("h", "H100-SXM5-80GB", 8, "nvlink4", inter="eth-10g"),
-                                                     node("t", "T4", 4, "pcie3", inter="eth-10g")]})  # fmt: skip
+    cluster = parse_cluster(
+        {
+            "name": "ht",
+            "nodes": [
+                node("h", "H100-SXM5-80GB", 8, "nvlink4", inter="eth-10g"),
+                node("t", "T4", 4, "pcie3", inter="eth-10g"),
+            ],
+        }
+    )
     res = search(get_model("gpt3-1.3b"), cluster, global_batch=64, baselines=False)
     kind = kind_of(cluster)
     used = {kind(d) for s in res.best.stages for d in s.device_ids}
@@ -46,8 +54,9 @@ def test_device_kind_too_slow_to_help_is_left_out():
 
 
 def test_unequal_replicas_get_unequal_batch_shares():
-    cluster = parse_cluster({"name": "av", "nodes": [node("a", "A100-SXM4-80GB", 2, "nvlink3"),
-                                                     node("v", "V100-SXM2-32GB", 2, "nvlink2")]})  # fmt: skip
+    cluster = parse_cluster(
+        {"name": "av", "nodes": [node("a", "A100-SXM4-80GB", 2, "nvlink3"), node("v", "V100-SXM2-32GB", 2, "nvlink2")]}
+    )
     res = search(
         get_model("gpt2-medium"), cluster, global_batch=64, space=SearchSpace(families=("replicas",)), baselines=False
     )
@@ -89,8 +98,15 @@ def test_bad_batch_gives_a_reason():
 
 
 def test_identical_node_groups_merge_into_one_class():
-    cluster = parse_cluster({"name": "two", "nodes": [node("a", "A100-SXM4-80GB", 8, "nvlink3", count=3),
-                                                      node("b", "A100-SXM4-80GB", 8, "nvlink3", count=5)]})  # fmt: skip
+    cluster = parse_cluster(
+        {
+            "name": "two",
+            "nodes": [
+                node("a", "A100-SXM4-80GB", 8, "nvlink3", count=3),
+                node("b", "A100-SXM4-80GB", 8, "nvlink3", count=5),
+            ],
+        }
+    )
     (cls,) = device_classes(cluster)
     assert cls.num_devices == 64 and cls.ids(20, 8) == list(range(20, 28))
 
@@ -122,10 +138,23 @@ def test_homogeneous_search_never_loses_to_megatron_rule_of_thumb():
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 def test_tiny_models_on_cpu_ranks(model):
-    cluster = parse_cluster({"name": "cpu", "nodes": [{
-        "name": "cpu", "device": "cpu", "num_devices": 2, "intra_link": {"kind": "loopback", "bandwidth_bytes_per_s": 5e9},
-        "inter_link": "eth-10g", "device_memory_bytes": 8 * 2**30, "device_peak_flop_per_s": 5e10,
-        "device_memory_bandwidth_bytes_per_s": 1e10}]})  # fmt: skip
+    cluster = parse_cluster(
+        {
+            "name": "cpu",
+            "nodes": [
+                {
+                    "name": "cpu",
+                    "device": "cpu",
+                    "num_devices": 2,
+                    "intra_link": {"kind": "loopback", "bandwidth_bytes_per_s": 5e9},
+                    "inter_link": "eth-10g",
+                    "device_memory_bytes": 8 * 2**30,
+                    "device_peak_flop_per_s": 5e10,
+                    "device_memory_bandwidth_bytes_per_s": 1e10,
+                }
+            ],
+        }
+    )
     res = search(get_model(model), cluster, global_batch=4)
     assert res.feasible and res.best.predicted.mfu > 0
 

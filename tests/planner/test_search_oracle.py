@@ -4,12 +4,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cluster import parse_cluster
 from planner.cost import estimate
-from planner.model import ModelSpec
-from planner.plan import parse_plan_json
 from planner.search import SearchSpace, search
 from planner.search.oracle import compositions, oracle_search
+from planner.specs.cluster import parse_cluster
+from planner.specs.model import ModelSpec
+from planner.specs.plan import parse_plan_json
 
 SPACE = SearchSpace(micro_batch_sizes=(1, 2), schedules=("1f1b", "gpipe"), shardings=("none", "zero2"), tps=(1, 2))
 KINDS = ["T4", "V100-SXM2-16GB", "A100-SXM4-40GB", "L4"]
@@ -25,8 +25,16 @@ def instances(draw):
         n = draw(st.sampled_from([1, 2]))
         count = draw(st.integers(1, 2 if n == 1 else 1))
         total += n * count
-        nodes.append({"name": f"g{i}", "device": kind, "num_devices": n, "count": count,
-                      "intra_link": LINKS[kind], "inter_link": draw(st.sampled_from(["eth-100g", "ib-hdr"]))})  # fmt: skip
+        nodes.append(
+            {
+                "name": f"g{i}",
+                "device": kind,
+                "num_devices": n,
+                "count": count,
+                "intra_link": LINKS[kind],
+                "inter_link": draw(st.sampled_from(["eth-100g", "ib-hdr"])),
+            }
+        )
     layers = draw(st.integers(2, 4))
     hidden = draw(st.sampled_from([64, 256, 1024]))
     model = ModelSpec(name="rand", num_layers=layers, hidden=hidden, num_heads=4, vocab_size=512, seq_len=128)
@@ -92,11 +100,12 @@ def test_interleaved_schedule_search_matches_the_oracle(hidden):
                     "inter_link": "ib-hdr",
                 }
             ],
-        }  # fmt: skip
+        }
     )
     model = ModelSpec(name="m", num_layers=6, hidden=hidden, num_heads=4, vocab_size=512, seq_len=128)
-    space = SearchSpace(micro_batch_sizes=(1,), schedules=("interleaved-1f1b",), shardings=("none",), tps=(1,),
-                        families=("pipeline",))  # fmt: skip
+    space = SearchSpace(
+        micro_batch_sizes=(1,), schedules=("interleaved-1f1b",), shardings=("none",), tps=(1,), families=("pipeline",)
+    )
     oracle = oracle_search(model, cluster, global_batch=4, space=space)
     fast = search(model, cluster, global_batch=4, space=space, baselines=False)
     assert fast.best.predicted.step_time_s == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
@@ -105,8 +114,8 @@ def test_interleaved_schedule_search_matches_the_oracle(hidden):
 
 @st.composite
 def calibrations(draw):
-    """Measured corrections as discovery derives them (planner.calibrate), any size within reason."""
-    from planner.calibrate import Calibration, CollectiveFit
+    """Measured corrections as discovery derives them (planner.measure.calibrate), any size within reason."""
+    from planner.measure.calibrate import Calibration, CollectiveFit
 
     n = 4
     fits = tuple(
@@ -114,15 +123,22 @@ def calibrations(draw):
         for op in ("all_gather", "all_reduce", "reduce_scatter")
     )
     return Calibration(
-        num_ranks=n, compute_slowdown=draw(st.floats(1.0, 1.5)), collectives=fits,
-        adam_s_per_param=draw(st.floats(1e-9, 5e-8)), adam_dtensor_s_per_param=draw(st.floats(1e-9, 1e-7)),
-        grad_sync_overlap=draw(st.sampled_from([0.0, 0.5])), pipeline_overhead_s=draw(st.floats(0.0, 5e-3)),
+        num_ranks=n,
+        compute_slowdown=draw(st.floats(1.0, 1.5)),
+        collectives=fits,
+        adam_s_per_param=draw(st.floats(1e-9, 5e-8)),
+        adam_dtensor_s_per_param=draw(st.floats(1e-9, 1e-7)),
+        grad_sync_overlap=draw(st.sampled_from([0.0, 0.5])),
+        pipeline_overhead_s=draw(st.floats(0.0, 5e-3)),
         source="hypothesis",
-    )  # fmt: skip
+    )
 
 
-@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "8")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "8")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(instances(), calibrations())
 def test_calibrated_search_finds_what_the_calibrated_oracle_finds(inst, calib):
     """With measured corrections the search's pruning bounds and inner costs stay exact: its best plan

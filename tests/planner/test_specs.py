@@ -4,19 +4,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.catalog import CATALOG, lookup
-from planner.cluster import parse_cluster, parse_cluster_toml
-from planner.config import load_config
 from planner.errors import MeshplanError, UnknownNameError
-from planner.model import PRESETS, ModelSpec, get_model
-from planner.topology import device_graph, link_between
+from planner.specs.catalog import CATALOG, lookup
+from planner.specs.cluster import parse_cluster, parse_cluster_toml
+from planner.specs.config import load_config
+from planner.specs.model import PRESETS, ModelSpec, get_model
+from planner.specs.topology import device_graph, link_between
 from planner.validation import parse
 
 REQUIRED_GPUS = [
-    "V100-SXM2-16GB", "V100-SXM2-32GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB",
-    "H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB", "A10", "A10G", "L4", "L40S", "T4", "A40",
-    "RTX-3090", "RTX-4090", "MI250X", "MI300X",
-]  # fmt: skip
+    "V100-SXM2-16GB",
+    "V100-SXM2-32GB",
+    "A100-SXM4-40GB",
+    "A100-SXM4-80GB",
+    "A100-PCIe-40GB",
+    "A100-PCIe-80GB",
+    "H100-SXM5-80GB",
+    "H100-PCIe-80GB",
+    "H200-SXM-141GB",
+    "A10",
+    "A10G",
+    "L4",
+    "L40S",
+    "T4",
+    "A40",
+    "RTX-3090",
+    "RTX-4090",
+    "MI250X",
+    "MI300X",
+]
 
 
 def test_catalog_has_every_required_gpu_with_a_source():
@@ -53,7 +69,16 @@ def test_presets_have_published_parameter_counts():
     assert abs(get_model("llama3-8b").num_params() / 1e9 - 8.03) < 0.05
     assert abs(get_model("llama3-70b").num_params() / 1e9 - 70.6) < 0.2
     assert abs(get_model("llama3-405b").num_params() / 1e9 - 405.8) < 1.0
-    for name in ["gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b"]:
+    for name in [
+        "gpt2-small",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "gpt3-1.3b",
+        "gpt3-2.7b",
+        "gpt3-6.7b",
+        "gpt3-13b",
+    ]:
         assert name in PRESETS
 
 
@@ -119,7 +144,7 @@ def test_device_ids_are_node_major_and_unique():
 
 
 def test_config_overrides_and_errors():
-    cfg = load_config('[search]\ntop_k = 3\n', ["search.global_batch=64", "profile.mbs=[1,2]", "model=gpt2-small"])
+    cfg = load_config("[search]\ntop_k = 3\n", ["search.global_batch=64", "profile.mbs=[1,2]", "model=gpt2-small"])
     assert cfg.search.top_k == 3 and cfg.search.global_batch == 64 and cfg.profile.mbs == (1, 2)
     assert cfg.model == "gpt2-small"
     with pytest.raises(MeshplanError, match="search.top_kk"):
@@ -131,11 +156,24 @@ def test_config_overrides_and_errors():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["name", "nodes", "extra"]), st.one_of(
-    st.text(max_size=5), st.integers(-3, 3), st.lists(st.dictionaries(
-        st.sampled_from(["name", "device", "num_devices", "count", "intra_link", "inter_link"]),
-        st.one_of(st.text(max_size=8), st.integers(-2, 9), st.sampled_from(["T4", "nvlink3", "ib-hdr", "cpu"])),
-    ), max_size=3))))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["name", "nodes", "extra"]),
+        st.one_of(
+            st.text(max_size=5),
+            st.integers(-3, 3),
+            st.lists(
+                st.dictionaries(
+                    st.sampled_from(["name", "device", "num_devices", "count", "intra_link", "inter_link"]),
+                    st.one_of(
+                        st.text(max_size=8), st.integers(-2, 9), st.sampled_from(["T4", "nvlink3", "ib-hdr", "cpu"])
+                    ),
+                ),
+                max_size=3,
+            ),
+        ),
+    )
+)
 def test_fuzzed_cluster_input_is_valid_or_a_clear_error(data):
     try:
         parse_cluster(data)

@@ -4,10 +4,12 @@ import random
 
 import pytest
 
-from planner.straggler import DetectConfig, StepSample, detect
+from planner.replan.detect import DetectConfig, StepSample, detect
 
 
-def _run(steps=30, ranks=4, slow_rank=None, factor=2.0, from_step=15, blip_step=None, link_rank=None, noise=0.03, seed=0):
+def _run(
+    steps=30, ranks=4, slow_rank=None, factor=2.0, from_step=15, blip_step=None, link_rank=None, noise=0.03, seed=0
+):
     """Synthetic synchronous training: step time = slowest rank's compute + transfer."""
     rng = random.Random(seed)
     out = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.timeline import gantt, simulate
+from planner.report.timeline import gantt, simulate
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -31,8 +31,10 @@ def test_dependencies_and_one_op_at_a_time_per_stage():
 
 def test_1f1b_keeps_fewer_microbatches_in_flight_than_gpipe():
     def peak_in_flight(ops, stage):
-        events = sorted([(o.end_s, 1) for o in ops if o.stage == stage and o.kind == "F"]
-                        + [(o.end_s, -1) for o in ops if o.stage == stage and o.kind == "B"])  # fmt: skip
+        events = sorted(
+            [(o.end_s, 1) for o in ops if o.stage == stage and o.kind == "F"]
+            + [(o.end_s, -1) for o in ops if o.stage == stage and o.kind == "B"]
+        )
         live = peak = 0
         for _, d in events:
             live += d

@@ -17,7 +17,7 @@ from storage.db import query
 WRITER = """
 import sys
 from pathlib import Path
-from planner.cluster import parse_cluster_toml
+from planner.specs.cluster import parse_cluster_toml
 from storage.hardware import save_snapshot
 db, tag, n, cluster_file = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 cluster = parse_cluster_toml(Path(cluster_file).read_text())
@@ -30,8 +30,13 @@ for i in range(n):
 
 def _writer(db: Path, tag: str, n: int, cluster: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(db), tag, str(n), cluster], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(db), tag, str(n), cluster],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_two_writer_processes_at_once_lose_nothing(tmp_path):
@@ -57,11 +62,17 @@ def test_writer_killed_mid_write_leaves_whole_snapshots_only(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait(30)
         # the file opens (WAL replayed or discarded) and no snapshot is partial
-        per = query(db, "SELECT s.fingerprint, count(d.fingerprint) AS n FROM hardware_snapshots s "
-                        "LEFT JOIN hardware_devices d USING (fingerprint) GROUP BY s.fingerprint")  # fmt: skip
+        per = query(
+            db,
+            "SELECT s.fingerprint, count(d.fingerprint) AS n FROM hardware_snapshots s "
+            "LEFT JOIN hardware_devices d USING (fingerprint) GROUP BY s.fingerprint",
+        )
         assert set(per["n"].to_list()) <= {1024}, per.filter(per["n"] != 1024)
-        orphans = query(db, "SELECT count(*) AS n FROM hardware_devices WHERE fingerprint NOT IN "
-                            "(SELECT fingerprint FROM hardware_snapshots)")  # fmt: skip
+        orphans = query(
+            db,
+            "SELECT count(*) AS n FROM hardware_devices WHERE fingerprint NOT IN "
+            "(SELECT fingerprint FROM hardware_snapshots)",
+        )
         assert orphans["n"][0] == 0
     # and a later writer carries on normally
     p = _writer(db, "after", 1, cluster)

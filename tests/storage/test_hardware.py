@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import parse_cluster_toml
-from planner.discovery import cluster_from_snapshot, snapshot_fingerprint
+from planner.measure.discovery import cluster_from_snapshot, snapshot_fingerprint
+from planner.specs.cluster import parse_cluster_toml
 from storage import db
 from storage.hardware import find_snapshot, list_snapshots, load_snapshot, save_snapshot
 

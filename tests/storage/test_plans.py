@@ -1,15 +1,27 @@
 """Plans in a real DuckDB file: idempotent upsert, ranks, baselines, round trip."""
 
-from planner.cluster import parse_cluster
-from planner.model import get_model
 from planner.search import search
+from planner.specs.cluster import parse_cluster
+from planner.specs.model import get_model
 from storage.db import connect, migrate, schema_version
 from storage.plans import best_plan, load_plan, plans_frame, save_plans
 
 
 def _result():
-    cluster = parse_cluster({"name": "c", "nodes": [{"name": "a", "device": "A100-SXM4-80GB", "num_devices": 4,
-                                                     "intra_link": "nvlink3", "inter_link": "ib-hdr"}]})  # fmt: skip
+    cluster = parse_cluster(
+        {
+            "name": "c",
+            "nodes": [
+                {
+                    "name": "a",
+                    "device": "A100-SXM4-80GB",
+                    "num_devices": 4,
+                    "intra_link": "nvlink3",
+                    "inter_link": "ib-hdr",
+                }
+            ],
+        }
+    )
     return search(get_model("gpt2-small"), cluster, global_batch=16, top_k=3)
 
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from planner.model import PRESETS
-from planner.profiles import ProfileKey, estimate_layer
+from planner.measure.profiles import ProfileKey, estimate_layer
+from planner.specs.model import PRESETS
 from storage.db import connect
 from storage.profiles import (
     estimate_rows,
@@ -26,16 +26,42 @@ TINY = PRESETS["tiny"]
 TORCH = "2.13.0+cpu"
 
 
-def _measured(kind="cpu", layer="block", mbs=1, recompute=False, forward_s=1e-3, torch_version=TORCH, dtype="fp32",
-              at="2026-12-02T10:00:00+00:00"):  # fmt: skip
+def _measured(
+    kind="cpu",
+    layer="block",
+    mbs=1,
+    recompute=False,
+    forward_s=1e-3,
+    torch_version=TORCH,
+    dtype="fp32",
+    at="2026-12-02T10:00:00+00:00",
+):
     return {
-        "model_fingerprint": TINY.fingerprint(), "device_kind": kind, "layer_kind": layer, "micro_batch_size": mbs,
-        "seq_len": 64, "tp": 1, "dtype": dtype, "recompute": recompute, "torch_version": torch_version,
-        "model_name": "tiny", "forward_s": forward_s, "backward_s": 2 * forward_s, "forward_spread_s": 1e-5,
-        "backward_spread_s": 2e-5, "param_bytes": 199936, "activation_bytes": 264192, "workspace_bytes": 131072,
-        "achieved_flop_per_s": 1e9, "estimated": False, "efficiency": None, "repeats": 5,
-        "timing_method": "cpu:perf_counter", "measured_at": at, "host": "ignored extra field",
-    }  # fmt: skip
+        "model_fingerprint": TINY.fingerprint(),
+        "device_kind": kind,
+        "layer_kind": layer,
+        "micro_batch_size": mbs,
+        "seq_len": 64,
+        "tp": 1,
+        "dtype": dtype,
+        "recompute": recompute,
+        "torch_version": torch_version,
+        "model_name": "tiny",
+        "forward_s": forward_s,
+        "backward_s": 2 * forward_s,
+        "forward_spread_s": 1e-5,
+        "backward_spread_s": 2e-5,
+        "param_bytes": 199936,
+        "activation_bytes": 264192,
+        "workspace_bytes": 131072,
+        "achieved_flop_per_s": 1e9,
+        "estimated": False,
+        "efficiency": None,
+        "repeats": 5,
+        "timing_method": "cpu:perf_counter",
+        "measured_at": at,
+        "host": "ignored extra field",
+    }
 
 
 def _count(db):
@@ -87,8 +113,13 @@ def test_estimated_rows_are_flagged_with_their_efficiency_and_measured_rows_win(
 
 def test_newest_measurement_wins_across_torch_versions(tmp_path):
     db = tmp_path / "m.duckdb"
-    upsert_profiles(db, [_measured(torch_version="2.12.0", forward_s=9e-3, at="2026-11-01T00:00:00+00:00"),
-                         _measured(forward_s=1e-3, at="2026-12-01T00:00:00+00:00")])  # fmt: skip
+    upsert_profiles(
+        db,
+        [
+            _measured(torch_version="2.12.0", forward_s=9e-3, at="2026-11-01T00:00:00+00:00"),
+            _measured(forward_s=1e-3, at="2026-12-01T00:00:00+00:00"),
+        ],
+    )
     (row,) = list(load_profile_table(db, TINY))
     assert row.forward_s == 1e-3
 
@@ -121,15 +152,25 @@ def test_storage_profiles_imports_no_prefect_or_torch():
 
 
 def _optimizer(layout="plain", s=2e-8, torch_version=TORCH, at="2026-12-02T10:00:00+00:00", kind="cpu", ranks=2):
-    return {"model_fingerprint": TINY.fingerprint(), "device_kind": kind, "layout": layout, "num_ranks": ranks,
-            "torch_version": torch_version, "model_name": "tiny", "s_per_param": s, "measured_at": at,
-            "host": "ignored extra field"}  # fmt: skip
+    return {
+        "model_fingerprint": TINY.fingerprint(),
+        "device_kind": kind,
+        "layout": layout,
+        "num_ranks": ranks,
+        "torch_version": torch_version,
+        "model_name": "tiny",
+        "s_per_param": s,
+        "measured_at": at,
+        "host": "ignored extra field",
+    }
 
 
 def _run(at, ranks=2, torch_version=TORCH, scale=1.0):
     """One measurement's three layouts, sharing its stamp."""
-    return [_optimizer(layout, s * scale, torch_version, at, ranks=ranks)
-            for layout, s in (("plain", 2e-8), ("tp", 6e-8), ("fsdp", 8e-8))]  # fmt: skip
+    return [
+        _optimizer(layout, s * scale, torch_version, at, ranks=ranks)
+        for layout, s in (("plain", 2e-8), ("tp", 6e-8), ("fsdp", 8e-8))
+    ]
 
 
 def test_optimizer_steps_round_trip_upsert_idempotently_and_the_newest_measurement_wins(tmp_path):

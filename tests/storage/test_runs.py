@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from planner.plan import CostBreakdown, parse_plan_json
+from planner.specs.plan import CostBreakdown, parse_plan_json
 from storage.runs import finish_run, ingest_step_metrics, load_run, run_steps, start_run, step_metrics
 
 GOLDEN = Path(__file__).parents[1] / "data" / "plan_v1.json"
@@ -11,18 +11,48 @@ GOLDEN = Path(__file__).parents[1] / "data" / "plan_v1.json"
 
 def _plan(step_time_s=0.5):
     plan = parse_plan_json(GOLDEN.read_text())
-    pred = CostBreakdown(step_time_s=step_time_s, compute_s=0.3, bubble_s=0.1, pp_comm_s=0.05, dp_comm_s=0.05,
-                         tp_comm_s=0, optimizer_s=0, tokens_per_s=1000, mfu=0.3, peak_memory_bytes=(1, 1),
-                         memory_capacity_bytes=(2, 2), bottleneck="compute")  # fmt: skip
+    pred = CostBreakdown(
+        step_time_s=step_time_s,
+        compute_s=0.3,
+        bubble_s=0.1,
+        pp_comm_s=0.05,
+        dp_comm_s=0.05,
+        tp_comm_s=0,
+        optimizer_s=0,
+        tokens_per_s=1000,
+        mfu=0.3,
+        peak_memory_bytes=(1, 1),
+        memory_capacity_bytes=(2, 2),
+        bottleneck="compute",
+    )
     return plan.model_copy(update={"predicted": pred})
 
 
 def _row(rank, step, stage, replica, step_time_s, loss=None, attempt=0, wall=0.0):
-    return {"run_id": "ignored", "rank": rank, "stage": stage, "replica": replica, "tp_index": 0, "pp": 2, "dp": 2,
-            "tp": 1, "attempt": attempt, "num_microbatches": 2, "samples": 4, "tokens": 256,
-            "plan_fingerprint": "x", "step": step, "step_time_s": step_time_s, "compute_s": 0.1,
-            "optimizer_s": 0.01, "comm_wait_s": step_time_s - 0.11, "loss": loss, "memory_bytes": 1 << 20,
-            "memory_kind": "cpu_max_rss", "wall_time_s": wall}  # fmt: skip
+    return {
+        "run_id": "ignored",
+        "rank": rank,
+        "stage": stage,
+        "replica": replica,
+        "tp_index": 0,
+        "pp": 2,
+        "dp": 2,
+        "tp": 1,
+        "attempt": attempt,
+        "num_microbatches": 2,
+        "samples": 4,
+        "tokens": 256,
+        "plan_fingerprint": "x",
+        "step": step,
+        "step_time_s": step_time_s,
+        "compute_s": 0.1,
+        "optimizer_s": 0.01,
+        "comm_wait_s": step_time_s - 0.11,
+        "loss": loss,
+        "memory_bytes": 1 << 20,
+        "memory_kind": "cpu_max_rss",
+        "wall_time_s": wall,
+    }
 
 
 def _write(run_dir: Path, rank: int, rows: list[dict]) -> None:
@@ -53,8 +83,11 @@ def test_ingest_is_idempotent_and_joins_the_prediction(tmp_path):
 def test_restarted_steps_keep_the_last_attempt_and_count_restarts(tmp_path):
     db, run_dir = tmp_path / "m.duckdb", tmp_path / "run"
     start_run(db, "r2", _plan(), num_steps=2, run_dir=run_dir)
-    _write(run_dir, 0, [_row(0, 0, 0, 0, 1.0, wall=1), _row(0, 1, 0, 0, 9.0, wall=2),
-                        _row(0, 1, 0, 0, 2.0, attempt=1, wall=3)])  # fmt: skip
+    _write(
+        run_dir,
+        0,
+        [_row(0, 0, 0, 0, 1.0, wall=1), _row(0, 1, 0, 0, 9.0, wall=2), _row(0, 1, 0, 0, 2.0, attempt=1, wall=3)],
+    )
     assert ingest_step_metrics(db, "r2", run_dir) == 2
     finish_run(db, "r2", "completed")
     rows = step_metrics(db, "r2")

@@ -5,15 +5,31 @@ tests/flows/test_train_flow.py.)"""
 
 import pytest
 
-from tasks.progress import StepProgress
+from launcher.progress import StepProgress
 
 
 def _rows(step: int, step_time_s=(0.10, 0.12), loss=2.5, wall=None, pp=2) -> list[dict]:
     """One row per rank of a pp=2 plan: stage 0 (rank 0) carries the tokens, stage 1 (rank 1) the loss."""
     wall = float(step) if wall is None else wall
-    return [{"run_id": "r", "rank": r, "stage": r, "replica": 0, "tp_index": 0, "pp": pp, "dp": 1, "tp": 1,
-             "samples": 8, "tokens": 8 * 32, "step": step, "step_time_s": step_time_s[r],
-             "loss": loss if r == pp - 1 else None, "wall_time_s": wall} for r in range(pp)]  # fmt: skip
+    return [
+        {
+            "run_id": "r",
+            "rank": r,
+            "stage": r,
+            "replica": 0,
+            "tp_index": 0,
+            "pp": pp,
+            "dp": 1,
+            "tp": 1,
+            "samples": 8,
+            "tokens": 8 * 32,
+            "step": step,
+            "step_time_s": step_time_s[r],
+            "loss": loss if r == pp - 1 else None,
+            "wall_time_s": wall,
+        }
+        for r in range(pp)
+    ]
 
 
 def test_a_step_counts_as_done_once_every_rank_reported_it(capsys):
@@ -29,9 +45,23 @@ def test_a_step_counts_as_done_once_every_rank_reported_it(capsys):
 
 def test_loss_is_share_weighted_over_replicas_and_eta_follows_wall_time():
     p = StepProgress(5, enabled=False)
-    rows = [{"rank": r, "stage": 0, "tp_index": 0, "pp": 1, "dp": 2, "tp": 1, "samples": n, "tokens": n * 32,
-             "step": 0, "step_time_s": 0.1, "loss": loss, "wall_time_s": 100.0}
-            for r, (n, loss) in enumerate([(6, 1.0), (2, 3.0)])]  # fmt: skip
+    rows = [
+        {
+            "rank": r,
+            "stage": 0,
+            "tp_index": 0,
+            "pp": 1,
+            "dp": 2,
+            "tp": 1,
+            "samples": n,
+            "tokens": n * 32,
+            "step": 0,
+            "step_time_s": 0.1,
+            "loss": loss,
+            "wall_time_s": 100.0,
+        }
+        for r, (n, loss) in enumerate([(6, 1.0), (2, 3.0)])
+    ]
     s = p.update(rows)
     assert s.loss == pytest.approx((6 * 1.0 + 2 * 3.0) / 8) and s.tokens_per_s == pytest.approx(256 / 0.1)
     assert s.eta_s == pytest.approx(4 * 0.1)  # one step seen: its step time
@@ -86,7 +116,7 @@ def test_only_a_real_terminal_gets_the_bar(capsys, monkeypatch):
 
 
 def test_working_shows_one_plain_line_before_a_long_call_when_not_on_a_terminal(capsys):
-    from tasks.progress import working
+    from launcher.progress import working
 
     with working("plan: searching x"):
         print("inside")

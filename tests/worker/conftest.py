@@ -35,11 +35,29 @@ def plan_dict(
     for i, (a, b) in enumerate(splits):
         home = i % pp
         ids = list(range(home * dp * tp, (home + 1) * dp * tp))
-        stages.append({"layer_start": a, "layer_end": b, "device_ids": ids, "tp": tp, "dp": dp,
-                       "sharding": sharding, "recompute": recompute})  # fmt: skip
-    return {"model": model, "cluster": "cpu", "global_batch_size": sum(shares), "seq_len": seq_len,
-            "micro_batch_size": mbs, "schedule": schedule, "virtual_stages": virtual_stages, "dtype": "fp32",
-            "stages": stages, "batch_shares": shares}  # fmt: skip
+        stages.append(
+            {
+                "layer_start": a,
+                "layer_end": b,
+                "device_ids": ids,
+                "tp": tp,
+                "dp": dp,
+                "sharding": sharding,
+                "recompute": recompute,
+            }
+        )
+    return {
+        "model": model,
+        "cluster": "cpu",
+        "global_batch_size": sum(shares),
+        "seq_len": seq_len,
+        "micro_batch_size": mbs,
+        "schedule": schedule,
+        "virtual_stages": virtual_stages,
+        "dtype": "fp32",
+        "stages": stages,
+        "batch_shares": shares,
+    }
 
 
 def run_torchrun(
@@ -48,9 +66,25 @@ def run_torchrun(
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "plan.json"
     plan_path.write_text(json.dumps(plan))
-    cmd = ["timeout", "-k", "10", str(TORCHRUN_TIMEOUT_S), sys.executable, "-m", "worker.launch",
-           "--nproc-per-node", str(nproc), *launcher_args, "-m", "worker.train",
-           "--plan", str(plan_path), "--run-dir", str(run_dir), *args]  # fmt: skip
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        str(TORCHRUN_TIMEOUT_S),
+        sys.executable,
+        "-m",
+        "worker.agent",
+        "--nproc-per-node",
+        str(nproc),
+        *launcher_args,
+        "-m",
+        "worker.train",
+        "--plan",
+        str(plan_path),
+        "--run-dir",
+        str(run_dir),
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, start_new_session=True)
     if proc.returncode != 0:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.model import get_model
+from planner.specs.model import get_model
+from tests.support.reference import train_reference
 from worker.checkpoint import load_full_model_state
 from worker.checkpoint_check import CorruptCheckpointError, newest_valid, problem
-from worker.reference import train_reference
 
 pytestmark = pytest.mark.dist
 
@@ -68,8 +68,9 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(run_copy, torch
     ref2, _ = train_reference(spec, 8, 32, 2, "synthetic", 0, 0.5, "sgd")
     assert _max_diff(at2, ref2) < 2e-5  # the fallback target really is the step-2 state
 
-    proc = torchrun(run_copy, json.loads((run_copy / "plan.json").read_text()), 2, "--steps", "4",
-                    "--checkpoint-every", "2", *SGD)  # fmt: skip
+    proc = torchrun(
+        run_copy, json.loads((run_copy / "plan.json").read_text()), 2, "--steps", "4", "--checkpoint-every", "2", *SGD
+    )
     assert f"skipping {ckpts / STEP4}: __1_0.distcp sha256" in proc.stderr
     assert f"resuming from {ckpts / STEP2}" in proc.stderr
     record = json.loads((run_copy / "resume.jsonl").read_text().splitlines()[-1])
@@ -83,13 +84,16 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(run_copy, torch
     assert _max_diff(got, ref4) < 2e-5 and _max_diff(ref4, ref2) > 1e-3
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("truncate_shard", "__0_0.distcp has"),
-    ("flip_shard", "__0_0.distcp sha256"),
-    ("garbage_metadata", ".metadata unreadable"),
-    ("no_meta_json", "meta.json unreadable"),
-    ("missing_shard", "__1_0.distcp is missing"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncate_shard", "__0_0.distcp has"),
+        ("flip_shard", "__0_0.distcp sha256"),
+        ("garbage_metadata", ".metadata unreadable"),
+        ("no_meta_json", "meta.json unreadable"),
+        ("missing_shard", "__1_0.distcp is missing"),
+    ],
+)
 def test_each_kind_of_damage_is_named_and_the_previous_checkpoint_chosen(run_copy, damage, reason):
     ckpts = run_copy / "checkpoints"
     folder = ckpts / STEP4

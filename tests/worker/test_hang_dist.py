@@ -1,6 +1,6 @@
 """A frozen or dead rank fails the job within a bounded time; the launcher's timeout leaves no process.
 
-The job is launched the way the train task launches it (worker.launch: torchrun_command +
+The job is launched the way the train task launches it (launcher.launch: torchrun_command +
 start_logged / run_logged, own process group). Once both ranks have logged steps, the test signals
 one rank from outside: SIGSTOP (frozen — alive, sockets open, answering nothing: the case where a
 missing timeout hangs forever) or SIGKILL (dead). The documented bound (worker/watchdog.py):
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.launch import Launch, kill_group, run_logged, start_logged, torchrun_command
 from tests.worker.conftest import wait_for_steps
-from worker.launch import Launch, kill_group, run_logged, start_logged, torchrun_command
 from worker.watchdog import STOP_GRACE_S
 
 pytestmark = pytest.mark.dist
@@ -56,8 +56,16 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
 def _launch(tmp_path: Path, make_plan, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> list[str]:
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(make_plan([(0, 2), (2, 4)])))
-    launch = Launch(plan_path=str(plan_path), run_dir=str(tmp_path), run_id="hang", steps=1_000_000,
-                    data="synthetic", optimizer="sgd", lr=0.1, collective_timeout_s=timeout_s)  # fmt: skip
+    launch = Launch(
+        plan_path=str(plan_path),
+        run_dir=str(tmp_path),
+        run_id="hang",
+        steps=1_000_000,
+        data="synthetic",
+        optimizer="sgd",
+        lr=0.1,
+        collective_timeout_s=timeout_s,
+    )
     return torchrun_command(launch)
 
 

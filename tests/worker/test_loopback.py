@@ -1,6 +1,6 @@
 """A single-node job listens on loopback only, and two at once never collide.
 
-Launched the way the train task launches it (worker.launch: torchrun_command + start_logged). Once
+Launched the way the train task launches it (launcher.launch: torchrun_command + start_logged). Once
 both jobs' ranks have logged steps (so the agent's store and every rank's gloo pairs are up), every
 listening TCP socket owned by a job's processes (agent and ranks) must be bound to 127.0.0.0/8 or
 ::1 — never 0.0.0.0 or [::], which `--standalone` gave the store. The ranks must also run with
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.launch import Launch, job_processes, kill_group, start_logged, torchrun_command
 from tests.worker.conftest import wait_for_steps
-from worker.launch import Launch, job_processes, kill_group, start_logged, torchrun_command
 
 pytestmark = pytest.mark.dist
 
@@ -61,8 +61,15 @@ def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_pla
             run_dir = tmp_path / job
             run_dir.mkdir()
             (run_dir / "plan.json").write_text(json.dumps(make_plan([(0, 2), (2, 4)])))
-            launch = Launch(plan_path=str(run_dir / "plan.json"), run_dir=str(run_dir), run_id=job, steps=1_000_000,
-                            data="synthetic", optimizer="sgd", lr=0.1)  # fmt: skip
+            launch = Launch(
+                plan_path=str(run_dir / "plan.json"),
+                run_dir=str(run_dir),
+                run_id=job,
+                steps=1_000_000,
+                data="synthetic",
+                optimizer="sgd",
+                lr=0.1,
+            )
             procs.append(start_logged(torchrun_command(launch), run_dir / "torchrun.log"))
         for job in ("a", "b"):
             wait_for_steps(tmp_path / job, 2)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from planner.discovery import INTER, cluster_from_snapshot, snapshot_fingerprint
+from planner.measure.discovery import INTER, cluster_from_snapshot, snapshot_fingerprint
 
 TIMEOUT_S = 180
 
@@ -27,15 +27,56 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     port = _free_port()
     procs = []
     for node_rank in (0, 1):
-        cmd = ["timeout", "-k", "10", str(TIMEOUT_S), sys.executable, "-m", "torch.distributed.run",
-               "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node_rank),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "netbench-test",
-               "--max-restarts", "0", "-m", "worker.netbench", "--out", str(out),
-               "--message-sizes", "1024,65536,1048576", "--repeats", "3", "--matmul-size", "256"]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MESHPLAN_NODE_NAME": f"sim{node_rank}",
-               "PYTHONWARNINGS": "ignore"}  # fmt: skip
-        procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, start_new_session=True))  # fmt: skip
+        cmd = [
+            "timeout",
+            "-k",
+            "10",
+            str(TIMEOUT_S),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "netbench-test",
+            "--max-restarts",
+            "0",
+            "-m",
+            "worker.netbench",
+            "--out",
+            str(out),
+            "--message-sizes",
+            "1024,65536,1048576",
+            "--repeats",
+            "3",
+            "--matmul-size",
+            "256",
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "MESHPLAN_NODE_NAME": f"sim{node_rank}",
+            "PYTHONWARNINGS": "ignore",
+        }
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     logs = [p.communicate(timeout=TIMEOUT_S + 30)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         pytest.fail("torchrun failed:\n" + "\n---\n".join(log[-4000:] for log in logs))
@@ -48,8 +89,18 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     assert pairs and {m["link_class"] for m in pairs} == {INTER}
     assert {m["message_bytes"] for m in pairs} == {1024, 65536, 1048576}
     ops = {m["op"] for m in snap["measurements"]} | {u["op"] for u in snap["unsupported"]}
-    assert ops == {"send_recv", "all_reduce", "all_gather", "reduce_scatter", "pipeline_microbatch", "fsdp_module",
-                   "fsdp_tensor", "compute_alone", "compute_free", "compute_lockstep"}  # fmt: skip
+    assert ops == {
+        "send_recv",
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "pipeline_microbatch",
+        "fsdp_module",
+        "fsdp_tensor",
+        "compute_alone",
+        "compute_free",
+        "compute_lockstep",
+    }
     # one trivial 2-stage 1F1B step of torch.distributed.pipelining between the two ranks
     (pipe,) = [m for m in snap["measurements"] if m["op"] == "pipeline_microbatch"]
     assert pipe["link_class"] == INTER and pipe["num_ranks"] == 2 and 0 < pipe["time_s"] < 1.0

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from planner import flops
-from planner.model import PRESETS
+from planner.specs import flops
+from planner.specs.model import PRESETS
 from worker.layer_bench import Request, build_case, measure_memory, param_bytes, saved_activation_bytes, time_case
 
 torch.set_num_threads(1)
@@ -81,9 +81,31 @@ def test_cpu_workspace_is_two_largest_tensors_plus_the_rebuilt_set_under_recompu
 
 def test_subprocess_writes_one_line_per_request_and_a_rerun_resumes(tmp_path):
     out = tmp_path / "rows.jsonl"
-    cmd = [sys.executable, "-m", "worker.profile_layers", "--spec-json", TINY.model_dump_json(), "--out", str(out),
-           "--layers", "block", "head", "--mbs", "1", "--seq", "16", "--recompute", "0", "1", "--repeats", "2",
-           "--min-block-s", "0.002", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker.profile_layers",
+        "--spec-json",
+        TINY.model_dump_json(),
+        "--out",
+        str(out),
+        "--layers",
+        "block",
+        "head",
+        "--mbs",
+        "1",
+        "--seq",
+        "16",
+        "--recompute",
+        "0",
+        "1",
+        "--repeats",
+        "2",
+        "--min-block-s",
+        "0.002",
+        "--device",
+        "cpu",
+    ]
     subprocess.run(cmd, check=True, timeout=180, capture_output=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["layer_kind"], r["recompute"]) for r in rows) == [
@@ -118,9 +140,11 @@ def test_adamw_time_per_param_is_positive_and_plausible():
 def test_the_median_timing_round_is_kept_whole():
     from worker.profile_layers import typical
 
-    rounds = [{"forward_s": 2.0, "backward_s": 4.0, "forward_spread_s": 0.1},
-              {"forward_s": 1.5, "backward_s": 3.0, "forward_spread_s": 0.2},
-              {"forward_s": 1.0, "backward_s": 5.5, "forward_spread_s": 0.3}]  # fmt: skip
+    rounds = [
+        {"forward_s": 2.0, "backward_s": 4.0, "forward_spread_s": 0.1},
+        {"forward_s": 1.5, "backward_s": 3.0, "forward_spread_s": 0.2},
+        {"forward_s": 1.0, "backward_s": 5.5, "forward_spread_s": 0.3},
+    ]
     assert typical(rounds) == rounds[0]  # totals 6.0, 4.5, 6.5: the middle one, with its own spread
     assert typical(rounds[1:]) == rounds[1]  # an even count keeps the lower middle
     assert typical(rounds[:1]) == rounds[0]
@@ -130,7 +154,7 @@ def test_tp_blocks_are_timed_as_the_runtimes_dtensor_block_on_a_fake_group():
     # in a subprocess: the fake default process group must not leak into this test process
     code = """
 import torch
-from planner.model import PRESETS
+from planner.specs.model import PRESETS
 from worker.layer_bench import Request, build_runtime_tp_case, time_case
 from torch.distributed.tensor import DTensor
 spec = PRESETS["tiny"]
@@ -164,8 +188,23 @@ def test_a_crash_mid_run_keeps_the_rows_already_written(tmp_path):
         {"layer_kind": "head", "micro_batch_size": 1, "seq_len": 8, "tp": 1, "recompute": False},
         {"layer_kind": "block", "micro_batch_size": 1, "seq_len": 8, "tp": 3, "recompute": False},  # 3 ∤ 4 heads
     ]
-    cmd = [sys.executable, "-m", "worker.profile_layers", "--spec-json", TINY.model_dump_json(), "--out", str(out),
-           "--requests-json", json.dumps(requests), "--repeats", "1", "--min-block-s", "0.001", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker.profile_layers",
+        "--spec-json",
+        TINY.model_dump_json(),
+        "--out",
+        str(out),
+        "--requests-json",
+        json.dumps(requests),
+        "--repeats",
+        "1",
+        "--min-block-s",
+        "0.001",
+        "--device",
+        "cpu",
+    ]
     res = subprocess.run(cmd, timeout=180, capture_output=True, text=True)
     assert res.returncode != 0 and "tp=3 must divide num_heads=4" in res.stderr
     assert [json.loads(line)["layer_kind"] for line in out.read_text().splitlines()] == ["head"]
@@ -173,9 +212,9 @@ def test_a_crash_mid_run_keeps_the_rows_already_written(tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
 def test_layer_tensor_counts_match_the_runtime_modules(name):
-    """planner.flops.layer_tensors (FSDP2's per-tensor cost) counts worker/model.py's parameters."""
-    from planner.flops import layer_tensors
-    from planner.model import get_model
+    """planner.specs.flops.layer_tensors (FSDP2's per-tensor cost) counts worker/model.py's parameters."""
+    from planner.specs.flops import layer_tensors
+    from planner.specs.model import get_model
     from worker.model import Block, Embedding, Head
 
     spec = get_model(name)

@@ -11,10 +11,10 @@ from statistics import median
 
 import pytest
 
-from planner.straggler import DetectConfig, detect, samples_from_rows
+from launcher.control import read_exit, write_control
+from planner.replan.detect import DetectConfig, detect, samples_from_rows
 from tests.worker.test_train_dist import SGD, assert_matches_reference
 from worker.checkpoint import checkpoint_step, latest_checkpoint
-from worker.control import read_exit, write_control
 
 pytestmark = pytest.mark.dist
 
@@ -48,8 +48,20 @@ def test_rebalance_mid_run_is_exact_and_slow_rank_compute_is_stretched(tmp_path,
 
 def test_link_delay_shows_as_communication_and_is_detected_as_a_link(tmp_path, torchrun, make_plan, telemetry):
     plan = make_plan([(0, 2), (2, 4)], mbs=2, schedule="gpipe")  # 4 micro-batches: 4 sends per step from rank 0
-    torchrun(tmp_path, plan, 2, "--steps", "14", *SGD, "--slow-link-rank", "0", "--slow-link-s-per-msg", "0.03",
-             "--slow-link-from-step", "9")  # fmt: skip
+    torchrun(
+        tmp_path,
+        plan,
+        2,
+        "--steps",
+        "14",
+        *SGD,
+        "--slow-link-rank",
+        "0",
+        "--slow-link-s-per-msg",
+        "0.03",
+        "--slow-link-from-step",
+        "9",
+    )
     rows = telemetry(tmp_path)
     comm = lambda steps: median(r["comm_wait_s"] for r in rows if r["rank"] == 0 and r["step"] in steps)  # noqa: E731
     # 4 × 30 ms of sends, partly hidden in time rank 0 would have waited anyway (the GPipe bubble)
@@ -77,8 +89,18 @@ def test_checkpoint_exit_then_resume_into_another_plan_loses_no_step(tmp_path, t
     assert_matches_reference(first, "tiny", 3)  # what was saved is exactly 3 steps of training
 
     second = tmp_path / "b"
-    torchrun(second, make_plan([(0, 1), (1, 4)], schedule="gpipe"), 2, "--steps", "6", "--resume", str(first), *SGD,
-             "--control-from-version", str(version))  # fmt: skip
+    torchrun(
+        second,
+        make_plan([(0, 1), (1, 4)], schedule="gpipe"),
+        2,
+        "--steps",
+        "6",
+        "--resume",
+        str(first),
+        *SGD,
+        "--control-from-version",
+        str(version),
+    )
     steps = sorted({r["step"] for r in telemetry(second)})
     assert steps == [3, 4, 5], "the relaunch resumes at the checkpointed step: none lost, none repeated"
     assert all(r["checkpoint_load_s"] > 0 for r in telemetry(second))

@@ -1,7 +1,7 @@
 """Real torchrun launches of worker.train: every layout reproduces the single-process reference.
 
 Each test trains k steps under a plan on 2–4 gloo ranks, loads the final DCP checkpoint into a full
-model in this process, and compares every parameter with worker.reference trained on the identical
+model in this process, and compares every parameter with tests.support.reference trained on the identical
 global batches. SGD is used for the layout tests because its update is linear in the gradient, so a
 wrong weighting (mean vs sum over replicas, shares, micro-batch scaling) shows up; AdamW (whose
 g/|g| would hide a constant factor) is used where optimizer state must survive checkpoints.
@@ -15,17 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from planner.model import get_model
+from planner.specs.model import get_model
+from tests.support.reference import train_reference
 from worker.checkpoint import checkpoint_step, latest_checkpoint, load_full_model_state
-from worker.reference import train_reference
 
 pytestmark = pytest.mark.dist
 
 SGD = ("--data", "synthetic", "--optimizer", "sgd", "--lr", "0.5")
 
 
-def assert_matches_reference(run_dir: Path, model: str, steps: int, optimizer: str = "sgd", lr: float = 0.5,
-                             atol: float = 2e-5) -> None:  # fmt: skip
+def assert_matches_reference(
+    run_dir: Path, model: str, steps: int, optimizer: str = "sgd", lr: float = 0.5, atol: float = 2e-5
+) -> None:
     spec = get_model(model)
     plan = json.loads((run_dir / "plan.json").read_text())
     ref, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], steps, "synthetic", 0, lr, optimizer)
@@ -117,10 +118,12 @@ def test_resume_into_different_plan_reshards(two_step_checkpoint, tmp_path, torc
     assert_matches_reference(tmp_path, "tiny", 4, "adamw", 0.01, atol=ADAM_ATOL)
 
 
-def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(tmp_path, torchrun, make_plan, telemetry, monkeypatch):
+def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(
+    tmp_path, torchrun, make_plan, telemetry, monkeypatch
+):
     """Rank 1 is SIGKILLed at step 3 (after the step-2 checkpoint); torchrun restarts both ranks once,
     they re-rendezvous under a fresh store prefix and finish — with the same weights as no crash."""
-    from planner.plan import parse_plan
+    from planner.specs.plan import parse_plan
     from storage.runs import finish_run, ingest_step_metrics, load_run, start_run
 
     monkeypatch.setenv("MESHPLAN_FAULT", "1:3")

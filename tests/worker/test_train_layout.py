@@ -3,17 +3,27 @@
 import pytest
 import torch
 
+from launcher.launch import Launch, torchrun_command
 from planner.errors import MeshplanError
-from planner.plan import parse_plan
+from planner.specs.plan import parse_plan
 from worker.data import batch_rows, replica_rows
-from worker.launch import Launch, torchrun_command
 from worker.parallel import check_runnable, mesh_ranks, rank_layout
 
 
 def _plan(stages, shares=(8,), schedule="1f1b", v=1, mbs=2):
-    return parse_plan({"model": "tiny", "cluster": "c", "global_batch_size": sum(shares), "seq_len": 32,
-                       "micro_batch_size": mbs, "schedule": schedule, "virtual_stages": v, "stages": stages,
-                       "batch_shares": list(shares)})  # fmt: skip
+    return parse_plan(
+        {
+            "model": "tiny",
+            "cluster": "c",
+            "global_batch_size": sum(shares),
+            "seq_len": 32,
+            "micro_batch_size": mbs,
+            "schedule": schedule,
+            "virtual_stages": v,
+            "stages": stages,
+            "batch_shares": list(shares),
+        }
+    )
 
 
 def _st(a, b, ids, tp=1, dp=1, sharding="none"):
@@ -65,10 +75,12 @@ def test_replicas_read_disjoint_slices_of_the_same_global_batch():
 
 def test_launch_command_single_node_is_loopback_multi_node_is_static():
     one = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x", steps=3), python="py")
-    assert one[:3] == ["py", "-m", "worker.launch"] and "--standalone" not in one  # torchrun on 127.0.0.1 only
+    assert one[:3] == ["py", "-m", "worker.agent"] and "--standalone" not in one  # torchrun on 127.0.0.1 only
     assert one[one.index("-m", 3) + 1] == "worker.train"
-    two = torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", steps=3, nnodes=2, node_rank=1,
-                                  rdzv_endpoint="10.0.0.1:29400"), python="py")  # fmt: skip
+    two = torchrun_command(
+        Launch(plan_path="p", run_dir="r", run_id="x", steps=3, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400"),
+        python="py",
+    )
     assert two[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" not in two
     i = two.index("--master-addr")
     assert two[i : i + 4] == ["--master-addr", "10.0.0.1", "--master-port", "29400"]

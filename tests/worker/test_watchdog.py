@@ -25,8 +25,12 @@ print("finished", flush=True)
 
 
 def _run(deadline_s: float, steps: int, hang_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHILD, str(deadline_s), str(steps), str(hang_s)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(deadline_s), str(steps), str(hang_s)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_a_phase_past_its_deadline_exits_with_the_phase_and_stacks():

@@ -1,0 +1,29 @@
+"""This node's identity, read in a subprocess so that the flow process never imports torch.
+
+`identify()` runs `python -m worker.probe --identity` (the OS for host, cores and memory; torch for
+the CUDA devices' names as torch reports them) and returns its JSON: {"host": {...}, "gpus": [...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from planner.errors import MeshplanError
+
+
+def identify(timeout_s: float = 120.0) -> dict[str, Any]:
+    """Host facts and CUDA devices of this node (no measurement: about a torch import's time)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "worker.probe", "--identity"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=True).stdout
+    except subprocess.CalledProcessError as exc:
+        tail = (exc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"identity probe failed (exit {exc.returncode}): {tail[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise MeshplanError("discover.identity", f"{timeout_s:.0f} s", "the identity probe hung; retry") from None
+    return json.loads(out)

@@ -1,0 +1,273 @@
+"""Build and run the torchrun command for worker.train (stdlib only: the flow process imports it).
+
+One node: `python -m worker.agent ARGS` (worker/agent.py) — torchrun with a static
+rendezvous whose store listens on 127.0.0.1 only, on a port this launch already holds (so concurrent
+runs never collide), and gloo/NCCL on the loopback interface. Not `--standalone`: its store (like any
+torchrun store, whatever host it is given) listens on every interface ([::]), unauthenticated.
+Several nodes: torchrun's static rendezvous (`--nnodes N --node-rank R --master-addr HOST
+--master-port PORT`), because it numbers global ranks node-major (node_rank * nproc + local_rank)
+— deterministic, which the plan needs since its device ids are global ranks. Run the same command
+on every node with its own --node-rank; the run folder must be on storage every node shares.
+
+The launcher runs in its own session/process group with an outer timeout; on timeout or when the
+caller is interrupted the whole group (agent and ranks) is killed, so no rank outlives its run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import MeshplanError
+
+
+@dataclass(frozen=True)
+class Launch:
+    plan_path: str
+    run_dir: str
+    run_id: str
+    steps: int
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = "127.0.0.1:29500"
+    max_restarts: int = 0  # safe with gloo thanks to the per-attempt store prefix in worker.train
+    model: str = ""
+    data: str = "text"
+    lr: float = 3e-3
+    optimizer: str = "adamw"
+    seed: int = 0
+    checkpoint_every: int = 0
+    resume: str = "auto"
+    collective_timeout_s: float = 300.0
+    # fault injection (worker/faults.py) and the control channel (launcher/control.py)
+    slow_rank: int = -1
+    slow_factor: float = 1.0
+    slow_from_step: int = 0
+    slow_link_rank: int = -1
+    slow_link_s_per_mib: float = 0.0
+    slow_link_s_per_msg: float = 0.0
+    slow_link_from_step: int = 0
+    control_from_version: int = 0
+
+
+def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
+    runner = "worker.agent" if launch.nnodes == 1 else "torch.distributed.run"  # one node: worker.agent
+    cmd = [
+        python,
+        "-m",
+        runner,
+        "--nproc-per-node",
+        str(launch.nproc_per_node),
+        "--max-restarts",
+        str(launch.max_restarts),
+    ]
+    if launch.nnodes > 1:
+        host, sep, port = launch.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise MeshplanError("--rdzv-endpoint", launch.rdzv_endpoint, "write it as HOST:PORT, e.g. 10.0.0.1:29500")
+        if not 0 <= launch.node_rank < launch.nnodes:
+            raise MeshplanError("--node-rank", launch.node_rank, f"must be in 0..{launch.nnodes - 1}")
+        cmd += [
+            "--nnodes",
+            str(launch.nnodes),
+            "--node-rank",
+            str(launch.node_rank),
+            "--master-addr",
+            host,
+            "--master-port",
+            port,
+        ]
+    cmd += [
+        "-m",
+        "worker.train",
+        "--plan",
+        launch.plan_path,
+        "--run-dir",
+        launch.run_dir,
+        "--run-id",
+        launch.run_id,
+        "--steps",
+        str(launch.steps),
+        "--data",
+        launch.data,
+        "--lr",
+        repr(launch.lr),
+        "--optimizer",
+        launch.optimizer,
+        "--seed",
+        str(launch.seed),
+        "--checkpoint-every",
+        str(launch.checkpoint_every),
+        "--resume",
+        launch.resume,
+        "--timeout-s",
+        repr(launch.collective_timeout_s),
+    ]
+    if launch.model:
+        cmd += ["--model", launch.model]
+    if launch.slow_rank >= 0 and launch.slow_factor > 1.0:
+        cmd += [
+            "--slow-rank",
+            str(launch.slow_rank),
+            "--slow-factor",
+            repr(launch.slow_factor),
+            "--slow-from-step",
+            str(launch.slow_from_step),
+        ]
+    if launch.slow_link_rank >= 0:
+        cmd += [
+            "--slow-link-rank",
+            str(launch.slow_link_rank),
+            "--slow-link-s-per-mib",
+            repr(launch.slow_link_s_per_mib),
+            "--slow-link-s-per-msg",
+            repr(launch.slow_link_s_per_msg),
+            "--slow-link-from-step",
+            str(launch.slow_link_from_step),
+        ]
+    if launch.control_from_version:
+        cmd += ["--control-from-version", str(launch.control_from_version)]
+    return cmd
+
+
+LOOPBACK = "127.0.0.1"
+JOB_TAG = "MESHPLAN_JOB"  # start_logged/run_logged put a fresh value in each job's environment
+_job_tags: dict[int, str] = {}  # launcher pid -> its job's tag, until kill_group
+
+
+def job_processes(pid: int, tag: str | None = None) -> set[int]:
+    """Live processes of the job launched as `pid` (Linux /proc; empty elsewhere), zombies excluded.
+
+    Its descendants by parent links, and every process whose environment holds the job's tag: that
+    also finds a rank after its agent died (re-parented; in a session of its own), and never
+    another job's process."""
+    parent: dict[int, int] = {}
+    found: set[int] = set()
+    needle = f"{JOB_TAG}={tag}".encode() if tag else None
+    for d in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
+        try:
+            if not d.name.isdigit():
+                continue
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]  # after "(comm)"
+            if state in ("Z", "X"):  # dead, waiting to be reaped
+                continue
+            parent[int(d.name)] = int(ppid)
+            if needle and needle in (d / "environ").read_bytes().split(b"\0"):
+                found.add(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, frontier = {pid}, {pid}
+    while frontier:
+        frontier = {c for c, p in parent.items() if p in frontier} - tree
+        tree |= frontier
+    return found | (tree - {pid})
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, the launcher's process group AND every rank under it; return once all are dead.
+
+    torchrun starts each rank in a session of its own, so killing the launcher's group alone would
+    orphan the ranks — and a frozen rank never acts on the agent's SIGTERM. The ranks are listed
+    before anything is signalled (found by parent links while the agent lives) and again by the
+    job's tag after it died. A SIGKILLed process takes a moment to die (longer on a busy machine;
+    a frozen one too), so the last step repeats until /proc shows none of them alive (at most 10 s):
+    returning earlier let a frozen rank be seen alive after the kill."""
+    tag = _job_tags.pop(proc.pid, None)
+    listed = {p: _start_time(p) for p in job_processes(proc.pid, tag)}  # pid -> start time: pids get reused
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    deadline = time.monotonic() + 10.0  # the agent stops its ranks when it can; these are the ones it could not
+    while time.monotonic() < deadline:
+        left = job_processes(proc.pid, tag) | {p for p, t in listed.items() if t and _start_time(p) == t}
+        if not left - {os.getpid()}:
+            break
+        for pid in left - {os.getpid()}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        time.sleep(0.05)
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), or None once it is dead or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _popen_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` in its own session/process group, output appended to `log_path`, tagged for kill_group."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, JOB_TAG: tag}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _job_tags[proc.pid] = tag
+    return proc
+
+
+def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` in its own process group, output appended to `log_path`; the caller waits, and then
+    calls `job_exited` (or `kill_group` to take it down)."""
+    return _popen_logged(cmd, log_path)
+
+
+def job_exited(proc: subprocess.Popen) -> None:
+    """Forget the tag of a job that exited by itself (kill_group forgets it when it kills the job)."""
+    _job_tags.pop(proc.pid, None)
+
+
+def run_logged(
+    cmd: list[str], log_path: Path, timeout_s: float, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5
+) -> tuple[int, float]:
+    """Run `cmd` in its own process group, output appended to `log_path`; (returncode, wall seconds).
+
+    While it runs, `on_poll` (when given: the train task's progress display) is called every `poll_s`.
+    Raises TimeoutError after killing the group when it runs past `timeout_s`.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    proc = _popen_logged(cmd, log_path)
+    try:
+        while True:
+            wait_s = deadline - time.monotonic()
+            try:  # returns as soon as it exits, so wall seconds are not rounded up to a poll
+                rc = proc.wait(timeout=max(0.0, min(wait_s, poll_s) if on_poll else wait_s))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"training ran past {timeout_s:.0f} s; its process group was killed") from None
+                if on_poll is not None:
+                    on_poll()
+    except BaseException:  # timed out, interrupted (Ctrl-C, flow cancelled): take the ranks down with us
+        kill_group(proc)
+        raise
+    job_exited(proc)
+    return rc, time.monotonic() - t0
+
+
+def log_tail(log_path: Path, num_chars: int = 4000) -> str:
+    if not log_path.is_file():
+        return ""
+    text = log_path.read_text(errors="replace")
+    return text[-num_chars:]

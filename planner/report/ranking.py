@@ -1,0 +1,102 @@
+"""Human-readable summaries of a search: ranked rows (for tables) and a markdown report."""
+
+from __future__ import annotations
+
+from planner.search.search import NoFeasiblePlan, SearchResult
+from planner.specs.plan import Plan
+
+GIB = 2**30
+
+
+def layout(plan: Plan, kinds: list[str] | None = None) -> str:
+    tps = sorted({s.tp for s in plan.stages})
+    tp = str(tps[0]) if len(tps) == 1 else "/".join(map(str, tps))
+    text = f"pp{plan.pp}×dp{plan.dp}×tp{tp} mbs{plan.micro_batch_size} {plan.schedule} {plan.stages[0].sharding}"
+    if any(s.recompute == "full" for s in plan.stages):
+        text += f" rc{sum(s.recompute == 'full' for s in plan.stages)}"
+    return text
+
+
+def plan_row(plan: Plan, rank: int | str, speedups: dict[str, float | None]) -> dict:
+    c = plan.predicted
+    assert c is not None
+    worst = max(
+        range(len(c.peak_memory_bytes)), key=lambda j: c.peak_memory_bytes[j] / max(1, c.memory_capacity_bytes[j])
+    )
+    row = {
+        "rank": rank,
+        "layout": layout(plan),
+        "step_s": round(c.step_time_s, 6),
+        "tokens_per_s": round(c.tokens_per_s, 1),
+        "mfu": round(c.mfu, 4),
+        "memory": f"{c.peak_memory_bytes[worst] / GIB:.1f}/{c.memory_capacity_bytes[worst] / GIB:.0f} GiB",
+        "bottleneck": c.bottleneck,
+        "devices": plan.num_devices,
+        "fingerprint": plan.fingerprint(),
+    }
+    for name, v in speedups.items():
+        row[f"vs_{name}"] = None if v is None else round(v, 3)
+    return row
+
+
+def ranking_rows(result: SearchResult) -> list[dict]:
+    rows = []
+    for i, p in enumerate(result.plans):
+        ups = {}
+        for name, b in result.baselines.items():
+            ok = b is not None and b.predicted is not None and b.predicted.feasible
+            ups[name] = b.predicted.step_time_s / p.predicted.step_time_s if ok else None  # type: ignore[union-attr]
+        rows.append(plan_row(p, i + 1, ups))
+    for name, b in result.baselines.items():
+        if b is not None and b.predicted is not None:
+            rows.append(plan_row(b, f"baseline:{name}", {}))
+    return rows
+
+
+def markdown_report(result: SearchResult | NoFeasiblePlan, title: str) -> str:
+    if isinstance(result, NoFeasiblePlan):
+        return f"# {title}\n\n**No feasible plan.**\n\n" + "\n".join(f"- {r}" for r in result.reasons) + "\n"
+    best = result.best
+    c = best.predicted
+    assert c is not None
+    lines = [
+        f"# {title}",
+        "",
+        f"**Best plan** `{best.fingerprint()}`: {layout(best)} on {best.num_devices} devices — "
+        f"{c.step_time_s:.4g} s/step, {c.tokens_per_s:,.0f} tokens/s, MFU {c.mfu:.1%}.",
+        "",
+        f"**Bottleneck:** {c.bottleneck}.",
+        "",
+        "| term | seconds |",
+        "|---|---|",
+        *(
+            f"| {k} | {v:.4g} |"
+            for k, v in (
+                ("compute", c.compute_s),
+                ("pipeline bubble", c.bubble_s),
+                ("pipeline p2p", c.pp_comm_s),
+                ("tensor-parallel", c.tp_comm_s),
+                ("data-parallel", c.dp_comm_s),
+                ("optimizer", c.optimizer_s),
+            )
+        ),
+        "",
+        "| stage | layers | tp | devices | recompute | peak memory | capacity |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for j, s in enumerate(best.stages[: best.pp]):
+        lines.append(
+            f"| {j} | {s.layer_start}–{s.layer_end - 1} | {s.tp} | {len(s.device_ids)} | {s.recompute} | "
+            f"{c.peak_memory_bytes[j] / GIB:.1f} GiB | {c.memory_capacity_bytes[j] / GIB:.0f} GiB |"
+        )
+    lines += [
+        "",
+        "Speed-up over baselines: "
+        + ", ".join(f"{n} {result.speedup(n):.2f}×" if result.speedup(n) else f"{n} n/a" for n in result.baselines),
+    ]
+    s = result.stats
+    lines += [
+        f"Search: {s.shapes} shapes, {s.candidates} candidates, {s.pruned} pruned, {s.wall_s:.2f} s"
+        + (" (time budget reached)" if s.timed_out else "")
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,490 @@
+"""GPU catalog: datasheet figures per accelerator, keyed by exact device name, each with its source.
+
+Numbers are dense (no sparsity) peaks, seeded from ../shared/data/gpus.csv (datasheets, corroborated
+by Lightning's `_CUDA_FLOPS` table and llm.c's `mfu.h`). Units are SI: bytes, bytes/s, FLOP/s.
+Bandwidths are per direction. `lookup()` also accepts the names torch reports
+(`torch.cuda.get_device_name()`, e.g. "NVIDIA A100-SXM4-80GB") through `ALIASES`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import UnknownNameError, closest
+
+GB = 1e9
+GIB = 2**30
+TFLOP = 1e12
+
+
+class GpuSpec(BaseModel):
+    """One accelerator's datasheet figures. `None` means the vendor publishes no such number."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    vendor: str
+    architecture: str
+    memory_bytes: int = Field(gt=0)
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    peak_bf16_flop_per_s: float | None = Field(default=None, gt=0)
+    peak_fp16_flop_per_s: float = Field(gt=0)
+    peak_fp32_flop_per_s: float = Field(gt=0)
+    fabric_bytes_per_s: float | None = Field(default=None, gt=0, description="NVLink/XGMI per GPU, per direction")
+    fabric: str | None = None
+    pcie_gen: int = Field(ge=3, le=6)
+    source: str
+    source_url: str
+    estimated: bool = Field(default=False, description="a figure is not published and was inferred (see notes)")
+    notes: str = ""
+
+    def peak_flop_per_s(self, dtype: str = "bf16") -> float:
+        """Dense peak for a training dtype; bf16 falls back to fp16 on parts without bf16 (V100, T4)."""
+        if dtype == "fp32":
+            return self.peak_fp32_flop_per_s
+        if dtype == "bf16" and self.peak_bf16_flop_per_s is not None:
+            return self.peak_bf16_flop_per_s
+        return self.peak_fp16_flop_per_s
+
+
+def _g(
+    name: str,
+    vendor: str,
+    arch: str,
+    mem_gb: float,
+    bw_gbps: float,
+    bf16: float | None,
+    fp16: float,
+    fp32: float,
+    fabric_gbps_dir: float | None,
+    fabric: str | None,
+    pcie: int,
+    source: str,
+    url: str,
+    estimated: bool = False,
+    notes: str = "",
+    mem_binary: bool = False,
+) -> GpuSpec:
+    return GpuSpec(
+        name=name,
+        vendor=vendor,
+        architecture=arch,
+        memory_bytes=int(mem_gb * (GIB if mem_binary else GB)),
+        memory_bandwidth_bytes_per_s=bw_gbps * GB,
+        peak_bf16_flop_per_s=None if bf16 is None else bf16 * TFLOP,
+        peak_fp16_flop_per_s=fp16 * TFLOP,
+        peak_fp32_flop_per_s=fp32 * TFLOP,
+        fabric_bytes_per_s=None if fabric_gbps_dir is None else fabric_gbps_dir * GB,
+        fabric=fabric,
+        pcie_gen=pcie,
+        source=source,
+        source_url=url,
+        estimated=estimated,
+        notes=notes,
+    )
+
+
+_V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
+_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_ADA = "https://images.nvidia.com/aem-dam/Solutions/Data-Center/l4/nvidia-ada-gpu-architecture-whitepaper-v2.1.pdf"
+
+# Memory: NVIDIA datasheets quote GB for HBM parts that are really GiB-sized (80 GB = 80 GiB on the
+# device, as torch reports 79.x GiB usable), so HBM sizes are stored as GiB.
+_SPECS: list[GpuSpec] = [
+    _g(
+        "V100-SXM2-16GB",
+        "NVIDIA",
+        "Volta",
+        16,
+        900,
+        None,
+        125,
+        15.7,
+        150,
+        "NVLink 2",
+        3,
+        "NVIDIA V100 datasheet",
+        _V100,
+        notes="no bf16; fp16 tensor cores",
+        mem_binary=True,
+    ),
+    _g(
+        "V100-SXM2-32GB",
+        "NVIDIA",
+        "Volta",
+        32,
+        900,
+        None,
+        125,
+        15.7,
+        150,
+        "NVLink 2",
+        3,
+        "NVIDIA V100 datasheet",
+        _V100,
+        notes="no bf16; fp16 tensor cores",
+        mem_binary=True,
+    ),
+    _g(
+        "V100-PCIe-16GB",
+        "NVIDIA",
+        "Volta",
+        16,
+        900,
+        None,
+        112,
+        14,
+        None,
+        None,
+        3,
+        "NVIDIA V100 datasheet",
+        _V100,
+        notes="no bf16",
+        mem_binary=True,
+    ),
+    _g(
+        "V100-PCIe-32GB",
+        "NVIDIA",
+        "Volta",
+        32,
+        900,
+        None,
+        112,
+        14,
+        None,
+        None,
+        3,
+        "NVIDIA V100 datasheet",
+        _V100,
+        notes="no bf16",
+        mem_binary=True,
+    ),
+    _g(
+        "A100-SXM4-40GB",
+        "NVIDIA",
+        "Ampere",
+        40,
+        1555,
+        312,
+        312,
+        19.5,
+        300,
+        "NVLink 3",
+        4,
+        "NVIDIA A100 datasheet",
+        _A100,
+        mem_binary=True,
+    ),
+    _g(
+        "A100-SXM4-80GB",
+        "NVIDIA",
+        "Ampere",
+        80,
+        2039,
+        312,
+        312,
+        19.5,
+        300,
+        "NVLink 3",
+        4,
+        "NVIDIA A100 datasheet",
+        _A100,
+        mem_binary=True,
+    ),
+    _g(
+        "A100-PCIe-40GB",
+        "NVIDIA",
+        "Ampere",
+        40,
+        1555,
+        312,
+        312,
+        19.5,
+        None,
+        None,
+        4,
+        "NVIDIA A100 datasheet",
+        _A100,
+        notes="NVLink bridge pairs only; sustained clocks below SXM",
+        mem_binary=True,
+    ),
+    _g(
+        "A100-PCIe-80GB",
+        "NVIDIA",
+        "Ampere",
+        80,
+        1935,
+        312,
+        312,
+        19.5,
+        None,
+        None,
+        4,
+        "NVIDIA A100 datasheet",
+        _A100,
+        notes="NVLink bridge pairs only; sustained clocks below SXM",
+        mem_binary=True,
+    ),
+    _g(
+        "H100-SXM5-80GB",
+        "NVIDIA",
+        "Hopper",
+        80,
+        3350,
+        989,
+        989,
+        67,
+        450,
+        "NVLink 4",
+        5,
+        "NVIDIA H100 datasheet",
+        _H100,
+        mem_binary=True,
+    ),
+    _g(
+        "H100-PCIe-80GB",
+        "NVIDIA",
+        "Hopper",
+        80,
+        2000,
+        756,
+        756,
+        51,
+        None,
+        None,
+        5,
+        "NVIDIA H100 datasheet",
+        _H100,
+        notes="NVLink bridge pairs only",
+        mem_binary=True,
+    ),
+    _g(
+        "H200-SXM-141GB",
+        "NVIDIA",
+        "Hopper",
+        141,
+        4800,
+        989,
+        989,
+        67,
+        450,
+        "NVLink 4",
+        5,
+        "NVIDIA H200 product page",
+        "https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    _g(
+        "A10",
+        "NVIDIA",
+        "Ampere",
+        24,
+        600,
+        125,
+        125,
+        31.2,
+        None,
+        None,
+        4,
+        "NVIDIA A10 datasheet",
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf",
+        mem_binary=True,
+    ),
+    _g(
+        "A10G",
+        "NVIDIA",
+        "Ampere",
+        24,
+        600,
+        125,
+        125,
+        31.2,
+        None,
+        None,
+        4,
+        "AWS g5 instance page (24 GB); peaks from the A10 datasheet",
+        "https://aws.amazon.com/ec2/instance-types/g5/",
+        estimated=True,
+        notes="NVIDIA publishes no A10G datasheet; A10 figures used, as Lightning does",
+        mem_binary=True,
+    ),
+    _g(
+        "L4",
+        "NVIDIA",
+        "Ada",
+        24,
+        300,
+        121,
+        121,
+        30.3,
+        None,
+        None,
+        4,
+        "NVIDIA L4 product page / Ada whitepaper",
+        _ADA,
+        mem_binary=True,
+    ),
+    _g(
+        "L40S",
+        "NVIDIA",
+        "Ada",
+        48,
+        864,
+        362,
+        362,
+        91.6,
+        None,
+        None,
+        4,
+        "NVIDIA L40S product page",
+        "https://www.nvidia.com/en-us/data-center/l40s/",
+        mem_binary=True,
+    ),
+    _g(
+        "T4",
+        "NVIDIA",
+        "Turing",
+        16,
+        320,
+        None,
+        65,
+        8.1,
+        None,
+        None,
+        3,
+        "NVIDIA T4 datasheet",
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf",
+        notes="no bf16; fp16 tensor cores",
+        mem_binary=True,
+    ),
+    _g(
+        "A40",
+        "NVIDIA",
+        "Ampere",
+        48,
+        696,
+        149.7,
+        149.7,
+        37.4,
+        56.25,
+        "NVLink bridge",
+        4,
+        "NVIDIA A40 datasheet",
+        "https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf",
+        notes="NVLink bridge pairs only",
+        mem_binary=True,
+    ),
+    _g(
+        "RTX-3090",
+        "NVIDIA",
+        "Ampere",
+        24,
+        936,
+        71,
+        71,
+        35.6,
+        56.25,
+        "NVLink bridge",
+        4,
+        "NVIDIA GA102 whitepaper",
+        "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf",
+        notes="GeForce: fp32-accumulate tensor rate (training)",
+        mem_binary=True,
+    ),
+    _g(
+        "RTX-4090",
+        "NVIDIA",
+        "Ada",
+        24,
+        1008,
+        165.2,
+        165.2,
+        82.6,
+        None,
+        None,
+        4,
+        "NVIDIA Ada whitepaper",
+        _ADA,
+        notes="GeForce: fp32-accumulate tensor rate; no PCIe P2P",
+        mem_binary=True,
+    ),
+    _g(
+        "MI250X",
+        "AMD",
+        "CDNA2",
+        128,
+        3277,
+        383,
+        383,
+        47.9,
+        350,
+        "Infinity Fabric",
+        4,
+        "AMD MI250X product page",
+        "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html",
+        notes="one package = 2 GCDs that software sees as 2 devices of 64 GB",
+        mem_binary=True,
+    ),
+    _g(
+        "MI300X",
+        "AMD",
+        "CDNA3",
+        192,
+        5300,
+        1307.4,
+        1307.4,
+        163.4,
+        448,
+        "Infinity Fabric",
+        5,
+        "AMD MI300X product page",
+        "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
+        mem_binary=True,
+    ),
+]
+
+CATALOG: dict[str, GpuSpec] = {g.name: g for g in _SPECS}
+
+# Names as torch / nvidia-smi report them, and common short names, mapped to catalog keys.
+ALIASES: dict[str, str] = {
+    "Tesla V100-SXM2-16GB": "V100-SXM2-16GB",
+    "Tesla V100-SXM2-32GB": "V100-SXM2-32GB",
+    "Tesla V100-PCIE-16GB": "V100-PCIe-16GB",
+    "Tesla V100-PCIE-32GB": "V100-PCIe-32GB",
+    "A100-SXM4-40GB": "A100-SXM4-40GB",
+    "A100-PCIE-40GB": "A100-PCIe-40GB",
+    "A100 80GB PCIe": "A100-PCIe-80GB",
+    "H100 80GB HBM3": "H100-SXM5-80GB",
+    "H100 PCIe": "H100-PCIe-80GB",
+    "H200": "H200-SXM-141GB",
+    "Tesla T4": "T4",
+    "GeForce RTX 3090": "RTX-3090",
+    "GeForce RTX 4090": "RTX-4090",
+    "AMD Instinct MI250X": "MI250X",
+    "AMD Instinct MI300X": "MI300X",
+}
+
+
+def lookup(name: str) -> GpuSpec:
+    """The catalog entry for `name` (exact key, or a name torch reports); suggests close names if unknown."""
+    if name in CATALOG:
+        return CATALOG[name]
+    bare = name.removeprefix("NVIDIA ").strip()
+    for key in (bare, ALIASES.get(name), ALIASES.get(bare)):
+        if key and key in CATALOG:
+            return CATALOG[key]
+    suggestions = closest(name, list(CATALOG))
+    hint = f"did you mean {', '.join(suggestions)}?" if suggestions else ""
+    raise UnknownNameError(
+        "gpu",
+        name,
+        f"not in the GPU catalog; {hint} (`meshplan gpus` lists all {len(CATALOG)})".replace("; (", " ("),
+    )
+
+
+def is_known(name: str) -> bool:
+    try:
+        lookup(name)
+    except UnknownNameError:
+        return False
+    return True

@@ -1,0 +1,123 @@
+"""FLOP and byte counts per layer kind, derived from the model's matmuls.
+
+Conventions (Megatron-LM, Narayanan et al. SC'21, appendix; Korthikanti et al. 2022):
+- a matmul of (m×k)·(k×n) costs 2·m·k·n FLOPs; element-wise ops are ignored;
+- attention scores and the attention-weighted sum are counted over the full s×s matrix (no causal
+  halving), so a GPT block with ffn = 4h costs 24·b·s·h² + 4·b·s²·h forward FLOPs;
+- backward costs twice the forward; full recompute adds one more forward.
+Layer kinds: "embedding", "block", "head" (final norm + LM head + cross-entropy).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from planner.specs.model import ModelSpec
+
+LayerKind = Literal["embedding", "block", "head"]
+LAYER_KINDS: tuple[LayerKind, ...] = ("embedding", "block", "head")
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def block_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """Forward FLOPs of one transformer block on one of `tp` tensor-parallel ranks.
+
+    QKV projection 2·b·s·h·(h + 2·kv), output projection 2·b·s·h², scores QKᵀ and A·V 2·2·b·s²·h,
+    MLP 2·b·s·h·f per matrix (2 matrices for GELU, 3 for SwiGLU). Every term splits evenly over tp.
+    With kv = h and f = 4h: 6bsh² + 2bsh² + 4bs²h + 16bsh² = 24bsh² + 4bs²h (Megatron).
+    """
+    b, s, h = batch, seq, m.hidden
+    kv = m.kv_heads * m.head_dim
+    mats = 2 if m.family == "gpt" else 3
+    flops = 2 * b * s * h * (h + 2 * kv) + 2 * b * s * h * h + 4 * b * s * s * h + mats * 2 * b * s * h * m.ffn
+    return flops / tp
+
+
+def head_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """LM head logits 2·b·s·h·V (V padded), split over tp (vocab-parallel)."""
+    return 2 * batch * seq * m.hidden * m.padded_vocab / tp
+
+
+def embedding_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """An embedding is a gather: no matmul FLOPs."""
+    return 0.0
+
+
+def forward_flops(kind: LayerKind, m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    return {"embedding": embedding_forward_flops, "block": block_forward_flops, "head": head_forward_flops}[kind](
+        m, batch, seq, tp
+    )
+
+
+def training_flops(kind: LayerKind, m: ModelSpec, batch: int, seq: int, tp: int = 1, recompute: bool = False) -> float:
+    """Forward + backward (2× forward) + a recomputed forward when activations are recomputed."""
+    return forward_flops(kind, m, batch, seq, tp) * (4 if recompute else 3)
+
+
+def model_flops_per_step(m: ModelSpec, global_batch: int, seq: int) -> float:
+    """Model FLOPs of one optimizer step (no recompute): the numerator of MFU (PaLM, Chowdhery et al.)."""
+    per_sample = m.num_layers * training_flops("block", m, 1, seq) + training_flops("head", m, 1, seq)
+    return per_sample * global_batch
+
+
+def layer_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
+    """Parameters one tp rank holds for a layer (norms replicated; counted once per rank)."""
+    if kind == "block":
+        return -(-m.block_params() // tp)
+    if kind == "embedding":
+        return -(-m.embedding_params() // tp)
+    return -(-m.head_params() // tp)
+
+
+def layer_tensors(kind: LayerKind, m: ModelSpec) -> int:
+    """Parameter tensors of a layer in worker/model.py: a GPT block's two LayerNorms and four
+    attention and two MLP Linears, each with weight and bias (16); a Llama block's two RMSNorm
+    weights and q, k, v, o, w1, w2, w3 (9). GPT embeds tokens and positions, Llama tokens; the head
+    is a norm (GPT with bias) and the output projection."""
+    gpt = m.family == "gpt"
+    if kind == "block":
+        return 16 if gpt else 9
+    if kind == "embedding":
+        return 2 if gpt else 1
+    return 3 if gpt else 2
+
+
+def largest_tensor_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
+    """Parameters of a layer's largest weight on one tp rank (worker/model.py's shapes: a block's
+    h×max(h, ffn) projection, the padded-vocabulary embedding or head)."""
+    if kind == "block":
+        return -(-m.hidden * max(m.hidden, m.ffn) // tp)
+    return -(-m.padded_vocab * m.hidden // tp)
+
+
+def block_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtype: str = "bf16") -> float:
+    """Bytes one block keeps for backward, per tp rank, without recompute (analytic estimate).
+
+    Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence parallelism), with flash
+    attention (no s×s score matrix kept) and no dropout masks, counted on meshplan's runtime block
+    (worker/model.py; checked against a saved-tensor count in tests/worker/test_profile_layers.py):
+
+    GPT: LayerNorm inputs and outputs (4·sbh, replicated), q, k, v (sb(h+2kv)/t), the attention
+    output and the output-projection input (2·sbh/t), the MLP's fc output and GELU output (2·sbf/t).
+    Llama: RMSNorm (un-fused: input, x·rstd and output, 6·sbh replicated), the rotated q and the
+    k, v that attention reads — repeated to all heads under GQA (3·sbh/t), else sb(h+2kv)/t — the
+    attention output and output-projection input (2·sbh/t), and SwiGLU's w1 output, SiLU output,
+    w3 output and their product (4·sbf/t). Softmax statistics and RoPE tables are negligible.
+    """
+    e = DTYPE_BYTES[dtype]
+    b, s, h = batch, seq, m.hidden
+    kv = m.kv_heads * m.head_dim
+    if m.family == "gpt":
+        replicated = 4 * s * b * h
+        split = s * b * (h + 2 * kv) + 2 * s * b * h + 2 * s * b * m.ffn
+    else:
+        replicated = 6 * s * b * h
+        qkv = 3 * h if kv < h else h + 2 * kv
+        split = s * b * qkv + 2 * s * b * h + 4 * s * b * m.ffn
+    return e * (replicated + split / tp)
+
+
+def block_input_bytes(m: ModelSpec, batch: int, seq: int, dtype: str = "bf16") -> float:
+    """Bytes of the b×s×h hidden state passed between blocks/stages (the only thing full recompute keeps)."""
+    return DTYPE_BYTES[dtype] * batch * seq * m.hidden

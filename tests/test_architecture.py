@@ -1,0 +1,46 @@
+"""The house's arrows hold: import-linter checks every contract in pyproject.toml, and the CLI's
+`--help` path, and the core in a fresh interpreter, load nothing heavy."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = {"prefect", "duckdb", "torch"}
+
+
+def _loaded(stmt: str) -> set[str]:
+    code = f"import sys; {stmt}; print(','.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return set(out.strip().split(","))
+
+
+def test_every_import_contract_of_the_design_is_kept():
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
+
+
+def test_importing_every_core_module_loads_no_prefect_duckdb_or_torch():
+    mods = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "planner").rglob("*.py")
+    )
+    assert "planner.search.oracle" in mods and "planner.cost.estimate" in mods
+    assert not _loaded("; ".join(f"import {m}" for m in mods)) & HEAVY
+
+
+def test_cli_help_imports_nothing_heavy():
+    assert not _loaded("import flows.cli") & (HEAVY | {"numpy", "planner"})
+
+
+def test_storage_loads_no_prefect_or_torch():
+    assert not _loaded("import storage.db, storage.files") & {"prefect", "torch"}
+
+
+def test_code_is_lint_clean_and_formatted_as_ruff_formats_it():
+    ruff = Path(sys.executable).with_name("ruff")
+    for args in (["check", "."], ["format", "--check", "."]):
+        proc = subprocess.run([str(ruff), *args], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, f"ruff {' '.join(args)}:\n{proc.stdout[-3000:]}"
