@@ -8,7 +8,20 @@ import sys
 from flows.app import app
 
 # each module registers its commands on `app` when imported; none imports anything heavy at top level
-from flows.commands import discover, inspect, plan, profile, replan, run, train, ui  # noqa: F401
+from flows.commands import (  # noqa: F401
+    compare,
+    discover,
+    export,
+    inspect,
+    jobs,
+    plan,
+    profile,
+    replan,
+    run,
+    simulate,
+    train,
+    ui,
+)
 
 
 def main() -> None:

@@ -13,14 +13,14 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from launcher.progress import say, working
-from planner.measure.targets import is_gpu
 from planner.report.ranking import markdown_report, ranking_rows
 from planner.report.timeline import schedule_picture
 from planner.search import NoFeasiblePlan
+from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import get_model
-from storage.files import read_cluster_file
-from storage.hardware import resolve_cluster
-from tasks.plan import load_calibration, load_profiles, search_plans, store_plans
+from tasks.plan import prepare_search, search_args, search_plans, store_plans
+
+_DEFAULTS = SearchConfig()  # one set of defaults: the CLI's (planner/specs/config.py)
 
 
 @flow(name="plan", log_prints=True)
@@ -28,39 +28,26 @@ def plan_flow(
     db_path: str,
     model_name: str,
     cluster_file: str | None = None,
-    global_batch: int = 8,
-    seq: int = 0,
-    top_k: int = 5,
-    time_budget_s: float = 10.0,
+    global_batch: int = _DEFAULTS.global_batch,
+    seq: int = _DEFAULTS.seq,
+    top_k: int = _DEFAULTS.top_k,
+    time_budget_s: float = _DEFAULTS.time_budget_s,
     snapshot: str | None = None,
-    cpu_dtype: str = "fp32",
+    cpu_dtype: str = ProfileConfig().dtype,
 ) -> dict[str, Any]:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
     newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}.
 
-    Plans train in bf16 on GPUs and in `cpu_dtype` on a cluster of CPU ranks: the dtype the profile
-    stage measures there and worker.train runs there (planner.measure.targets.device_dtype)."""
+    Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs, as for
+    `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` on CPU ranks, and a
+    discovered CPU machine is priced with its measured corrections. Defaults are RunConfig's."""
     model = get_model(model_name)
-    cluster = read_cluster_file(cluster_file) if cluster_file else resolve_cluster(db_path, snapshot)
-    dtype = "bf16" if any(is_gpu(k) for k in cluster.device_kinds()) else cpu_dtype
-    profiles = load_profiles(db_path, model)
-    # a discovered CPU machine is priced with what discovery and profiling measured (planner.measure.calibrate)
-    calibration = None if cluster_file else load_calibration(db_path, model, snapshot)
-    if calibration is not None:
-        say(f"plan: calibrated to {calibration.source}")
+    inputs = prepare_search(db_path, model, cluster_file, snapshot, cpu_dtype)
+    cluster, profiles = inputs.cluster, inputs.profiles
+    if inputs.calibration is not None:
+        say(f"plan: calibrated to {inputs.calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
-        searched = search_plans(
-            model,
-            cluster,
-            profiles,
-            global_batch,
-            seq or model.seq_len,
-            top_k,
-            time_budget_s,
-            calibration,
-            dtype,
-            return_state=True,
-        )
+        searched = search_plans(*search_args(model, inputs, global_batch, seq, top_k, time_budget_s), return_state=True)
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")
@@ -68,7 +55,7 @@ def plan_flow(
         st = result.stats
         say(
             f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
-            f"in {st.wall_s:.2f} s{' (time budget hit)' if st.timed_out else ''}"
+            f"in {st.wall_s:.2f} s; {st.summary()}"
         )
     title = f"{model.name} on {cluster.name} (batch {global_batch})"
     report = markdown_report(result, title)
@@ -88,4 +75,6 @@ def plan_flow(
         "cached": cached,
         "num_devices": result.best.num_devices,
         "candidates": result.stats.candidates,
+        "complete": result.stats.complete,
+        "gap_fraction": result.stats.gap_fraction,
     }

@@ -25,8 +25,10 @@ from planner.replan.detect import DetectConfig
 from planner.replan.gate import GateConfig
 from planner.replan.monitor import MonitorConfig
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
+from planner.specs.config import SEARCH_BUDGET_S
 from planner.specs.model import get_model
 from planner.specs.plan import Plan, parse_plan_json
+from storage.pricing import machine_calibration
 from storage.replan import run_plan_json
 from storage.runs import load_run, step_metrics
 from tasks.replan import decide_from_telemetry, store_decision
@@ -39,7 +41,7 @@ def monitor_config(
     margin_s: float = 1.0,
     min_gain: float = 0.05,
     cooldown_steps: int = 5,
-    search_budget_s: float = 2.0,
+    search_budget_s: float = SEARCH_BUDGET_S,
     relayout: bool = True,
 ) -> MonitorConfig:
     """A MonitorConfig from ReplanConfig's fields."""
@@ -121,14 +123,17 @@ def replan_flow(
     plan = parse_plan_json(run_plan_json(db_path, run_id) or "", f"runs[{run_id}].plan_json")
     rows = step_metrics(db_path, run_id).to_dicts()
     plan = current_plan(plan, rows)
-    cluster, _ = load_cluster(cluster_path, plan.num_devices)
+    cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
+    model = get_model(plan.model)
+    # this machine's CPU ranks are priced with what discovery measured, as the search prices them
+    calibration = machine_calibration(db_path, model) if synthetic else None
     cfg = monitor_config(threshold, persistence_steps, window, margin_s, min_gain, cooldown_steps, relayout=True)
     live = run["status"] == "running"
     # A live run gains only over its remaining steps; for a finished one the question is what the
     # next run of the same length should do, so the horizon is another num_steps.
     last = max((r["step"] for r in rows), default=-1)
     horizon = int(run["num_steps"]) if live else last + 1 + int(run["num_steps"])
-    dec = decide_from_telemetry(db_path, run_id, plan, get_model(plan.model), cluster, horizon, cfg)
+    dec = decide_from_telemetry(db_path, run_id, plan, model, cluster, horizon, cfg, calibration)
     if dec is None:
         create_markdown_artifact(
             key="replan-report", markdown=decisions_markdown(run_id, []), description=f"re-planning for run {run_id}"

@@ -21,10 +21,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.replan import decisions_markdown, load_cluster, monitor_config
+from launcher.control import read_control
 from launcher.launch import Launch, log_tail
 from planner.errors import MeshplanError
 from planner.specs.model import get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
+from storage.pricing import machine_calibration
 from tasks.replan import supervise_training
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
 
@@ -107,6 +109,7 @@ def train_flow(
     slow_link_s_per_mib: float = 0.0,
     slow_link_from_step: int = 0,
     show_progress: bool = False,
+    control_from_version: int | None = None,
 ) -> dict[str, Any]:
     """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}.
 
@@ -115,7 +118,8 @@ def train_flow(
     relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
     `slow_*` inject faults (worker/faults.py). `show_progress` shows steps done / total, loss, step
     time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal, else a
-    line on stdout every few steps.
+    line on stdout every few steps. `control_from_version`: control.json messages up to this version
+    are not this launch's (default: every message already in the run folder).
     """
     if (plan_path is None) == (plan_id is None):
         raise MeshplanError(
@@ -160,17 +164,26 @@ def train_flow(
         slow_link_rank=slow_link_rank,
         slow_link_s_per_mib=slow_link_s_per_mib,
         slow_link_from_step=slow_link_from_step,
+        # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
+        # ended it for a resize) is not this launch's order; a caller that read the job's state
+        # passes the version it had seen before, so a newer order is obeyed (flows/job.py)
+        control_from_version=(read_control(run_dir) or {}).get("version", 0)
+        if control_from_version is None
+        else control_from_version,
     )
     if replan:
         if nnodes != 1:
             raise MeshplanError("--replan", nnodes, "live re-planning supervises one node's torchrun; use --no-replan")
         cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
+        spec = get_model(model or plan.model)
+        # decisions price this machine's CPU ranks with discovery's corrections, as the search does
+        calibration = machine_calibration(db_path, spec) if synthetic else None
         state = supervise_training(
             db_path,
             run_id,
             launch,
             plan,
-            get_model(model or plan.model),
+            spec,
             cluster,
             None,
             monitor_config(**(replan_config or {})),
@@ -179,6 +192,7 @@ def train_flow(
             poll_s,
             synthetic,
             show_progress,
+            calibration,
             return_state=True,
         )
     else:

@@ -40,6 +40,7 @@ class Launch:
     rdzv_endpoint: str = "127.0.0.1:29500"
     max_restarts: int = 0  # safe with gloo thanks to the per-attempt store prefix in worker.train
     model: str = ""
+    model_json: str = ""  # a ModelSpec JSON file instead of a preset (a dry run's scaled-down model)
     data: str = "text"
     lr: float = 3e-3
     optimizer: str = "adamw"
@@ -113,6 +114,8 @@ def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
     ]
     if launch.model:
         cmd += ["--model", launch.model]
+    if launch.model_json:
+        cmd += ["--model-json", launch.model_json]
     if launch.slow_rank >= 0 and launch.slow_factor > 1.0:
         cmd += [
             "--slow-rank",
@@ -214,10 +217,10 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _popen_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+def _popen_logged(cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `cmd` in its own session/process group, output appended to `log_path`, tagged for kill_group."""
     tag = uuid.uuid4().hex
-    env = {**os.environ, JOB_TAG: tag}
+    env = {**os.environ, **(extra_env or {}), JOB_TAG: tag}
     env.setdefault("OMP_NUM_THREADS", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
@@ -226,10 +229,10 @@ def _popen_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
     return proc
 
 
-def start_logged(cmd: list[str], log_path: Path) -> subprocess.Popen:
+def start_logged(cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `cmd` in its own process group, output appended to `log_path`; the caller waits, and then
-    calls `job_exited` (or `kill_group` to take it down)."""
-    return _popen_logged(cmd, log_path)
+    calls `job_exited` (or `kill_group` to take it down). `extra_env` is added to this environment."""
+    return _popen_logged(cmd, log_path, extra_env)
 
 
 def job_exited(proc: subprocess.Popen) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from launcher.control import TelemetryTail, exit_path, read_control, read_exit, write_control
 from launcher.launch import Launch, job_exited, kill_group, start_logged, torchrun_command
 from launcher.progress import StepProgress
+from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.degrade import cpu_cluster
 from planner.replan.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
@@ -46,6 +47,7 @@ class Supervisor:
     poll_s: float = 0.5
     synthetic_cluster: bool = False
     show_progress: bool = False  # launcher/progress.py: a bar on a terminal, else a line every few steps
+    calibration: Calibration | None = None  # the machine's measured corrections, priced into every decision
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     _progress: StepProgress = dataclasses.field(
@@ -65,7 +67,16 @@ class Supervisor:
         old = read_control(run_dir)
         launch = dataclasses.replace(self.launch, control_from_version=old["version"] if old else 0)
         costs = SwitchCosts()
-        monitor = ReplanMonitor(self.plan, self.model, self.cluster, self.profiles, launch.steps, self.cfg, costs)
+        monitor = ReplanMonitor(
+            self.plan,
+            self.model,
+            self.cluster,
+            self.profiles,
+            launch.steps,
+            self.cfg,
+            costs,
+            calibration=self.calibration,
+        )
         while True:
             exit_path(run_dir).unlink(missing_ok=True)
             t_start = time.time()  # wall clock: compared with the ranks' wall_time_s
@@ -136,6 +147,7 @@ class Supervisor:
                 dataclasses.replace(self.cfg, relayout=self.synthetic_cluster),
                 costs,
                 relaunched=True,
+                calibration=self.calibration,
             )  # re-learns baselines quickly (planner/replan/monitor.py)
 
     def _measured_costs(self, costs: SwitchCosts, rows: list[dict[str, Any]], launch_s: float) -> SwitchCosts:

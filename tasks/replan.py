@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import Launch
 from launcher.supervise import Supervisor
+from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
 from planner.specs.cluster import ClusterSpec
@@ -38,6 +39,7 @@ def supervise_training(
     poll_s: float,
     synthetic_cluster: bool,
     show_progress: bool = False,
+    calibration: Calibration | None = None,
 ) -> dict[str, Any]:
     """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""
     sup = Supervisor(
@@ -52,17 +54,26 @@ def supervise_training(
         poll_s=poll_s,
         synthetic_cluster=synthetic_cluster,
         show_progress=show_progress,
+        calibration=calibration,
     )
     return sup.run(timeout_s)
 
 
 @task(name="decide-from-telemetry", cache_policy=NO_CACHE)
 def decide_from_telemetry(
-    db_path: str, run_id: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec, num_steps: int, cfg: MonitorConfig
+    db_path: str,
+    run_id: str,
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    num_steps: int,
+    cfg: MonitorConfig,
+    calibration: Calibration | None = None,
 ) -> MonitorDecision | None:
     """Detection + re-planning over a run's stored step_metrics (None: nothing detected)."""
     rows = step_metrics(db_path, run_id).to_dicts()
-    monitor = ReplanMonitor(plan, model, cluster, None, num_steps, cfg, world_size=len({r["rank"] for r in rows}) or 0)
+    world = len({r["rank"] for r in rows}) or 0
+    monitor = ReplanMonitor(plan, model, cluster, None, num_steps, cfg, world_size=world, calibration=calibration)
     monitor.observe(rows)
     return monitor.poll()
 

@@ -1,17 +1,12 @@
-"""From a Plan to this rank's parallel model: rank mapping, DeviceMesh, stages, TP, recompute, DP.
+"""From a Plan to this rank's parallel model: DeviceMesh, stages, TP, recompute, DP.
 
-Rank mapping. A device id in the plan *is* a global torchrun rank (one process per device; with
-several nodes torchrun's static rendezvous numbers ranks node-major, node_rank*nproc + local_rank,
-so a plan's device ids must follow the same order). Stage i (i < pp) runs on
-`stages[i].device_ids`, replica-major: replica r, tensor-parallel index t is
-`device_ids[r*tp + t]`. Under the interleaved schedule a rank also owns virtual stages i+pp, i+2pp…
+Where a rank sits (stage, replica, tp index, and which plan device it stands for) and what the
+runtime can launch are planner/runtime.py's: ranks are numbered stage-major, replica, tp, so the
+mesh below is always the canonical arange layout, whatever the plan's device ids.
 
-The mesh has dims ("pp", "dp", "tp") with mesh[s, r, t] = stages[s].device_ids[r*tp + t]; when that
-is the canonical arange layout it is built with `init_device_mesh`, otherwise from the explicit
-rank tensor (same object, same sub-groups). A DeviceMesh is a regular grid, so every stage must use
-the same tp, and ids must increase along every mesh dim (process groups order members by global
-rank; pipelining and DTensor assume that order is the mesh order). Plans breaking either are
-rejected with a MeshplanError naming the field.
+The mesh has dims ("pp", "dp", "tp") with mesh[s, r, t] = the rank of stage s, replica r, tp index t,
+when every stage has the same tp and dp; otherwise each stage has its own ("dp", "tp") mesh
+(worker/stages.py). Either way a part is wrapped over mesh["tp"] and mesh["dp"].
 
 Order of wrapping (torchtitan's): TP → activation checkpointing → DP (FSDP2 / gradient sum), per stage part.
 """
@@ -31,6 +26,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import MeshplanError
+from planner.runtime import rank_map, stage_ranks
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, StagePlan
 from worker.model import Decoder, init_weights
@@ -48,6 +44,10 @@ class RankLayout:
     dp: int
     tp: int
     virtual_stages: tuple[int, ...]  # indices into plan.stages this rank runs, in pipeline order
+    device_id: int = -1  # the plan's device this rank stands for
+    pipeline: int = 0  # the pipeline replica (batch share) this rank works for
+    slice_index: int = 0  # which equal slice of each micro-batch (stages of different dp)
+    num_slices: int = 1
 
     @property
     def has_first(self) -> bool:
@@ -57,61 +57,32 @@ class RankLayout:
         return self.virtual_stages[-1] == num_plan_stages - 1
 
 
-def check_runnable(plan: Plan, world_size: int) -> None:
-    """Reject plans this runtime cannot launch on `world_size` ranks, naming the field and the fix."""
-    tps = {s.tp for s in plan.stages}
-    if len(tps) != 1:
-        raise MeshplanError(
-            "stages.tp", sorted(tps), "the torch runtime needs one tp for every stage (a regular DeviceMesh)"
-        )
-    if plan.num_devices != world_size:
-        raise MeshplanError(
-            "nproc", world_size, f"the plan uses {plan.num_devices} devices; launch exactly that many ranks in total"
-        )
-    ids = sorted(d for s in plan.stages[: plan.pp] for d in s.device_ids)
-    if ids != list(range(world_size)):
-        raise MeshplanError("stages.device_ids", ids[:8], f"device ids are global ranks; use 0..{world_size - 1}")
-    if plan.schedule != "gpipe" and plan.pp > 1:
-        fewest = min(plan.num_microbatches(r) for r in range(plan.dp))
-        if fewest < plan.pp:  # torch.distributed.pipelining's 1F1B / interleaved refuse this
-            raise MeshplanError(
-                "batch_shares",
-                list(plan.batch_shares),
-                f"a replica has {fewest} micro-batches < pp={plan.pp}; {plan.schedule} needs at least pp "
-                "(raise the share, lower micro_batch_size, or use gpipe)",
-            )
-    ranks = mesh_ranks(plan)
-    for dim, name in enumerate(("pp", "dp", "tp")):
-        # Process groups number their members in ascending global rank, while pipelining maps stage
-        # i to group rank i and DTensor shards by mesh coordinate: the two orders must agree.
-        if not bool((ranks.diff(dim=dim) > 0).all()):
-            raise MeshplanError(
-                "stages.device_ids",
-                ranks.tolist(),
-                f"device ids must increase along {name} (later stages / replicas / tp shards get higher ids)",
-            )
-    counts = {plan.num_microbatches(r) for r in range(plan.dp)}
-    if len(counts) > 1 and any(s.sharding == "zero3" for s in plan.stages):
-        # zero3 all-gathers parameters in every micro-batch's forward, so replicas with different
-        # micro-batch counts would issue different numbers of collectives and deadlock.
-        raise MeshplanError("stages.sharding", "zero3", "unequal batch shares need sharding none/zero1/zero2")
-
-
 def rank_layout(plan: Plan, rank: int) -> RankLayout:
-    pp = plan.pp
-    for i, s in enumerate(plan.stages[:pp]):
-        if rank in s.device_ids:
-            idx = s.device_ids.index(rank)
-            virtual = tuple(range(i, len(plan.stages), pp))
-            return RankLayout(rank, i, idx // s.tp, idx % s.tp, pp, plan.dp, s.tp, virtual)
-    raise MeshplanError("rank", rank, "this rank is not a device of any stage; launch as many ranks as the plan uses")
+    slots = rank_map(plan)
+    if not 0 <= rank < len(slots):
+        raise MeshplanError(
+            "rank", rank, "this rank is not a device of any stage; launch as many ranks as the plan uses"
+        )
+    sl = slots[rank]
+    return RankLayout(
+        rank,
+        sl.stage,
+        sl.replica,
+        sl.tp_index,
+        plan.pp,
+        sl.dp,
+        sl.tp,
+        sl.virtual_stages,
+        sl.device_id,
+        sl.pipeline,
+        sl.slice_index,
+        sl.num_slices,
+    )
 
 
 def mesh_ranks(plan: Plan) -> torch.Tensor:
-    """[pp, dp, tp] tensor of global ranks (see module docstring)."""
-    tp = plan.stages[0].tp
-    rows = [torch.tensor(s.device_ids).view(plan.dp, tp) for s in plan.stages[: plan.pp]]
-    return torch.stack(rows)
+    """[pp, dp, tp] tensor of global ranks (a uniform plan; see planner/runtime.py)."""
+    return torch.tensor([stage_ranks(plan, i) for i in range(plan.pp)])
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
@@ -146,10 +117,6 @@ def apply_tp(part: Decoder, spec: ModelSpec, tp_mesh: DeviceMesh) -> None:
     }
     if spec.family == "llama":
         styles["mlp.w3"] = ColwiseParallel()
-    if spec.num_heads % tp_mesh.size() or spec.kv_heads % tp_mesh.size():
-        raise MeshplanError(
-            "stages.tp", tp_mesh.size(), f"tp must divide heads={spec.num_heads} and kv heads={spec.kv_heads}"
-        )
     for block in part.blocks.values():
         parallelize_module(block, tp_mesh, styles)
 
@@ -161,15 +128,18 @@ def _checkpointed_forward(forward, *args, **kwargs):
 def apply_recompute(part: Decoder, mode: str) -> None:
     """Activation recomputation without renaming parameters (checkpoint wrappers would add a prefix).
 
-    "full" recomputes each block in backward; "selective" only the attention (Megatron's choice: the
-    cheapest FLOPs per byte saved). Overriding the instance's `forward` keeps module hooks (FSDP's)
-    running in `__call__` around it.
+    "full" recomputes each block in backward; "selective" only the attention core, softmax(QKᵀ)·V
+    (Megatron's --recompute-granularity selective: the projections' inputs stay saved; the cheapest
+    FLOPs per byte saved; planner.cost.memory prices it). Overriding the instance's `forward` keeps
+    module hooks (FSDP's) running in `__call__` around it.
     """
     if mode == "none":
         return
     for block in part.blocks.values():
-        target = block if mode == "full" else block.attn
-        target.forward = partial(_checkpointed_forward, target.forward)
+        if mode == "full":
+            block.forward = partial(_checkpointed_forward, block.forward)
+        else:
+            block.attn.core = partial(_checkpointed_forward, block.attn.core)
 
 
 class GradSumSync:

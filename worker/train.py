@@ -3,10 +3,13 @@
 Each rank maps its global rank to (stage, replica, tp index) (worker/parallel.py), builds only its
 stage(s) of the Decoder with the plan's layer split, applies TP → recompute → DP, and runs the
 plan's schedule with torch.distributed.pipelining — also when pp == 1 (a one-stage pipeline), so
-micro-batching and FSDP's gradient-sync handling follow one code path.
+micro-batching and FSDP's gradient-sync handling follow one code path. A plan whose stages differ
+in tp or dp gets a mesh per stage and worker/stages.py's explicit schedule instead, with the same
+loss weighting and gradient sync.
 
 Gradient weighting for unequal batch shares. Replica r runs M_r = share_r / mbs micro-batches. Each
-micro-batch loss (token mean) is scaled by mbs / global_batch, the schedule does not rescale
+micro-batch loss (token mean) is scaled by mbs / global_batch (by slice / global batch when the last
+stage splits micro-batches over more replicas: planner.runtime.loss_weight), the schedule does not rescale
 (`scale_grads=False`), and data parallelism SUMS gradients over replicas (GradSumSync's all-reduce
 for sharding none; FSDP2 with divide factor 1 and SUM collectives for zero1/2/3). Summed over every micro-batch of every replica that is
 Σ_r Σ_mb (mbs/G)·∇loss_mb = (1/G)·Σ_samples ∇loss_sample — the full-batch mean gradient, whatever the
@@ -46,6 +49,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from launcher.control import exit_path, read_control, write_json_atomic
 from planner.errors import MeshplanError
+from planner.runtime import check_launchable, is_uniform, loss_weight
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
 from worker import checkpoint, watchdog
@@ -61,9 +65,9 @@ from worker.parallel import (
     apply_tp,
     build_mesh,
     build_stage_part,
-    check_runnable,
     rank_layout,
 )
+from worker.stages import StagePipeline, build_stage_mesh
 from worker.telemetry import ComputeTimer, StepLog, memory_bytes, sync_device
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,6 +122,11 @@ def build_parts(
     return parts, grad_syncs
 
 
+def build_rank_mesh(plan: Plan, layout: RankLayout, device: torch.device) -> DeviceMesh:
+    """The [pp, dp, tp] mesh of a uniform plan, or this rank's stage's [dp, tp] mesh (worker/stages.py)."""
+    return build_mesh(plan, device.type) if is_uniform(plan) else build_stage_mesh(plan, device.type, layout.stage)
+
+
 def build_schedule(
     plan: Plan,
     layout: RankLayout,
@@ -126,12 +135,18 @@ def build_schedule(
     device: torch.device,
     timer: ComputeTimer,
     faults: Faults | None = None,
-) -> _PipelineSchedule:
+    spec: ModelSpec | None = None,
+) -> _PipelineSchedule | StagePipeline:
     """The plan's schedule over this rank's stages; micro-batch losses weighted by mbs / global batch.
 
     Built again (with fresh PipelineStage objects over the same modules) when batch shares change,
     because a stage sizes its buffers for one micro-batch count."""
-    weight = plan.micro_batch_size / plan.global_batch_size
+    if not is_uniform(plan):
+        assert spec is not None and len(parts) == 1, "non-uniform plans have one stage per rank"
+        return StagePipeline(
+            plan, spec, layout.stage, layout.pipeline, layout.slice_index, parts[0], mesh, device, timer, faults
+        )
+    weight = loss_weight(plan)
 
     def weighted_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return loss_fn(logits, targets) * weight
@@ -145,7 +160,7 @@ def build_schedule(
         if faults is not None:
             faults.instrument_stage(st)  # inside the timer: injected slowness counts as compute
         timer.instrument_stage(st)
-    n_mb = plan.num_microbatches(layout.replica)
+    n_mb = plan.num_microbatches(layout.pipeline)
     if plan.schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, n_mb, loss_fn=weighted_loss, scale_grads=False)
     cls = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
@@ -153,7 +168,7 @@ def build_schedule(
 
 
 def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: int, load_s: float) -> dict:
-    rows = replica_rows(plan.batch_shares, layout.replica)
+    rows = replica_rows(plan.batch_shares, layout.pipeline)
     return {
         "run_id": opts.run_id,
         "rank": layout.rank,
@@ -164,9 +179,9 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
         "dp": layout.dp,
         "tp": layout.tp,
         "attempt": attempt,
-        "num_microbatches": plan.num_microbatches(layout.replica),
-        "samples": len(rows),
-        "tokens": len(rows) * plan.seq_len,
+        "num_microbatches": plan.num_microbatches(layout.pipeline),
+        "samples": len(rows) // layout.num_slices,
+        "tokens": len(rows) // layout.num_slices * plan.seq_len,
         "plan_fingerprint": plan.fingerprint(),
         "checkpoint_load_s": load_s,
     }
@@ -176,7 +191,7 @@ def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
     """`plan` with new batch shares, or None (on every rank alike) when they are not runnable."""
     try:
         new = parse_plan({**plan.model_dump(mode="json"), "batch_shares": list(shares)}, "control.json")
-        check_runnable(new, world)
+        check_launchable(new, world)
     except MeshplanError as exc:
         print(f"control: ignoring batch_shares {shares}: {exc}", file=sys.stderr, flush=True)
         return None
@@ -197,7 +212,7 @@ def poll_control(opts: TrainOptions, rank: int, step: int, applied: int) -> dict
 def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: torch.device) -> None:
     layout = rank_layout(plan, rank)
     world = dist.get_world_size()
-    mesh = build_mesh(plan, device.type)
+    mesh = build_rank_mesh(plan, layout, device)
     parts, grad_syncs = build_parts(opts, plan, spec, layout, mesh, device)
     faults = Faults(opts.faults, rank)
     for sync in grad_syncs:
@@ -208,8 +223,8 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
     start = checkpoint.load(ckpt, parts, optims) if ckpt is not None else 0
     load_s = time.perf_counter() - t_load if ckpt is not None else 0.0
     timer = ComputeTimer(device)
-    schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults)
-    weight = plan.micro_batch_size / plan.global_batch_size
+    schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults, spec)
+    weight = loss_weight(plan)
 
     has_first, has_last = layout.has_first, layout.has_last(len(plan.stages))
     amp = AMP_DTYPES.get(plan.dtype if opts.dtype == "auto" and device.type == "cuda" else opts.dtype)
@@ -233,10 +248,10 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
             if new is not None:
                 plan, switch = new, "rebalance"
                 meta["plan_fingerprint"] = plan.fingerprint()
-                schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults)
+                schedule = build_schedule(plan, layout, parts, mesh, device, timer, faults, spec)
                 log.update_static(_static_fields(opts, plan, layout, attempt, load_s))
-        n_mb = plan.num_microbatches(layout.replica)
-        rows = replica_rows(plan.batch_shares, layout.replica)
+        n_mb = plan.num_microbatches(layout.pipeline)
+        rows = replica_rows(plan.batch_shares, layout.pipeline)
         x, y = batch_rows(opts.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.seed)  # type: ignore[arg-type]
         args = (x.to(device),) if has_first else ()
         kwargs = {"target": y.to(device), "losses": []} if has_last else {}
@@ -311,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
         opts = parse_options(argv)
         plan = parse_plan_json(opts.plan.read_text(), str(opts.plan))
         spec = resolve_spec(opts, plan)
-        check_plan_against(plan, spec.num_layers, int(os.environ.get("WORLD_SIZE", "1")))
-        check_runnable(plan, int(os.environ.get("WORLD_SIZE", "1")))
+        check_plan_against(plan, spec.num_layers, 1 + max(d for s in plan.stages for d in s.device_ids))
+        check_launchable(plan, int(os.environ.get("WORLD_SIZE", "1")), spec)
     except MeshplanError as exc:  # every rank sees the same mistake: one line, before any rendezvous
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

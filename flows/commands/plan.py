@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -9,36 +10,41 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings, prefect_env
+from flows.commands.model_options import (
+    FamilyOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqLenOpt,
+    VocabOpt,
+    model_for_plan,
+    resolve_model,
+)
 
 
-def _cluster(path: Path | None, db: Path, snapshot: str | None = None) -> Any:
-    """The cluster file's spec, or this machine as `meshplan discover` recorded it."""
-    if path is None:
-        from storage.hardware import resolve_cluster
-
-        return resolve_cluster(db, snapshot)
-    from storage.files import read_cluster_file
-
-    return read_cluster_file(path)
-
-
-def _print_table(rows: list[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=title)
-    cols = ["rank", "layout", "step_s", "tokens_per_s", "mfu", "memory", "bottleneck"]
-    cols += [c for c in rows[0] if c.startswith("vs_")] if rows else []
-    for c in cols:
-        t.add_column(c.replace("_", " "))
-    for r in rows:
-        t.add_row(*[("-" if r.get(c) is None else str(r[c])) for c in cols])
-    Console().print(t)
+def calibration_doc(calibration: Any) -> dict[str, Any] | None:
+    """A Calibration (planner.measure.calibrate) as JSON: its measured terms, collectives by op."""
+    if calibration is None:
+        return None
+    doc = dataclasses.asdict(calibration)
+    doc["collectives"] = {op: dataclasses.asdict(fit) for op, fit in calibration.collectives}
+    return doc
 
 
 @app.command()
 def plan(
-    model: Annotated[str | None, typer.Option("--model", help="model preset name (default: config `model`)")] = None,
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
     ] = None,
@@ -55,15 +61,22 @@ def plan(
     store: Annotated[bool, typer.Option(help="save the ranked plans in the database")] = True,
 ) -> None:
     """Search parallel plans; rank them by predicted step time against two baselines."""
-    extra = [f"model={json.dumps(model)}"] if model else []
+    from planner.specs.model import PRESETS
+
+    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    preset = given is not None and PRESETS.get(given.name) == given
+    extra = [f"model={json.dumps(given.name)}"] if preset else []
     for name, v in (("global_batch", global_batch), ("seq", seq), ("top_k", top), ("time_budget_s", budget)):
         if v is not None:
             extra.append(f"search.{name}={v}")
     cfg = load_settings(extra)
     path = db_path(cfg)
-    spec = _cluster(cluster, path, snapshot)
+    prefect_env(cfg)  # before anything imports prefect (tasks.plan below, or the flow)
     if flow:
-        prefect_env(cfg)
+        if given is not None and not preset:
+            from planner.errors import MeshplanError
+
+            raise MeshplanError("--model", given.name, "--flow takes a preset; without --flow any model is searched")
         from flows.plan import plan_flow
 
         summary = plan_flow(
@@ -75,48 +88,57 @@ def plan(
             cfg.search.top_k,
             cfg.search.time_budget_s,
             snapshot,
+            cfg.profile.dtype,
         )
         typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary["feasible"] else 1)
 
     from planner.errors import MeshplanError
     from planner.report.ranking import ranking_rows
-    from planner.search import NoFeasiblePlan, search
+    from planner.search import NoFeasiblePlan
     from planner.specs.model import get_model
-    from storage.plans import load_profiles_or_empty, save_plans
+    from storage.plans import save_plans
+    from storage.pricing import pricing_inputs
+    from tasks.plan import search_args, search_plans
 
-    m = get_model(cfg.model)
-    table, source = load_profiles_or_empty(path, m)
+    m = given if given is not None else get_model(cfg.model)
+    # the inputs and the search function plan_flow's tasks use, with the same config: the same ranking
+    inputs = pricing_inputs(path, m, cluster, snapshot, cfg.profile.dtype)
+    spec, source = inputs.cluster, inputs.profile_source
     s = cfg.search
-    res = search(
-        m, spec, table, global_batch=s.global_batch, seq=s.seq or None, top_k=s.top_k, time_budget_s=s.time_budget_s
-    )
+    res = search_plans.fn(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s))
     if isinstance(res, NoFeasiblePlan):
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))
             raise typer.Exit(1)
         raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
-    if store:
-        save_plans(path, res.plans, res.baselines)
+    key = save_plans(path, res.plans, res.baselines) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
     rows = ranking_rows(res)
     if as_json:
         doc = {
             "feasible": True,
+            "search_key": key,
             "profiles": source,
+            "dtype": inputs.dtype,
+            "calibration": calibration_doc(inputs.calibration),
             "ranking": rows,
             "stats": {k: getattr(res.stats, k) for k in res.stats.__dataclass_fields__},
+            "search": res.stats.summary(),
             "plans": [json.loads(p.to_json()) for p in res.plans],
         }
         typer.echo(json.dumps(doc, indent=2))
         return
     st = res.stats
-    _print_table(rows, f"{m.name} on {spec.name}: {spec.num_devices} devices, batch {s.global_batch}")
-    typer.echo(
-        f"profiles: {source}; search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, "
-        f"{st.wall_s:.2f} s{' (time budget reached)' if st.timed_out else ''}"
-    )
+    from flows.commands.tables import print_ranking
+
+    print_ranking(rows, f"{m.name} on {spec.name}: {spec.num_devices} devices, batch {s.global_batch}")
+    typer.echo(f"profiles: {source}")
+    if inputs.calibration is not None:
+        typer.echo(f"calibrated to {inputs.calibration.source}")
+    typer.echo(f"search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, {st.wall_s:.2f} s")
+    typer.echo(st.summary())
     if out is not None:
         typer.echo(f"best plan written to {out}")
 
@@ -127,31 +149,41 @@ def estimate(
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="model preset (default: the plan's)")] = None,
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
+    snapshot: Annotated[
+        str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
-    """Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility."""
+    """Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility.
+
+    Priced as the search prices it (storage.pricing.pricing_inputs): on a discovered CPU machine with
+    its measured corrections, in the plan's own dtype."""
     from planner.cost import estimate as price
     from planner.errors import MeshplanError
-    from planner.specs.model import PRESETS, get_model
     from planner.specs.plan import parse_plan_json
-    from storage.plans import load_profiles_or_empty
+    from storage.pricing import pricing_inputs
 
     if not plan_file.is_file():
         raise MeshplanError(
             "--plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
         )
     p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
-    name = model or p.model
-    if model and p.model in PRESETS and p.model != model:
-        raise MeshplanError("--model", model, f"the plan was written for {p.model}; pass --model {p.model}")
-    m = get_model(name)
-    path = db_path(load_settings())
-    spec = _cluster(cluster, path)
-    table, source = load_profiles_or_empty(path, m)
-    c = price(p, m, spec, table)
+    m = model_for_plan(p, resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family))
+    inputs = pricing_inputs(db_path(load_settings()), m, cluster, snapshot)
+    spec, source = inputs.cluster, inputs.profile_source
+    c = price(p, m, spec, inputs.profiles, calibration=inputs.calibration)
     if as_json:
-        typer.echo(json.dumps({"plan": p.fingerprint(), "profiles": source, **c.model_dump(mode="json")}, indent=2))
+        doc = {"plan": p.fingerprint(), "profiles": source, "calibration": calibration_doc(inputs.calibration)}
+        typer.echo(json.dumps({**doc, **c.model_dump(mode="json")}, indent=2))
         raise typer.Exit(0 if c.feasible else 1)
     from rich.console import Console
     from rich.table import Table

@@ -40,8 +40,16 @@ def train(
     slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
     slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
     slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="run the plan's exact layout on local CPU ranks, model scaled down (default 2 steps)"
+        ),
+    ] = False,
 ) -> None:
-    """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported."""
+    """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported.
+
+    --dry-run proves a plan launches before GPU hours are spent on it (flows/dryrun.py)."""
     extra = []
     for field, value in (
         ("steps", steps),
@@ -60,6 +68,10 @@ def train(
         raise MeshplanError("--plan/--plan-id", str(plan or plan_id), "give exactly one: --plan FILE or --plan-id ID")
     if plan is not None and not plan.is_file():
         raise MeshplanError("--plan", str(plan), "no such file; pass a plan JSON file")
+
+    if dry_run:
+        _dry_run(cfg, plan, plan_id, steps, run_id, as_json)
+        return
 
     from flows.train import train_flow
 
@@ -125,3 +137,32 @@ def train(
     losses = [v for v in out["losses"] if v is not None]
     if losses:
         typer.echo(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run_id: str | None, as_json: bool) -> None:
+    from flows.dryrun import dry_run_flow, refuse_unlaunchable
+
+    if plan is not None:
+        refuse_unlaunchable(plan)  # at once, before Prefect starts: the flow checks again (a stored plan too)
+    t = cfg.train
+    try:
+        out = dry_run_flow(
+            db_path=str(db_path(cfg)),
+            plan_path=str(plan) if plan else None,
+            plan_id=plan_id,
+            steps=steps or 2,  # a few steps prove the layout; train.steps is for training
+            run_id=run_id,
+            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            timeout_s=t.timeout_s,
+            collective_timeout_s=t.collective_timeout_s,
+            show_progress=not as_json,
+        )
+    except RuntimeError as exc:  # the ranks failed: the launch problem and its reason (torchrun's log tail)
+        typer.echo(f"dry run failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(f"dry run {out['run_id']} passed in {out['wall_s']:.1f} s ({out['run_dir']}):")
+    for line in out["lines"]:
+        typer.echo(f"  {line}")

@@ -1,10 +1,12 @@
 """Complete a ProfileTable for the keys a search or an estimate needs.
 
 Measured rows (and rows scaled from a measured micro-batch size) are kept; every other key is
-filled with `estimate_layer` from the device kind's datasheet peaks (NodeSpec overrides win, so
-measured CPU ranks work), marked `estimated`. The efficiency of those estimates is calibrated on the
-measured block rows of device kinds present in the cluster, else DEFAULT_EFFICIENCY. Profiles are
-per device kind (class), never per device.
+filled with an estimate from the device kind's datasheet figures (NodeSpec overrides win, so
+measured CPU ranks work), marked `estimated`. When block rows were measured on device kinds of the
+cluster, estimates take their achieved efficiency (`estimate_layer`, one efficiency for the
+layer); when nothing was measured, a GPU's blocks and head are priced kernel by kernel from their
+shapes on its roofline (planner.cost.compute), CPU ranks with DEFAULT_EFFICIENCY. Profiles are per
+device kind (class), never per device.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from planner.cost.compute import Device, KernelEfficiency, estimate_layer_from_shape
+from planner.cost.fitted import DEFAULT_KERNELS
 from planner.measure.profiles import (
     MissingProfileError,
     ProfileKey,
@@ -48,8 +52,11 @@ def complete_profiles(
     table: ProfileTable | None,
     needs: Iterable[ProfileNeed],
     kinds: Iterable[str] | None = None,
+    kernels: KernelEfficiency | None = None,
 ) -> ProfileTable:
-    """A new table holding `table`'s rows plus an estimate for every missing key of `needs`."""
+    """A new table holding `table`'s rows plus an estimate for every missing key of `needs`;
+    `kernels` = the GEMM / attention efficiencies of shape-based estimates (planner.cost.fitted)."""
+    kernels = kernels or DEFAULT_KERNELS
     specs = kind_specs(cluster)
     wanted = set(needs)
     out = ProfileTable(list(table) if table is not None else [])
@@ -59,13 +66,18 @@ def complete_profiles(
         if not r.estimated and r.key.device_kind in specs
     ]
     eff = fit_block_efficiency(model, measured)
+    any_measured = any(r.key.layer_kind == "block" for r, _ in measured)
     measured_shapes = {replace(r.key, micro_batch_size=0) for r in out if not r.estimated}
     for kind in kinds if kinds is not None else specs:
         spec = specs[kind]
+        # a GPU priced from shapes re-derives estimates handed in (e.g. stored by the profile flow
+        # with one efficiency, planner.measure.targets): only measured rows are kept as they are
+        from_shape = not any_measured and spec.device != "cpu"
         for need in wanted:
             for layer, rec in (("block", need.recompute), ("embedding", False), ("head", False)):
                 key = ProfileKey(kind, layer, need.mbs, need.seq, need.tp, rec, need.dtype)  # type: ignore[arg-type]
-                if out.get(key) is not None:
+                have = out.get(key)
+                if have is not None and not (have.estimated and from_shape):
                     continue
                 try:
                     # scale from a measured micro-batch size only; estimates are recomputed exactly
@@ -73,11 +85,14 @@ def complete_profiles(
                         raise MissingProfileError(key)
                     out.add(out.lookup(key))
                 except MissingProfileError:
-                    out.add(
-                        estimate_layer(
-                            model, key, spec.peak_flop_per_s(need.dtype), spec.memory_bandwidth_bytes_per_s, eff
-                        )
-                    )
+                    peak, bw = spec.peak_flop_per_s(need.dtype), spec.memory_bandwidth_bytes_per_s
+                    row = estimate_layer(model, key, peak, bw, eff)
+                    if from_shape:
+                        gpu = spec.gpu
+                        arch = gpu.architecture if gpu else None
+                        dev = Device(peak, bw, gpu.num_sms if gpu else None, arch, kernels)
+                        row = estimate_layer_from_shape(model, key, dev, row)
+                    out.add(row)
     return out
 
 

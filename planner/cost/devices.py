@@ -1,7 +1,9 @@
-"""O(1) facts about device ids: node group, node, kind, and the link between devices.
+"""O(1) facts about device ids: node group, node, kind, the link between devices and a ring's bandwidth.
 
 `DeviceIndex` answers what `planner.specs.topology.link_between` answers on the networkx graph, without
 building the graph (16,384 GPUs → one bisect per lookup), so pricing a plan stays cheap at scale.
+A collective's `Link` is topology-true: a ring over k ranks per node on N nodes crosses the node's
+NICs once per ring step, so its bandwidth is k NIC shares, not one (`cross_node_link`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from planner.specs.cluster import ClusterSpec, NodeSpec
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """Bandwidth per device per direction and per-message latency of a path (or a ring's worst hop)."""
+    """Bandwidth and per-message latency of a path, or of a collective's ring: for a ring, the bus
+    bandwidth (bytes per second each rank's sends advance at, so ring formulas apply unchanged) at
+    its worst hop's latency, and the number of nodes it spans (NCCL's tree all-reduce needs it)."""
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    num_nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +70,55 @@ class DeviceIndex:
         return cross_node_link([ga, gb])
 
     def ring_link(self, device_ids: list[int] | tuple[int, ...]) -> Link:
-        """The slowest hop of a ring over `device_ids`: intra-node if they share a node, else the
-        narrowest cross-node path among the node groups involved (each device uses its own NIC share)."""
-        nodes = {self.node(d) for d in device_ids}
-        if len(nodes) == 1:
+        """A collective's ring over `device_ids`: intra-node if they share a node; across nodes of one
+        node group, k = the fewest ranks any node holds, each node's k NIC shares carrying the ring
+        (cross_node_link); across node groups, one NIC share per rank (rings over unlike nodes are
+        not rail-aligned, so nothing better is assumed)."""
+        nodes = [self.node(d) for d in device_ids]
+        if len(set(nodes)) == 1:
             spec = self.group(device_ids[0]).spec
             return Link(spec.intra_link.bandwidth_bytes_per_s, spec.intra_link.latency_s)
         specs = {self.group(d).index: self.group(d).spec for d in device_ids}
-        return cross_node_link(list(specs.values()))
+        if len(specs) > 1:
+            return cross_node_link(list(specs.values()))
+        return cross_node_link(
+            list(specs.values()), ranks_per_node=ring_ranks_per_node(nodes), num_nodes=len(set(nodes))
+        )
 
 
-def cross_node_link(specs: list[NodeSpec]) -> Link:
-    """Path between nodes of the given groups: min over NIC shares and intra hops, max NIC latency."""
-    bw = min(min(s.inter_link.bandwidth_bytes_per_s, s.intra_link.bandwidth_bytes_per_s) for s in specs)
-    return Link(bw, max(s.inter_link.latency_s for s in specs))
+def ring_ranks_per_node(nodes: list[int] | tuple[int, ...]) -> int:
+    """Ranks of a collective on its least-populated node (the node that bounds the ring), given
+    each rank's node."""
+    counts: dict[int, int] = {}
+    for n in nodes:
+        counts[n] = counts.get(n, 0) + 1
+    return min(counts.values())
+
+
+def cross_node_link(specs: list[NodeSpec], ranks_per_node: int = 1, num_nodes: int = 1) -> Link:
+    """Bus bandwidth of a ring over k = `ranks_per_node` ranks on each of N nodes (or of one
+    cross-node path when k = 1), at the largest NIC latency.
+
+    Derivation (NCCL's rings, Jeaugey, "NCCL 2.0", GTC 2017; nccl-tests doc/PERFORMANCE.md "bus
+    bandwidth"): a ring over n = N·k ranks placed node-contiguously has n hops, N of them between
+    nodes. Every ring step each rank sends one chunk, so a node sends k chunks per step: k − 1 over
+    NVLink/PCIe and 1 over a NIC. NCCL runs k rings (channels) at once, rotated so that each of a
+    node's k ranks leaves the node on its own NIC (rail-aligned), each ring carrying 1/k of the data.
+    Per step a rank then sends 1/k of its chunk on its NIC and (k − 1)/k over the intra link: the
+    ring advances at B = min(k·b_nic, b_intra·k/(k − 1)) per rank, where b_nic is one device's NIC
+    share (LinkSpec bandwidth, per device). Each NIC is crossed once per ring step, not once per
+    rank's share: a 2-node ring all-reduce over 8 + 8 ranks moves 2(n − 1)/n·S through each node's
+    8 NICs together (tests pin this). With k = 1 (one rank per node, e.g. dp across tp groups) the
+    ring gets one NIC share, bounded by the device's path to it: min(b_nic, b_intra), as before.
+    k is capped at the node's devices (a node has no more NICs than that)."""
+    bws = []
+    for s in specs:
+        k = max(1, min(ranks_per_node, s.num_devices))
+        nic = k * s.inter_link.bandwidth_bytes_per_s
+        intra = s.intra_link.bandwidth_bytes_per_s * (k / (k - 1) if k > 1 else 1.0)
+        bws.append(min(nic, intra))
+    # num_nodes = 1 when unknown (a p2p path, a ring over unlike node groups): priced as a ring only
+    return Link(min(bws), max(s.inter_link.latency_s for s in specs), num_nodes=num_nodes)
 
 
 def intra_link(spec: NodeSpec) -> Link:

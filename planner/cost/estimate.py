@@ -14,24 +14,57 @@ from __future__ import annotations
 
 from planner.cost import formulas as F
 from planner.cost.completion import ProfileNeed, complete_profiles
+from planner.cost.compute import Device, KernelEfficiency
 from planner.cost.devices import DeviceIndex, intra_link
+from planner.cost.fitted import DEFAULT_KERNELS
+from planner.cost.memory import Stack
+from planner.cost.overlap import MESHPLAN, Runtime
 from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
+from planner.runtime import num_slices, pipeline_replicas, problem_notes, slice_size
 from planner.specs import flops
-from planner.specs.cluster import ClusterSpec
+from planner.specs.cluster import ClusterSpec, NodeSpec
 from planner.specs.model import ModelSpec
-from planner.specs.plan import CostBreakdown, Plan, check_plan_against
+from planner.specs.plan import CostBreakdown, Plan, StagePlan, check_plan_against
 
 COST_MODEL_VERSION = "meshplan-cost-1"
 GIB = 2**30
 
 
 def plan_profile_needs(plan: Plan) -> set[ProfileNeed]:
-    return {
-        ProfileNeed(plan.micro_batch_size, plan.seq_len, s.tp, s.recompute == "full", plan.dtype) for s in plan.stages
-    }
+    """Profile keys the plan prices with: each stage's block at its replicas' micro-batch (a slice of it
+    where stages differ in dp); a stage recomputing every k-th block (k > 1) needs both rows."""
+    out = set()
+    for i, s in enumerate(plan.stages):
+        full, mbs = s.recompute == "full", slice_size(plan, i % plan.pp)
+        out.add(ProfileNeed(mbs, plan.seq_len, s.tp, full, plan.dtype))
+        if full and s.recompute_every > 1:
+            out.add(ProfileNeed(mbs, plan.seq_len, s.tp, False, plan.dtype))
+    return out
+
+
+def gpu_device(spec: NodeSpec, dtype: str, kernels: KernelEfficiency | None) -> Device | None:
+    """A GPU node group's roofline figures (None for CPU ranks, whose profiles are measured)."""
+    if spec.device == "cpu":
+        return None
+    gpu = spec.gpu
+    arch = gpu.architecture if gpu else None
+    sms = gpu.num_sms if gpu else None
+    return Device(spec.peak_flop_per_s(dtype), spec.memory_bandwidth_bytes_per_s, sms, arch, kernels or DEFAULT_KERNELS)
+
+
+def stage_stack(plan: Plan, stage: StagePlan) -> Stack:
+    """The stack options of one stage (planner.cost.memory.Stack)."""
+    return Stack(
+        attention=plan.attention,
+        loss=plan.loss,
+        dropout=plan.dropout,
+        sequence_parallel=stage.sequence_parallel,
+        selective=stage.recompute == "selective",
+        recompute_every=stage.recompute_every,
+    )
 
 
 def check_plan_fits_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
@@ -53,23 +86,38 @@ def estimate(
     profiles: ProfileTable | None = None,
     index: DeviceIndex | None = None,
     calibration: Calibration | None = None,
+    kernels: KernelEfficiency | None = None,
+    runtime: Runtime = MESHPLAN,
 ) -> CostBreakdown:
     """The predicted cost of one optimizer step of `plan` (see the module docstring); `calibration`
-    applies measured corrections (planner.measure.calibrate), e.g. for CPU ranks under gloo."""
+    applies measured corrections (planner.measure.calibrate), e.g. for CPU ranks under gloo;
+    `kernels` the GEMM / attention efficiencies of estimated GPU rows (planner.cost.fitted);
+    `runtime` what the training runtime overlaps (planner.cost.overlap; default meshplan's own)."""
     check_plan_fits_model(plan, model, cluster)
     idx = index or DeviceIndex(cluster)
     table = complete_profiles(
-        model, cluster, profiles, plan_profile_needs(plan), kinds={g.spec.device_kind for g in idx.groups}
+        model,
+        cluster,
+        profiles,
+        plan_profile_needs(plan),
+        kinds={g.spec.device_kind for g in idx.groups},
+        kernels=kernels,
     )
     stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
     nst = len(stages)
     memo: dict[StageContext, StageCoeffs] = {}
-    dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(dp)]) for s in stages]
-    notes: list[str] = []
+    # every replica of a stage joins its gradient sync; with stages of different dp, pipeline
+    # replica r's row below prices stage s on the slowest of its q_s replicas, each on a slice of
+    # the micro-batch (planner.runtime.slice_size)
+    dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(s.dp)]) for s in stages]
+    qs = [num_slices(plan, i % pp) for i in range(nst)]
+    slices = [slice_size(plan, i % pp) for i in range(nst)]
+    notes: list[str] = problem_notes(plan, model)  # what the torch runtime would refuse, and why
+    rt = runtime.for_schedule(plan.schedule)
+    if runtime != MESHPLAN:
+        notes.append(f"runtime: {runtime.name} ({runtime.source})")
     if calibration is not None:
         notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.slowdown():.2f}")
-    if any(s.recompute == "selective" for s in stages):
-        notes.append("selective recompute priced as none (flash attention keeps no s×s scores)")
     if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % pp:
         notes.append(f"interleaved 1F1B in Megatron needs micro-batches divisible by pp={pp}")
 
@@ -81,13 +129,14 @@ def estimate(
         m = plan.num_microbatches(r)
         row, srow = [], []
         for i, s in enumerate(stages):
-            devs = s.replica_devices(r)
-            ginfo = [idx.group(d) for d in devs]
+            subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
+            devs = subs[0]
+            ginfo = [idx.group(d) for sub in subs for d in sub]
             same_node = s.tp == 1 or len({idx.node(d) for d in devs}) == 1
             nxt = stages[i + 1] if i + 1 < nst else None
-            nkey = None
+            nkey, b0 = None, devs[0]
             if nxt is not None:
-                b0 = nxt.replica_devices(r)[0]
+                b0 = nxt.replica_devices(pipeline_replicas(plan, (i + 1) % pp, r)[0])[0]
                 nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
             key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, m)
             hit = light.get(key)
@@ -97,7 +146,7 @@ def estimate(
                 ctx = StageContext(
                     kind=spec.device_kind,
                     dtype=plan.dtype,
-                    mbs=plan.micro_batch_size,
+                    mbs=slices[i],
                     seq=plan.seq_len,
                     tp=s.tp,
                     recompute=s.recompute == "full",
@@ -105,14 +154,18 @@ def estimate(
                     last=i == nst - 1,
                     pp=pp,
                     sharding=s.sharding,
-                    dp=dp,
+                    dp=s.dp,
                     inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, m, v),
                     memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
                     tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec),
                     dp_link=dp_links[i],
-                    next_link=None if nxt is None else idx.link(devs[0], nxt.replica_devices(r)[0]),
+                    next_link=None if nxt is None else idx.link(devs[0], b0),
                     next_tp=nxt.tp if nxt is not None else s.tp,
                     calib=calibration,
+                    stack=stage_stack(plan, s),
+                    device=gpu_device(spec, plan.dtype, kernels),
+                    next_mbs=0 if nxt is None or slices[i + 1] == slices[i] else slices[i + 1],
+                    runtime=rt,
                 )
                 co = memo.get(ctx)
                 if co is None:
@@ -135,7 +188,7 @@ def estimate(
     # so a slot of the slowest stage lasts at least one micro-batch's work on all of them over
     # the cores (planner.measure.calibrate); fill and drain keep the critical path.
     mb_work = [
-        sum(stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
+        sum(qs[i] * stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
         for r in range(dp)
     ]
     slot_work = sum(mb_work) / cores if shared else 0.0
@@ -164,7 +217,7 @@ def estimate(
     if shared:
         work_pipe = sum(plan.num_microbatches(r) * mb_work[r] for r in range(dp))
         work_opt = sum(
-            stages[i].tp * (coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i]) for r in range(dp) for i in range(nst)
+            qs[i] * stages[i].tp * (coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i]) for r in range(dp) for i in range(nst)
         )
         share_pipe = max(0.0, work_pipe / cores - times[rc])
         share_opt = max(0.0, work_opt / cores - parts[jt][1])

@@ -16,21 +16,21 @@ OPTIMIZER_STATE_BYTES_FP32 = 8
 # An Adam step reads master, m, v and the grad and writes master, m, v and the working copy:
 # (4+4+4+2) + (4+4+4+2) = 28 B/param with bf16 (fp32: 16 read + 12 written = 28 B as well).
 ADAM_BYTES_MOVED_PER_PARAM = 28
-# Fraction of a stage's last backward during which its gradient all-reduce / reduce-scatter runs
-# concurrently (Megatron-LM --overlap-grad-reduce launches bucket by bucket while backward runs).
-# Below 1 because the first bucket waits for its grads and NCCL kernels steal SMs from backward;
-# an assumption until fitted against measured steps.
-DP_OVERLAP_FRACTION = 0.8
 # Data parallelism without sharding (worker.parallel.GradSumSync) packs gradients smaller than this
 # into one flat buffer per bucket and unpacks the reduced sum: two copies of their bytes. A gradient
 # this big or bigger is reduced in place.
 GRAD_BUCKET_BYTES = 25 * 2**20
-# Memory no plan may use: CUDA context (~0.5 GiB), NCCL communicator buffers and the cuBLAS
-# workspace (~0.5–1 GiB on Hopper-class GPUs); CPU ranks only pay for the Python/torch runtime.
-RUNTIME_RESERVE_BYTES_GPU = int(1.5 * 2**30)
+# Memory outside PyTorch's allocator, so no plan may use it: the CUDA context with lazy module
+# loading (PyTorch's default since 1.13; ~0.3–0.5 GiB) and NCCL's communicator buffers
+# (NCCL_BUFFSIZE = 4 MiB per channel and direction, up to 32 channels per peer kind: ~0.25–0.5 GiB).
+# cuBLAS's workspace is allocated through PyTorch (≤ 32 MiB, CUBLAS_WORKSPACE_CONFIG ":4096:8" on
+# Hopper) and is not part of it. CPU ranks only pay for the Python/torch runtime.
+RUNTIME_RESERVE_BYTES_GPU = int(1.0 * 2**30)
 RUNTIME_RESERVE_BYTES_CPU = int(0.25 * 2**30)
-# The PyTorch caching allocator rounds and fragments: reserved exceeds allocated by 5–15% in
-# long runs (PyTorch CUDA-semantics notes, "memory management"); we charge the high end.
+# The one fragmentation constant: PyTorch's caching allocator rounds blocks (512 B; > 1 MiB to
+# 2 MiB multiples) and keeps freed blocks cached in their segments, so reserved exceeds allocated;
+# 5–15% in long runs (PyTorch CUDA-semantics notes, "memory management"), charged at 10%. An
+# assumption, not fitted: bench/published.py's rows that ran all fit under it.
 FRAGMENTATION_FRACTION = 0.10
 
 
@@ -43,6 +43,46 @@ def ring_allreduce_s(num_bytes: float, n: int, bw: float, alpha_s: float) -> flo
     if n <= 1 or num_bytes <= 0:
         return 0.0
     return 2 * (n - 1) / n * num_bytes / bw + 2 * (n - 1) * alpha_s
+
+
+def tree_allreduce_s(num_bytes: float, n: int, num_nodes: int, bw: float, alpha_s: float) -> float:
+    """NCCL's tree all-reduce over n ranks on N nodes: 2·bytes / bw + 2(⌈log₂ N⌉ + n/N − 1)·α.
+
+    NCCL ≥ 2.4 reduces up and broadcasts down two complementary binary trees across nodes, each
+    carrying half the data, with a chain through the node's n/N ranks inside it (Jeaugey, "Massively
+    scale your deep learning training with NCCL 2.4", NVIDIA blog 2019). Each node sends and receives
+    the whole buffer once per phase: 2·bytes at the bus bandwidth (vs the ring's 2(n − 1)/n), but the
+    critical path is ⌈log₂ N⌉ tree levels plus the chain, not 2(n − 1) ring steps.
+    """
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return 2 * num_bytes / bw + 2 * tree_hops(n, num_nodes) * alpha_s
+
+
+def tree_hops(n: int, num_nodes: int) -> int:
+    """Latency steps of one tree phase: ⌈log₂ N⌉ levels across nodes plus the intra-node chain."""
+    return max(1, num_nodes - 1).bit_length() + max(0, n // max(1, num_nodes) - 1)
+
+
+def allreduce_s(num_bytes: float, n: int, bw: float, alpha_s: float, num_nodes: int = 1) -> float:
+    """All-reduce as NCCL picks it: the faster of ring and tree across nodes (its tuner predicts both
+    from α–β figures and takes the lower, src/graph/tuning.cc); the ring alone inside one node (or
+    when the node count is unknown, num_nodes = 1)."""
+    ring = ring_allreduce_s(num_bytes, n, bw, alpha_s)
+    if num_nodes < 2:
+        return ring
+    return min(ring, tree_allreduce_s(num_bytes, n, num_nodes, bw, alpha_s))
+
+
+def allreduce_latency_s(n: int, alpha_s: float, num_nodes: int = 1) -> float:
+    """Latency term of a bandwidth-priced all-reduce (per bucket or buffer): the ring's 2(n − 1)·α, or
+    across nodes the tree's 2(⌈log₂ N⌉ + n/N − 1)·α when lower. Gradient buckets are priced at the
+    ring's bandwidth term with the lower latency: for n ≥ 8 the tree's extra bytes term, 2/n of the
+    buffer, is within 1/(n − 1) of the ring's and NCCL's choice flips on latency alone."""
+    ring = 2 * (n - 1) * alpha_s
+    if num_nodes < 2 or n <= 1:
+        return ring
+    return min(ring, 2 * tree_hops(n, num_nodes) * alpha_s)
 
 
 def reduce_scatter_s(num_bytes: float, n: int, bw: float, alpha_s: float) -> float:

@@ -19,9 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import formulas as F
+from planner.cost import memory as M
+from planner.cost import overlap as OV
+from planner.cost.compute import Device, attention_train_s, stack_time_delta_s
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
-from planner.measure.profiles import ProfileKey, ProfileTable
+from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.specs import flops
 from planner.specs.flops import DTYPE_BYTES, LayerKind
 from planner.specs.model import ModelSpec
@@ -49,6 +52,12 @@ class StageContext:
     next_link: Link | None
     next_tp: int
     calib: Calibration | None = None  # measured corrections (planner.measure.calibrate); None = datasheet model
+    stack: M.Stack = M.RUNTIME  # attention / loss kernels, dropout, sequence parallel, selective or k-th recompute
+    device: Device | None = None  # a GPU's roofline figures: prices the stack's kernels unlike the profile's
+    # samples per micro-batch on the next stage's replicas when stages differ in dp (0: same as mbs,
+    # which is then one replica's slice: planner.runtime.slice_size)
+    next_mbs: int = 0
+    runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +115,47 @@ def boundary_p2p_s(hidden_bytes: float, tp: int, next_tp: int, link: Link, calib
     return p2p + (calib.pipeline_overhead_s if calib is not None else 0.0)
 
 
-def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> StageCoeffs:
-    """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`."""
+@dataclass(frozen=True, slots=True)
+class LocalTerms:
+    """The part of a stage's coefficients that its data parallelism, sharding and neighbours leave
+    alone: profile rows, compute, TP all-reduces, the embedding / head, activations and workspace.
+    A function of the context's kind, dtype, mbs, seq, tp, recompute, first, last, pp (last stage
+    only: `stage_coeffs` reads pp > 1 there), stack, device, calib and tp_link, so a search that
+    prices many contexts sharing those computes it once (planner.search.arrays.Pricer)."""
+
+    blk: LayerProfile
+    plain: LayerProfile
+    f_rec: float
+    hidden_bytes: float
+    slow: float
+    slow_blk: float
+    tp_a: float
+    fwd_block: float
+    bwd_block: float
+    compute_a: float
+    bwd_a: float
+    compute_b: float
+    tp_b: float
+    bwd_b: float
+    params_a: float
+    params_b: float
+    packed_b: float
+    act_a: float
+    act_b: float
+    workspace: float
+    rows_const: tuple[LayerProfile, ...]
+
+
+def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> LocalTerms:
+    """`LocalTerms` of a stage: the first half of `stage_coeffs`, whose terms cite their formulas here."""
     e = DTYPE_BYTES[ctx.dtype]
+    st = ctx.stack
     blk = _row(profiles, ctx, "block", ctx.recompute)
+    # every k-th block recomputed: the stage mixes recomputed blocks (fraction f) with plain ones
+    f_rec = 1.0 / st.recompute_every if ctx.recompute else 0.0
+    plain = _row(profiles, ctx, "block", False) if f_rec < 1.0 else blk
     hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
-    tl, dl = ctx.tp_link, ctx.dp_link
+    tl = ctx.tp_link
     cal = ctx.calib
     # profiles time one process alone; ranks sharing a node's cores, and meeting after every
     # micro-batch, run slower by these measured factors (a block timed on a real tp group ran in
@@ -122,12 +166,30 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     if ar_fit is not None:
         tp_ar = ar_fit.time_s(hidden_bytes, ctx.tp)
     else:
-        tp_ar = F.ring_allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s)
+        tp_ar = F.allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s, tl.num_nodes)
 
     # a block profiled on a real tp group already holds its all-reduces (and their waits)
-    tp_a = 0.0 if blk.tp_comm_included else F.tp_allreduces_per_block(ctx.recompute) * tp_ar
-    compute_a = slow_blk * blk.train_s
-    bwd_a = slow_blk * blk.backward_s
+    per_block_ar = f_rec * F.tp_allreduces_per_block(True) + (1 - f_rec) * F.tp_allreduces_per_block(False)
+    tp_a = 0.0 if blk.tp_comm_included else per_block_ar * tp_ar
+    bwd_block = f_rec * blk.backward_s + (1 - f_rec) * plain.backward_s
+    shape = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype)
+    if st.selective and not ctx.recompute:
+        # selective recompute runs the attention core (QKᵀ, softmax, A·V) forward again in backward:
+        # on a GPU that kernel's own time (planner.cost.compute), else its share of the block's
+        # forward FLOPs (flops.attention_core_forward_flops)
+        if ctx.device is not None:
+            bwd_block += attention_train_s(*shape, ctx.device, st.attention, st.dropout)[0]
+        else:
+            core = flops.attention_core_forward_flops(model, ctx.mbs, ctx.seq, ctx.tp)
+            bwd_block += plain.forward_s * core / flops.block_forward_flops(model, ctx.mbs, ctx.seq, ctx.tp)
+    fwd_block = f_rec * blk.forward_s + (1 - f_rec) * plain.forward_s
+    if ctx.device is not None:
+        # the stack's attention / dropout / layout kernels vs the profiled runtime block's; recomputed
+        # blocks run the forward's part again
+        dfwd, dbwd = stack_time_delta_s(*shape, ctx.device, st)
+        fwd_block, bwd_block = fwd_block + dfwd, bwd_block + dbwd + f_rec * dfwd
+    compute_a = slow_blk * (fwd_block + bwd_block)
+    bwd_a = slow_blk * bwd_block
     compute_b = tp_b = bwd_b = 0.0
     params_a = float(flops.layer_params("block", model, ctx.tp))
     params_b = 0.0
@@ -139,8 +201,9 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
 
     packed_b = 0.0
     act_b = 0.0
-    workspace = float(blk.workspace_bytes)
-    rows_const = []
+    mem_args = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, st)
+    workspace = M.block_workspace_bytes(*mem_args, float(blk.workspace_bytes), ctx.recompute)
+    rows_const: list[LayerProfile] = []
     if ctx.first:
         emb = _row(profiles, ctx, "embedding", False)
         rows_const.append(emb)
@@ -164,23 +227,69 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
             head_params += -(-model.padded_vocab * model.hidden // ctx.tp)
         params_b += head_params
         packed_b += packed("head", head_params)
-        act_b += head.activation_bytes
-        workspace = max(workspace, head.workspace_bytes)
+        head_kept, head_work = M.head_bytes(*mem_args, head.activation_bytes, head.workspace_bytes)
+        act_b += head_kept
+        workspace = max(workspace, head_work)
+
+    kept_plain = M.block_kept_bytes(*mem_args, float(plain.activation_bytes))
+    kept_rec = float(blk.activation_bytes) / (ctx.tp if st.sequence_parallel and ctx.tp > 1 else 1)
+    act_a = M.block_mixed_kept_bytes(kept_plain, kept_rec, st.recompute_every) if ctx.recompute else kept_plain
+    return LocalTerms(
+        blk, plain, f_rec, hidden_bytes, slow, slow_blk, tp_a, fwd_block, bwd_block, compute_a, bwd_a, compute_b,
+        tp_b, bwd_b, params_a, params_b, packed_b, act_a, act_b, workspace, tuple(rows_const),
+    )  # fmt: skip
+
+
+def stage_coeffs(
+    ctx: StageContext, model: ModelSpec, profiles: ProfileTable, local: LocalTerms | None = None
+) -> StageCoeffs:
+    """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`.
+    `local`: `local_terms(ctx, …)` when the caller has it already (equal for contexts that share its key)."""
+    lt = local if local is not None else local_terms(ctx, model, profiles)
+    e = DTYPE_BYTES[ctx.dtype]
+    hidden_bytes = lt.hidden_bytes
+    dl = ctx.dp_link
+    cal = ctx.calib
+    slow, slow_blk = lt.slow, lt.slow_blk
+    tp_a, fwd_block, compute_a, bwd_a = lt.tp_a, lt.fwd_block, lt.compute_a, lt.bwd_a
+    compute_b, tp_b, bwd_b = lt.compute_b, lt.tp_b, lt.bwd_b
+    params_a, params_b, packed_b, act_b, workspace = lt.params_a, lt.params_b, lt.packed_b, lt.act_b, lt.workspace
+    rows_const = lt.rows_const
+
+    def packed(kind: LayerKind, params: float) -> float:
+        """Gradient bytes GradSumSync copies through its bucket buffer (F.GRAD_BUCKET_BYTES)."""
+        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES
+        return params * e if small else 0.0
 
     p2p_b = 0.0
     if ctx.next_link is not None:
-        p2p_b = boundary_p2p_s(hidden_bytes, ctx.tp, ctx.next_tp, ctx.next_link, cal)
+        # stages of different dp: a leader sends its slice and the next one receives its own, in
+        # pieces (planner.runtime.boundary_pieces); the larger of the two bounds the boundary
+        wide = (
+            hidden_bytes
+            if ctx.next_mbs <= ctx.mbs
+            else flops.block_input_bytes(model, ctx.next_mbs, ctx.seq, ctx.dtype)
+        )
+        p2p_b = boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, cal)
 
+    # the runtime's overlap of each term (planner.cost.overlap): TP all-reduces and boundary p2p
+    # keep what it does not hide; CPU ranks hide nothing (no side streams)
+    rt = ctx.runtime.on_cpu() if ctx.kind == "cpu" else ctx.runtime
+    if rt.tp_overlap:
+        tp_a, tp_b = (1 - rt.tp_overlap) * tp_a, (1 - rt.tp_overlap) * tp_b
+    if rt.p2p_overlap:
+        p2p_b *= 1 - rt.p2p_overlap
     zero3_a = zero3_b = 0.0
     e0 = e1 = g0 = g1 = 0.0
     d = ctx.dp
     if d > 1:
         bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
         # (latency s, s per byte of the whole buffer) of each collective over the d replicas: ring
-        # formulas on the link, or the op's own measured fit when calibrated
+        # formulas on the ring's bus bandwidth (devices.cross_node_link: k NIC shares per node), the
+        # all-reduce at NCCL's lower ring/tree latency, or the op's own measured fit when calibrated
         ag_lat, ag_per_byte = (d - 1) * lat, (d - 1) / d / bw
         rs_lat, rs_per_byte = ag_lat, ag_per_byte
-        ar_lat, ar_per_byte = 2 * (d - 1) * lat, 2 * (d - 1) / d / bw
+        ar_lat, ar_per_byte = F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw
         if cal is not None:
             for op in ("all_gather", "reduce_scatter", "all_reduce"):
                 f = cal.fit(op)
@@ -192,9 +301,6 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
                         rs_lat, rs_per_byte = pair
                     else:
                         ar_lat, ar_per_byte = pair
-        overlap = (
-            cal.grad_sync_overlap if cal is not None and cal.grad_sync_overlap is not None else F.DP_OVERLAP_FRACTION
-        )
         # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
         # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head
         fs = cal.fsdp if cal is not None else None
@@ -208,41 +314,28 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
                 )
                 for r in rows_const
             )
-        if ctx.sharding == "zero3":
-            # FSDP: all-gather each layer's weights before its forward and again before its backward,
-            # prefetched, so only the part a layer's own compute cannot hide is exposed.
-            def exposed(params: float, fwd: float, bwd: float) -> float:
-                ag = ag_lat + params * e * ag_per_byte
-                return max(0.0, ag - overlap_c * fwd) + max(0.0, ag - overlap_c * bwd)
-
-            # on calibrated (CPU) ranks the gather runs in line with compute: nothing hides it
-            overlap_c = 1.0 if cal is None or cal.grad_sync_overlap is None else cal.grad_sync_overlap
-            zero3_a = exposed(params_a, slow_blk * blk.forward_s, slow_blk * blk.backward_s)
-            zero3_b = sum(
-                exposed(
-                    float(flops.layer_params(r.key.layer_kind, model, ctx.tp)), slow * r.forward_s, slow * r.backward_s
-                )
+        # what the runtime hides of each dp term, behind which compute (planner.cost.overlap); a
+        # calibrated runtime's measured overlap replaces its fractions
+        dpt = OV.dp_terms(
+            rt,
+            ctx.sharding,
+            OV.Collective(ag_lat, ag_per_byte),
+            OV.Collective(rs_lat, rs_per_byte),
+            OV.Collective(ar_lat, ar_per_byte),
+            (params_a * e, slow_blk * fwd_block, bwd_a),
+            [
+                (flops.layer_params(r.key.layer_kind, model, ctx.tp) * e, slow * r.forward_s, slow * r.backward_s)
                 for r in rows_const
-            )
-            zero3_a += 2 * fs_a
-            zero3_b += 2 * fs_b
-        # gradient sync: all-reduce without sharding, reduce-scatter with ZeRO (same bytes on the wire
-        # per rank as half an all-reduce); both overlap the last backward by DP_OVERLAP_FRACTION, or by
-        # the calibrated runtime's measured overlap (none for meshplan's CPU worker: planner.measure.calibrate).
-        per_byte, sync_lat = (ar_per_byte, ar_lat) if ctx.sharding == "none" else (rs_per_byte, rs_lat)
-        e1 = params_a * e * per_byte - overlap * bwd_a
-        e0 = sync_lat + params_b * e * per_byte - overlap * bwd_b
-        if ctx.sharding == "none":
+            ],
+            (fs_a, fs_b),
+            cal.grad_sync_overlap if cal is not None else None,
+            OV.megatron_bucket_params(d) * e,
+        )
+        zero3_a, zero3_b, e0, e1, g0, g1 = dpt.zero3_a, dpt.zero3_b, dpt.e0, dpt.e1, dpt.g0, dpt.g1
+        if ctx.sharding == "none" and rt.grad_buckets_packed:
             # GradSumSync's bucket copies run after the backward, in line with the all-reduces
-            g1 = F.grad_pack_s(packed("block", params_a), ctx.memory_bandwidth_bytes_per_s)
-            g0 = F.grad_pack_s(packed_b, ctx.memory_bandwidth_bytes_per_s)
-        if ctx.sharding != "none":
-            e1 += fs_a  # FSDP2's reduce-scatter of each module
-            e0 += fs_b
-        if ctx.sharding in ("zero1", "zero2"):
-            # updated shards are all-gathered after the step, before the next forward: exposed
-            g1 = params_a * e * ag_per_byte + fs_a
-            g0 = ag_lat + params_b * e * ag_per_byte + fs_b
+            g1 += F.grad_pack_s(packed("block", params_a), ctx.memory_bandwidth_bytes_per_s)
+            g0 += F.grad_pack_s(packed_b, ctx.memory_bandwidth_bytes_per_s)
     shard = d if ctx.sharding != "none" else 1
     # parameters are DTensors under TP and under FSDP2's ZeRO (worker.parallel), plain otherwise
     adam_s = None
@@ -268,8 +361,9 @@ def stage_coeffs(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) ->
     state_a = params_a * bpp
     state_b = params_b * bpp
     if ctx.sharding == "zero3" and d > 1:
-        state_b += 2 * params_a * e  # the gathered layer in use plus the one being prefetched
-    act_a = float(blk.activation_bytes)
+        largest = max([params_a] + [float(flops.layer_params(r.key.layer_kind, model, ctx.tp)) for r in rows_const])
+        state_b += M.zero3_working_bytes(largest, params_a, ctx.dtype)
+    act_a = lt.act_a
     mem_a = state_a + ctx.inflight * act_a
     mem_b = state_b + ctx.inflight * act_b
     return StageCoeffs(

@@ -63,7 +63,7 @@ amount discovery (planner.measure.discovery, worker.netbench) already measures:
   own price, booked per module on every all-gather and reduce-scatter of ZeRO stages.
 - Overlap. worker.train all-reduces gradients of sharding "none" after the schedule finished (its
   GradSumSync), and on CPU FSDP2's reduce-scatters run in line (no side stream; the cores are busy
-  with the other ranks), so nothing hides them: overlap 0 instead of formulas.DP_OVERLAP_FRACTION.
+  with the other ranks), so nothing hides them: overlap 0, replacing every hide fraction of planner.cost.overlap's runtime.
 
 Pure: numbers in, a frozen `Calibration` out; `estimate(..., calibration=...)` applies it and the
 search, which passes none, is unchanged.

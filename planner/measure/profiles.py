@@ -158,11 +158,16 @@ def estimate_layer(
     if key.layer_kind == "block":
         produced = flops.block_activation_bytes(model, b, s, t, key.dtype)
         act = hidden if key.recompute else produced
-        work = produced
+        # what worker.layer_bench measures on CPU: the two largest transients (an output and its
+        # gradient) plus, under recompute, the block's saved set rebuilt in backward
+        work = 2 * flops.largest_activation_bytes(model, b, s, t, key.dtype) + (produced if key.recompute else 0.0)
     elif key.layer_kind == "head":
-        logits = b * s * model.padded_vocab / t * 4  # fp32 logits for the loss
-        produced = act = hidden + logits
-        work = 2 * logits
+        # meshplan's runtime loss (worker.model.loss_fn): F.cross_entropy on an fp32 copy of the
+        # logits (flops.loss_logit_bytes "torch"); other stacks' kernels: planner.cost.memory
+        elems = b * s * model.padded_vocab / t
+        kept, extra = flops.loss_logit_bytes("torch", key.dtype)
+        produced = act = hidden + elems * kept
+        work = elems * extra
     else:
         produced, act, work = hidden, b * s * 8, hidden  # int64 token ids kept
     bw = memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY

@@ -26,11 +26,13 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Any
 
+from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.detect import DetectConfig, Detection, StepSample, detect, samples_from_rows
 from planner.replan.gate import GateConfig
 from planner.replan.options import ReplanResult, SwitchCosts, replan
 from planner.specs.cluster import ClusterSpec
+from planner.specs.config import SEARCH_BUDGET_S
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 
@@ -39,7 +41,7 @@ from planner.specs.plan import Plan
 class MonitorConfig:
     detect: DetectConfig = DetectConfig()
     gate: GateConfig = GateConfig()
-    search_budget_s: float = 2.0
+    search_budget_s: float = SEARCH_BUDGET_S
     relayout: bool = True
     # decide once every slowdown's factor rests on this many slowed steps (0: detect.persistence)
     min_evidence_steps: int = 0
@@ -96,6 +98,7 @@ class ReplanMonitor:
     costs: SwitchCosts = SwitchCosts()
     world_size: int = 0
     relaunched: bool = False  # this monitor follows a relayout: baselines over cfg.relaunch_window steps
+    calibration: Calibration | None = None  # the machine's measured corrections (storage.pricing)
     _rows: dict[tuple[int, int], StepSample] = field(default_factory=dict)
     _last_signature: dict[tuple[str, int], float] | None = None
     _last_switch_step: int | None = None
@@ -158,6 +161,7 @@ class ReplanMonitor:
             gate=self.cfg.gate,
             search_budget_s=self.cfg.search_budget_s,
             relayout=self.cfg.relayout,
+            calibration=self.calibration,
         )
         return MonitorDecision(last, det, result, self.recent_step_time_s())
 

@@ -10,7 +10,7 @@ factor; every option is priced with the same cost model on that view:
   sets the step time to the one that stays fastest after taking it, while the predicted step
   improves. Cost: about one step (the ranks switch at a step boundary; nothing is reloaded).
 - relayout: the plan search on the degraded cluster (it may move layers, shrink or drop the slow
-  device); its plan is relabelled so that the torch runtime can launch it (`relabel_for_runtime`).
+  device); its plan is relabelled onto its ranks (`relabel_for_runtime`, planner/runtime.py's rank map).
   Cost: checkpoint save + relaunch + load, measured on this run when known.
 
 The cost model's absolute times on a given machine are off by a roughly constant factor (CPU ranks
@@ -25,12 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.cost import estimate
+from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.degrade import degrade_cluster, degrade_profiles
 from planner.replan.detect import Detection
 from planner.replan.gate import Decision, GateConfig, Option, decide
+from planner.runtime import device_to_rank, launch_problems, pipeline_replicas, rank_plan
 from planner.search import SearchSpace, search  # at import, not at the first decision: it costs ~0.5 s (1–2 s loaded)
 from planner.specs.cluster import ClusterSpec
+from planner.specs.config import SEARCH_BUDGET_S
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 
@@ -65,31 +68,19 @@ class ReplanResult:
 
 
 def runnable_reason(plan: Plan) -> str | None:
-    """Why the torch runtime (worker/parallel.check_runnable) would refuse `plan`, or None."""
-    if len({s.tp for s in plan.stages}) != 1:
-        return "stages use different tp"
-    if plan.schedule != "gpipe" and plan.pp > 1 and min(plan.num_microbatches(r) for r in range(plan.dp)) < plan.pp:
-        return f"a replica has fewer micro-batches than pp={plan.pp}"
-    counts = {plan.num_microbatches(r) for r in range(plan.dp)}
-    if len(counts) > 1 and any(s.sharding == "zero3" for s in plan.stages):
-        return "unequal shares under zero3"
-    return None
+    """Why the torch runtime would refuse `plan` (planner/runtime.py's first problem), or None."""
+    problems = launch_problems(plan)
+    return str(problems[0]) if problems else None
 
 
 def relabel_for_runtime(plan: Plan) -> tuple[Plan, dict[int, int]]:
-    """`plan` on ranks 0..n-1 in mesh order (stage, replica, tp) and the map old device id → new rank.
+    """`plan` on its ranks (planner/runtime.py's rank map) and the map old device id → rank.
 
-    The runtime needs ids increasing along pp, dp and tp and no unused rank; a searched plan on a
-    subset or a permutation of devices is relabelled, and the caller moves whatever is attached to
-    a device (here: its injected fault) along the returned map.
+    Any device order launches as it is; the relabelling keeps a relaunched run's telemetry (which
+    names ranks) in the same ids as its plan, and the caller moves whatever is attached to a device
+    (here: its injected fault) along the returned map.
     """
-    pp = plan.pp
-    mapping: dict[int, int] = {}
-    for s in plan.stages[:pp]:
-        for d in s.device_ids:
-            mapping[d] = len(mapping)
-    stages = [s.model_copy(update={"device_ids": tuple(mapping[d] for d in s.device_ids)}) for s in plan.stages]
-    return plan.model_copy(update={"stages": tuple(stages)}), mapping
+    return rank_plan(plan), device_to_rank(plan)
 
 
 def _with_shares(plan: Plan, shares: list[int]) -> Plan:
@@ -136,16 +127,31 @@ def rebalance_shares(
 
 
 def replica_times(
-    plan: Plan, model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable | None
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable | None,
+    calibration: Calibration | None = None,
 ) -> tuple[float, list[float]]:
     """(step time, per-replica step time) — a replica's time is the plan restricted to its share."""
-    step = estimate(plan, model, cluster, profiles).step_time_s
+    step = estimate(plan, model, cluster, profiles, calibration=calibration).step_time_s
     if plan.dp == 1:
         return step, [step]
     times = []
     for r in range(plan.dp):
-        # Price replica r alone: every replica gets r's share on r's devices (estimate takes the max).
-        alone = [s.model_copy(update={"device_ids": s.replica_devices(r) * s.dp}) for s in plan.stages]
+        # Price replica r alone: every replica gets r's share on r's devices (estimate takes the max);
+        # a stage wider in dp than the plan serves pipeline r with several of its replicas
+        alone = [
+            s.model_copy(
+                update={
+                    "device_ids": tuple(
+                        d for j in pipeline_replicas(plan, i % plan.pp, r) for d in s.replica_devices(j)
+                    )
+                    * plan.dp
+                }
+            )
+            for i, s in enumerate(plan.stages)
+        ]
         solo = plan.model_copy(
             update={
                 "stages": tuple(alone),
@@ -154,7 +160,7 @@ def replica_times(
             }
         )
         # model_copy skips validation (the plan repeats device ids); estimate only reads ids: sound
-        times.append(estimate(solo, model, cluster, profiles).step_time_s)
+        times.append(estimate(solo, model, cluster, profiles, calibration=calibration).step_time_s)
     return step, times
 
 
@@ -170,17 +176,21 @@ def replan(
     steps_since_switch: int | None = None,
     costs: SwitchCosts = DEFAULT_COSTS,
     gate: GateConfig = DEFAULT_GATE,
-    search_budget_s: float = 2.0,
+    search_budget_s: float = SEARCH_BUDGET_S,
     relayout: bool = True,
+    calibration: Calibration | None = None,
 ) -> ReplanResult:
-    """Price keep / rebalance / relayout under the detected slowdowns and decide (see module doc)."""
+    """Price keep / rebalance / relayout under the detected slowdowns and decide (see module doc).
+
+    `calibration` is the machine's measured corrections (planner.measure.calibrate), as the search
+    and `estimate` price this cluster with them; the degradation multiplies on top of it."""
     degraded = degrade_cluster(cluster, detection.compute_factors(), detection.link_factors(), plan.dtype)
     dprof = degrade_profiles(profiles, degraded)
-    healthy = estimate(plan, model, cluster, profiles).step_time_s
+    healthy = estimate(plan, model, cluster, profiles, calibration=calibration).step_time_s
     cal = measured_healthy_step_s / healthy if measured_healthy_step_s and healthy > 0 else 1.0
 
     def price(p: Plan) -> tuple[float, list[float]]:
-        step, times = replica_times(p, model, degraded, dprof)
+        step, times = replica_times(p, model, degraded, dprof, calibration)
         return step * cal, [t * cal for t in times]
 
     keep_s, _ = price(plan)
@@ -192,10 +202,10 @@ def replan(
             options.append(Option("rebalance", step, keep_s, new.fingerprint()))  # one step, see module doc
             plans["rebalance"] = new
     if relayout:
-        found = _search_relayout(model, degraded, dprof, plan, search_budget_s)
+        found = _search_relayout(model, degraded, dprof, plan, search_budget_s, calibration)
         if found is not None:
             # price the searched plan on the degraded view with its *original* ids, then relabel
-            step = estimate(found, model, degraded, dprof).step_time_s * cal
+            step = estimate(found, model, degraded, dprof, calibration=calibration).step_time_s * cal
             options.append(Option("relayout", step, costs.relayout_s + keep_s, found.fingerprint()))
             plans["relayout"] = found
     decision = decide(keep_s, options, remaining_steps, steps_since_switch, gate)
@@ -203,7 +213,12 @@ def replan(
 
 
 def _search_relayout(
-    model: ModelSpec, cluster: ClusterSpec, profiles: ProfileTable | None, plan: Plan, budget_s: float
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable | None,
+    plan: Plan,
+    budget_s: float,
+    calibration: Calibration | None = None,
 ) -> Plan | None:
     """The best plan the search finds on the degraded cluster that the runtime can launch."""
     space = SearchSpace(tps=(1, 2, 4, 8), schedules=("1f1b", "gpipe"), shardings=("none",))
@@ -218,6 +233,7 @@ def _search_relayout(
         time_budget_s=budget_s,
         space=space,
         baselines=False,
+        calibration=calibration,
     )
     for p in getattr(result, "plans", ()):
         if runnable_reason(p) is None:

@@ -3,7 +3,9 @@
 Both express one homogeneous layout, so what they cannot say is reported, not silently dropped:
 torchtitan takes arbitrary split points but one batch size per replica; Megatron-LM takes uneven
 layers only on the first and last stage (`--decoder-first/last-pipeline-num-layers`). Each export
-returns (text, warnings).
+returns (text, warnings). The Megatron-LM export turns on the overlap planner.cost.overlap.MEGATRON
+prices (`--overlap-grad-reduce`, and `--overlap-param-gather` with the distributed optimizer), so
+`estimate(plan, ..., runtime=MEGATRON)` prices the run the exported arguments launch.
 """
 
 from __future__ import annotations
@@ -65,6 +67,17 @@ def to_torchtitan(plan: Plan) -> tuple[str, list[str]]:
         "[activation_checkpoint]",
         f'mode = "{ac}"',
     ]
+    every = {s.recompute_every for s in plan.stages}
+    if ac == "full" and max(every) > 1:
+        # torchtitan's layer-wise selective AC checkpoints every k-th block
+        lines[-1] = 'mode = "selective"'
+        lines.append(f'selective_ac_option = "{max(every)}"')
+        if len(every) > 1:
+            warnings.append(f"per-stage recompute_every {sorted(every)} exported as {max(every)}")
+    if max(tps) > 1 and not all(s.sequence_parallel for s in plan.stages):
+        warnings.append("torchtitan's tensor parallel always shards norms over the sequence (sequence parallel)")
+    if plan.attention == "eager" or plan.dropout or plan.loss == "vocab-parallel":
+        warnings.append("torchtitan runs SDPA attention without dropout; the plan's attention/dropout/loss differ")
     return "\n".join(lines) + "\n", warnings
 
 
@@ -109,9 +122,27 @@ def to_megatron(plan: Plan, model: ModelSpec) -> tuple[str, list[str]]:
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif ac == "selective":
         args.append("--recompute-granularity selective")
+    every = max(s.recompute_every for s in plan.stages)
+    if ac == "full" and every > 1:
+        # Megatron recomputes the first N blocks of each stage (--recompute-method block): the same
+        # count as every k-th, not the same blocks
+        n = max(1, min(s.num_layers for s in plan.stages) // every)
+        args[-2:] = ["--recompute-method block", f"--recompute-num-layers {n}"]
+    if any(s.sequence_parallel for s in plan.stages):
+        args.append("--sequence-parallel")
+    if plan.attention == "flash":
+        args.append("--use-flash-attn")
+    if not plan.dropout:
+        args += ["--attention-dropout 0", "--hidden-dropout 0"]
     shard = _sharding(plan)
     if shard != "none":
         args.append("--use-distributed-optimizer")
         if shard != "zero1":
             warnings.append(f"{shard} exported as Megatron's distributed optimizer (ZeRO-1)")
+    if plan.dp > 1 or any(s.dp > 1 for s in plan.stages):
+        # gradient buckets reduced during the last backward; updated shards gathered during the
+        # next forward (planner.cost.overlap.MEGATRON)
+        args.append("--overlap-grad-reduce")
+        if shard != "none":
+            args.append("--overlap-param-gather")
     return " \\\n  ".join(a for a in args if a) + "\n", warnings

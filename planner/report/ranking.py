@@ -18,6 +18,7 @@ def layout(plan: Plan, kinds: list[str] | None = None) -> str:
 
 
 def plan_row(plan: Plan, rank: int | str, speedups: dict[str, float | None]) -> dict:
+    """One ranked plan as numbers with units in their names (tables format them, --json prints them)."""
     c = plan.predicted
     assert c is not None
     worst = max(
@@ -26,10 +27,12 @@ def plan_row(plan: Plan, rank: int | str, speedups: dict[str, float | None]) -> 
     row = {
         "rank": rank,
         "layout": layout(plan),
-        "step_s": round(c.step_time_s, 6),
+        "step_time_s": round(c.step_time_s, 6),
         "tokens_per_s": round(c.tokens_per_s, 1),
         "mfu": round(c.mfu, 4),
-        "memory": f"{c.peak_memory_bytes[worst] / GIB:.1f}/{c.memory_capacity_bytes[worst] / GIB:.0f} GiB",
+        # the stage closest to its memory limit; numbers, so --json readers need not parse "12.3/40 GiB"
+        "peak_memory_bytes": c.peak_memory_bytes[worst],
+        "memory_capacity_bytes": c.memory_capacity_bytes[worst],
         "bottleneck": c.bottleneck,
         "devices": plan.num_devices,
         "fingerprint": plan.fingerprint(),
@@ -96,7 +99,6 @@ def markdown_report(result: SearchResult | NoFeasiblePlan, title: str) -> str:
     ]
     s = result.stats
     lines += [
-        f"Search: {s.shapes} shapes, {s.candidates} candidates, {s.pruned} pruned, {s.wall_s:.2f} s"
-        + (" (time budget reached)" if s.timed_out else "")
+        f"Search: {s.shapes} shapes, {s.candidates} candidates, {s.pruned} pruned, {s.wall_s:.2f} s; " + s.summary()
     ]
     return "\n".join(lines) + "\n"

@@ -3,6 +3,10 @@
 The links each stage sees follow from the device placement (`build.py`): inside a class, stage s of
 a segment occupies class devices [s·dp·tp, (s+1)·dp·tp), replica-major, so a stage's DP ring stays
 on one node iff dp·tp ≤ devices per node, and stages s and s+1 share a node iff their blocks do.
+
+A pipeline is built segment by segment, not stage by stage: the stages of one class segment share
+one stage context except at the pipeline's ends, so each segment costs a few memoised coefficient
+lookups and numpy fills whatever its stage count (a 64-stage pipeline is as cheap as a 2-stage one).
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import formulas as F
-from planner.cost.devices import Link, cross_node_link
-from planner.cost.stage import StageCoeffs, StageContext, boundary_p2p_s, stage_coeffs
+from planner.cost.devices import Link, cross_node_link, ring_ranks_per_node
+from planner.cost.stage import LocalTerms, StageCoeffs, StageContext, boundary_p2p_s, local_terms, stage_coeffs
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.classes import DeviceClass
@@ -35,6 +39,24 @@ class Pricer:
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
+        self.ctx_memo: dict[tuple, StageCoeffs] = {}
+        self.local_memo: dict[tuple, LocalTerms] = {}
+        self.p2p_memo: dict[tuple, float] = {}
+        self.inflight_memo: dict[tuple, np.ndarray] = {}
+        self.row_memo: dict[int, tuple[float, ...]] = {}  # by id: every StageCoeffs lives in a memo here
+        self.layout_memo: dict[tuple, Layout] = {}
+        self.dplink_memo: dict[tuple, Link] = {}
+        # links by id (an int hashes in nanoseconds, a Link dataclass in microseconds); every link
+        # keyed so is kept here, so its id is never reused by another object
+        self.link_keep: dict[int, Link] = {}
+        self.link_intern: dict[Link, Link] = {}
+        # per class, looked up once: every stage of every candidate needs them (each is a catalog lookup)
+        self.capacity_bytes = [c.memory_bytes for c in self.classes]
+        self.reserve_bytes = [F.runtime_reserve_bytes(c.kind) for c in self.classes]
+        self.kinds = [c.kind for c in self.classes]
+        self.intra = [c.intra for c in self.classes]
+        self.inter = [c.inter for c in self.classes]
+        self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
 
     def coeffs(self, ctx: StageContext) -> StageCoeffs:
         co = self.memo.get(ctx)
@@ -42,8 +64,137 @@ class Pricer:
             co = self.memo[ctx] = stage_coeffs(ctx, self.model, self.profiles)
         return co
 
+    def stage(
+        self, cls: int, tp: int, mbs: int, recompute: bool, first: bool, last: bool, pp: int, sharding: str, dp: int,
+        dplink: Link,
+    ) -> StageCoeffs:  # fmt: skip
+        """Coefficients of a stage of class `cls`, memoised on a plain tuple (hashing a StageContext,
+        with its links and calibration, costs more than the lookup it saves). The tuple holds only
+        what the coefficients depend on (`stage_key`), so contexts that differ elsewhere share one."""
+        # stage_key inlined (this lookup runs ~30,000 times a search): the ring by id, 0 when dp = 1
+        # (then the class's own tp link, and cls is in the key); every id in a key was kept alive by
+        # link_id when its entry was made, so no other object can carry it
+        key = (cls, tp, mbs, recompute, first, last, (2 if pp > 1 else 1) if last else 1, sharding, dp,
+               id(dplink) if dp > 1 else 0)  # fmt: skip
+        co = self.ctx_memo.get(key)
+        if co is None:
+            pp_k, dplink_k = stage_key(self.intra[cls], last, pp, dp, dplink)
+            if dp > 1:
+                self.link_id(dplink)
+            ctx = StageContext(
+                kind=self.kinds[cls],
+                dtype=self.dtype,
+                mbs=mbs,
+                seq=self.seq,
+                tp=tp,
+                recompute=recompute,
+                first=first,
+                last=last,
+                pp=pp_k,
+                sharding=sharding,
+                dp=dp,
+                inflight=0.0,
+                memory_bandwidth_bytes_per_s=self.memory_bw[cls],
+                tp_link=self.intra[cls],
+                dp_link=dplink_k,
+                next_link=None,
+                next_tp=tp,
+                calib=self.calib,
+            )
+            # the local terms (profile rows, compute, activations) are shared by every dp, sharding and
+            # ring of the stage: ~300 distinct local keys against ~5,000 contexts at 1,024 GPUs
+            lkey = key[:7]
+            lt = self.local_memo.get(lkey)
+            if lt is None:
+                lt = self.local_memo[lkey] = local_terms(ctx, self.model, self.profiles)
+            # the key fixes the context (the rest is this Pricer's), so no second memo on the context
+            # itself: hashing a StageContext with its links and stack costs more than a miss saves
+            co = self.ctx_memo[key] = stage_coeffs(ctx, self.model, self.profiles, lt)
+        return co
+
+    def link_id(self, link: Link) -> int:
+        """id(link) as a memo key: kept alive here, so no other object can take the id."""
+        lid = id(link)
+        if lid not in self.link_keep:
+            self.link_keep[lid] = link
+        return lid
+
+    def intern(self, link: Link) -> Link:
+        """One object per distinct link value, so memos keyed on `link_id` hit for equal links."""
+        return self.link_intern.setdefault(link, link)
+
+    def dp_link(self, cls: int, width: int, tp: int) -> Link:
+        """`dp_link` of a one-class stage, memoised: the same Link object for the same ring."""
+        key = (cls, width, tp)
+        ln = self.dplink_memo.get(key)
+        if ln is None:
+            ln = self.dplink_memo[key] = self.intern(dp_link(self.classes[cls], width, False, [], tp))
+        return ln
+
+    def row(self, co: StageCoeffs) -> tuple[float, ...]:
+        """The fields of a stage's coefficients the search's arrays hold, in `pipeline_arrays`' column order."""
+        r = self.row_memo.get(id(co))
+        if r is None:
+            r = self.row_memo[id(co)] = (
+                co.a, co.b, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1,
+                co.state_a, co.act_a, co.state_b, co.act_b, co.workspace_bytes,
+            )  # fmt: skip
+        return r
+
+    def layout(self, mbs: int, segs: list[SegmentSpec], num_layers: int) -> Layout:
+        """What a pipeline's arrays share across shardings and recompute settings: p2p per stage, the
+        stages' memory capacities and reserves, the block counts n = 1 … L − pp + 1."""
+        key = (mbs, num_layers, tuple((sg.cls, sg.tp, sg.stages, sg.width) for sg in segs))
+        out = self.layout_memo.get(key)
+        if out is None:
+            pp = sum(sg.stages for sg in segs)
+            cls = np.repeat([sg.cls for sg in segs], [sg.stages for sg in segs])
+            out = self.layout_memo[key] = Layout(
+                segment_p2p(self, mbs, segs),
+                np.array(self.capacity_bytes, dtype=np.float64)[cls],
+                np.array(self.reserve_bytes, dtype=np.float64)[cls],
+                np.arange(1, max(1, num_layers - pp + 1) + 1, dtype=np.float64),
+            )
+        return out
+
     def hidden_bytes(self, mbs: int) -> float:
         return flops.block_input_bytes(self.model, mbs, self.seq, self.dtype)
+
+    def p2p_s(self, mbs: int, a: StageSpec, b: StageSpec) -> float:
+        """boundary_p2p_s from stage a to stage b, memoised: the link depends only on the two classes
+        and, inside one class, on whether the stages share a node (next_link), so that is the key."""
+        g = self.classes[a.cls].devices_per_node
+        same = a.cls == b.cls and (a.local * a.width) // g == (b.local * b.width) // g
+        return self.p2p_pair(mbs, a.cls, a.tp, b.cls, b.tp, same)
+
+    def p2p_pair(self, mbs: int, ca: int, tpa: int, cb: int, tpb: int, same_node: bool) -> float:
+        key = (mbs, ca, tpa, cb, tpb, same_node)
+        v = self.p2p_memo.get(key)
+        if v is None:
+            if ca != cb:
+                ln = cross_node_link([self.classes[ca].spec, self.classes[cb].spec])
+            else:
+                ln = self.intra[ca] if same_node else self.inter[ca]
+            v = self.p2p_memo[key] = boundary_p2p_s(self.hidden_bytes(mbs), tpa, tpb, ln, self.calib)
+        return v
+
+    def inflight(self, schedule: str, pp: int, m: int, v: int = 1) -> np.ndarray:
+        """formulas.inflight_microbatches for every stage (rank) of a pipeline, memoised."""
+        key = (schedule, pp, m, v)
+        out = self.inflight_memo.get(key)
+        if out is None:
+            out = self.inflight_memo[key] = np.array(
+                [F.inflight_microbatches(schedule, i, pp, m, v) for i in range(pp)], dtype=np.float64
+            )
+        return out
+
+
+def stage_key(tp_link: Link, last: bool, pp: int, dp: int, dplink: Link) -> tuple[int, Link]:
+    """The (pp, dp link) a stage's coefficients see: `stage_coeffs` reads pp only on the last stage,
+    and there only whether pp > 1 (a tied embedding's head copy), and the dp link only when dp > 1
+    (gradient sync, ZeRO gathers). Mapping the rest to one value gives equal coefficients from
+    fewer distinct contexts (tests/planner/test_search_bounds.py checks the equality)."""
+    return (min(pp, 2) if last else 1), (dplink if dp > 1 else tp_link)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +207,35 @@ class StageSpec:
     width: int  # devices per stage in this class (replicas of this class × tp)
 
 
-def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list) -> Link:
+@dataclass(frozen=True, slots=True)
+class Layout:
+    p2p: np.ndarray
+    cap: np.ndarray
+    reserve: np.ndarray
+    ns: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSpec:
+    """`stages` consecutive pipeline stages on one class, each `width` devices wide (replicas × tp)."""
+
+    cls: int
+    tp: int
+    stages: int
+    width: int
+    dplink: Link
+
+
+def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list, tp: int = 1) -> Link:
+    """The data-parallel ring of a stage `width` devices wide (dp replicas × tp): intra-node, or across
+    nodes with as many NIC shares per node as the ring has ranks there (cost.devices.DeviceIndex.ring_link)."""
     if multi_class:
         return cross_node_link(specs)
-    return c.intra if width <= c.devices_per_node else c.inter
+    g = c.devices_per_node
+    if width <= g:
+        return c.intra
+    nodes = [off // g for off in range(0, width, tp)]  # tp rank 0 of each replica
+    return cross_node_link([c.spec], ranks_per_node=ring_ranks_per_node(nodes), num_nodes=len(set(nodes)))
 
 
 def next_link(a: DeviceClass, sa: StageSpec, b: DeviceClass, sb: StageSpec) -> Link:
@@ -70,84 +246,74 @@ def next_link(a: DeviceClass, sa: StageSpec, b: DeviceClass, sb: StageSpec) -> L
     return a.intra if same else a.inter
 
 
-def stage_arrays(
+def segment_p2p(pr: Pricer, mbs: int, segs: list[SegmentSpec]) -> np.ndarray:
+    """Per stage, boundary_p2p_s to the next stage (0 for the last), as Pricer.p2p_s prices each pair."""
+    out = []
+    for j, sg in enumerate(segs):
+        g = pr.classes[sg.cls].devices_per_node
+        s = np.arange(sg.stages)
+        same = (s * sg.width) // g == ((s + 1) * sg.width) // g
+        inside = np.where(
+            same,
+            pr.p2p_pair(mbs, sg.cls, sg.tp, sg.cls, sg.tp, True),
+            pr.p2p_pair(mbs, sg.cls, sg.tp, sg.cls, sg.tp, False),
+        )
+        if j + 1 < len(segs):
+            nx = segs[j + 1]
+            # stage 0 of the next segment is local index 0: on one class it shares a node iff the
+            # boundary does (never across classes)
+            inside[-1] = pr.p2p_s(
+                mbs, StageSpec(sg.cls, sg.tp, sg.stages - 1, sg.width), StageSpec(nx.cls, nx.tp, 0, nx.width)
+            )
+        else:
+            inside[-1] = 0.0
+        out.append(inside)
+    return np.concatenate(out)
+
+
+def pipeline_arrays(
     pr: Pricer,
-    stages: list[StageSpec],
+    segs: list[SegmentSpec],
     num_layers: int,
     *,
     mbs: int,
     schedule: str,
     sharding: str,
     dp: int,
-    recompute_prefix: int,
+    recompute: bool,
     m: int,
-    dplink: list[Link],
 ) -> tuple[StageArrays, list[StageCoeffs]]:
-    """Arrays for the inner solver plus each stage's base coefficients (no p2p, no activations)."""
-    pp = len(stages)
-    nmax = max(1, num_layers - pp + 1)
-    ns = np.arange(1, nmax + 1, dtype=np.float64)
-    hidden = pr.hidden_bytes(mbs)
-    cols: list[tuple] = []
-    bases: list[StageCoeffs] = []
-    kinds = []
-    prev_ctx = None
-    for i, st in enumerate(stages):
-        c = pr.classes[st.cls]
-        # interior stages of a segment share one context; only first/last/recompute/class change it
-        key = (st.cls, st.tp, i < recompute_prefix, i == 0, i == pp - 1, dplink[i])
-        if prev_ctx is None or prev_ctx[0] != key:
-            ctx = StageContext(
-                kind=c.kind,
-                dtype=pr.dtype,
-                mbs=mbs,
-                seq=pr.seq,
-                tp=st.tp,
-                recompute=i < recompute_prefix,
-                first=i == 0,
-                last=i == pp - 1,
-                pp=pp,
-                sharding=sharding,
-                dp=dp,
-                inflight=0.0,
-                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s,
-                tp_link=c.intra,
-                dp_link=dplink[i],
-                next_link=None,
-                next_tp=st.tp,
-                calib=pr.calib,
-            )
-            prev_ctx = (key, pr.coeffs(ctx))
-        co = prev_ctx[1]
-        bases.append(co)
-        p2p = 0.0
-        if i + 1 < pp:
-            nx = stages[i + 1]
-            ln = next_link(c, st, pr.classes[nx.cls], nx)
-            p2p = boundary_p2p_s(hidden, st.tp, nx.tp, ln, pr.calib)
-        k = F.inflight_microbatches(schedule, i, pp, m)
-        cols.append(
-            (
-                co.a,
-                co.b + p2p,
-                co.e0,
-                co.e1,
-                co.g0 + co.o0,
-                co.g1 + co.o1,
-                co.state_a + k * co.act_a,
-                co.state_b + k * co.act_b,
-                co.workspace_bytes,
-                c.memory_bytes,
-                F.runtime_reserve_bytes(c.kind),
-            )
-        )
-        kinds.append(c.kind)
-    a, b, e0, e1, z0, z1, mem_a, mem_b, ws, cap, reserve = (np.array(x) for x in zip(*cols, strict=True))
-    peak = ((mem_a[:, None] * ns[None, :] + mem_b[:, None]) + ws[:, None]) * (1 + F.FRAGMENTATION_FRACTION) + reserve[
-        :, None
-    ]
-    mem_ok = np.floor(peak) <= cap[:, None]
-    return StageArrays(a, b, e0, e1, z0, z1, mem_ok), bases
+    """Arrays for the inner solver (every stage with or without full recompute; `mix_prefix` combines
+    the two) plus each stage's base coefficients (no p2p, no activations)."""
+    pp = sum(sg.stages for sg in segs)
+    distinct: list[StageCoeffs] = []
+    idx: list[int] = []
+    start = 0
+    for sg in segs:
+        args = (sg.cls, sg.tp, mbs, recompute)
+        rest = (pp, sharding, dp, sg.dplink)
+        distinct.append(pr.stage(*args, False, False, *rest))
+        row = [len(distinct) - 1] * sg.stages
+        if start == 0:
+            distinct.append(pr.stage(*args, True, pp == 1, *rest))
+            row[0] = len(distinct) - 1
+        if start + sg.stages == pp and pp > 1:
+            distinct.append(pr.stage(*args, False, True, *rest))
+            row[-1] = len(distinct) - 1
+        idx += row
+        start += sg.stages
+    # one row of the fields the arrays need per distinct stage context, gathered per stage
+    v = np.array([pr.row(co) for co in distinct])[idx]
+    fixed = pr.layout(mbs, segs, num_layers)
+    k = pr.inflight(schedule, pp, m)
+    mem_a = v[:, 6] + k * v[:, 7]
+    mem_b = v[:, 8] + k * v[:, 9]
+    peak = ((mem_a[:, None] * fixed.ns[None, :] + mem_b[:, None]) + v[:, 10, None]) * (
+        1 + F.FRAGMENTATION_FRACTION
+    ) + fixed.reserve[:, None]
+    mem_ok = np.floor(peak) <= fixed.cap[:, None]
+    arrays = StageArrays(v[:, 0], v[:, 1] + fixed.p2p, v[:, 2], v[:, 3], v[:, 4], v[:, 5], mem_ok)
+    return arrays, [distinct[i] for i in idx]
 
 
 def mix_prefix(none: StageArrays, full: StageArrays, k: int) -> StageArrays:

@@ -13,8 +13,8 @@ import numpy as np
 
 from planner.cost import formulas as F
 from planner.cost.devices import Link
-from planner.cost.stage import StageContext, boundary_p2p_s
-from planner.search.arrays import Pricer, StageSpec, next_link
+from planner.cost.stage import StageCoeffs
+from planner.search.arrays import Pricer, StageSpec
 from planner.search.inner import StageArrays
 
 
@@ -27,50 +27,38 @@ def interleaved_arrays(
     mbs: int,
     sharding: str,
     dp: int,
-    recompute_prefix: int,
+    recompute: bool,
     m: int,
     v: int,
 ) -> StageArrays:
-    """Rank-level arrays for n' = n_j − (v − 1) ≥ 1 blocks per rank."""
+    """Rank-level arrays for n' = n_j − (v − 1) ≥ 1 blocks per rank, every rank with or without full
+    recompute (rows are independent: `arrays.mix_prefix` combines the two)."""
     pp = len(ranks)
     entries = pp * v
     nmax = max(1, num_layers - pp * v + 1)
     ns = np.arange(1, nmax + 1, dtype=np.float64)
-    hidden = pr.hidden_bytes(mbs)
+    kks = pr.inflight("interleaved-1f1b", pp, m, v)
     rows = []
+    mids: dict[tuple, StageCoeffs] = {}
     for j, st in enumerate(ranks):
-        c = pr.classes[st.cls]
-        kk = F.inflight_microbatches("interleaved-1f1b", j, pp, m, v)
+        kk = float(kks[j])
         b = e0 = z0 = mem_b = 0.0
         ws = 0.0
         co = None
+        # a rank's chunks differ only in first/last, and each but the pipeline's last sends to the
+        # same next rank (j + 1 mod pp): three lookups per rank, whatever v
+        args = (st.cls, st.tp, mbs, recompute)
+        rest = (pp, sharding, dp, dplink[j])
+        mkey = (st.cls, st.tp, id(dplink[j]))  # the ranks of a class segment share it (dplink outlives the loop)
+        mid = mids.get(mkey)
+        if mid is None:
+            mid = mids[mkey] = pr.stage(*args, False, False, *rest)
+        first = pr.stage(*args, True, entries == 1, *rest) if j == 0 else mid
+        last = pr.stage(*args, False, True, *rest) if (entries - 1) % pp == j and entries > 1 else mid
+        p2p_next = pr.p2p_s(mbs, st, ranks[(j + 1) % pp])
         for e in range(j, entries, pp):
-            ctx = StageContext(
-                kind=c.kind,
-                dtype=pr.dtype,
-                mbs=mbs,
-                seq=pr.seq,
-                tp=st.tp,
-                recompute=j < recompute_prefix,
-                first=e == 0,
-                last=e == entries - 1,
-                pp=pp,
-                sharding=sharding,
-                dp=dp,
-                inflight=0.0,
-                memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s,
-                tp_link=c.intra,
-                dp_link=dplink[j],
-                next_link=None,
-                next_tp=st.tp,
-                calib=pr.calib,
-            )
-            co = pr.coeffs(ctx)
-            p2p = 0.0
-            if e + 1 < entries:
-                nx = ranks[(e + 1) % pp]
-                ln = next_link(c, st, pr.classes[nx.cls], nx)
-                p2p = boundary_p2p_s(hidden, st.tp, nx.tp, ln, pr.calib)
+            co = first if e == 0 else (last if e == entries - 1 else mid)
+            p2p = p2p_next if e + 1 < entries else 0.0
             b += co.b + p2p
             e0 += co.e0
             z0 += co.g0 + co.o0
@@ -89,8 +77,8 @@ def interleaved_arrays(
                 mem_a,
                 mem_b + mem_a * shift,
                 ws,
-                c.memory_bytes,
-                F.runtime_reserve_bytes(c.kind),
+                pr.capacity_bytes[st.cls],
+                pr.reserve_bytes[st.cls],
             )
         )
     a, b, e0, e1, z0, z1, mem_a, mem_b, ws, cap, reserve = (np.array(x) for x in zip(*rows, strict=True))

@@ -10,20 +10,20 @@ kept — a heuristic: the oracle enumerates every split and share vector.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import numpy as np
 
-from planner.cost.devices import cross_node_link
-from planner.search.arrays import Pricer, StageSpec, stage_arrays
-from planner.search.inner import solve_split
+from planner.cost.stage import StageCoeffs
+from planner.search.inner import StageArrays, solve_split
 from planner.search.space import Shape
 
 
 def water_fill(S: list[float], X: list[float], counts: list[int], total: int) -> list[int] | None:
     """Micro-batches per replica (≥ 1 each) minimising max S_c + (m_r − 1)·X_c, for classes of
     `counts[c]` identical replicas: the smallest finish time T* at which the replicas can take
-    `total` micro-batches, then the surplus is taken back from replicas finishing exactly at T*."""
+    `total` micro-batches, then the surplus is taken back from replicas finishing exactly at T*
+    (and, when T* = max S_c leaves more, from the ones finishing latest before it): Σ = total."""
     if total < sum(counts):
         return None
     finish = [S[c] + np.arange(total) * X[c] for c in range(len(S))]
@@ -41,6 +41,7 @@ def water_fill(S: list[float], X: list[float], counts: list[int], total: int) ->
             lo = mid + 1
     t = cands[lo]
     out: list[int] = []
+    owner: list[int] = []
     at_top: list[int] = []
     for c, (f, n) in enumerate(zip(finish, counts, strict=True)):
         k = int(np.searchsorted(f, t, side="right"))
@@ -48,10 +49,18 @@ def water_fill(S: list[float], X: list[float], counts: list[int], total: int) ->
             if k > 1 and f[k - 1] == t:
                 at_top.append(len(out))
             out.append(k)
-        del c
+            owner.append(c)
     surplus = sum(out) - total
-    for r in reversed(at_top[len(at_top) - surplus :] if surplus else []):
+    top = at_top[len(at_top) - min(surplus, len(at_top)) :] if surplus else []
+    for r in reversed(top):
         out[r] -= 1
+    surplus -= len(top)
+    # T* = max S_c (every replica runs ≥ 1) can leave more surplus than replicas finishing at T*:
+    # the rest comes back from replicas that finish earlier, latest finish first (the makespan stays T*)
+    while surplus > 0:
+        r = max((r for r in range(len(out)) if out[r] > 1), key=lambda r: (finish[owner[r]][out[r] - 1], r))
+        out[r] -= 1
+        surplus -= 1
     return out
 
 
@@ -61,55 +70,45 @@ def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
 
 
 def solve_replicas(
-    pr: Pricer, shape: Shape, *, mbs: int, schedule: str, sharding: str, k: int, total_mb: int, num_layers: int
+    shape: Shape,
+    arrays: Callable[[int, int], tuple[StageArrays, list[StageCoeffs]]],
+    *,
+    m_guess: int,
+    total_mb: int,
+    num_layers: int,
 ) -> tuple[float, tuple[int, ...], tuple[int, ...], bool] | None:
-    """(step time, split, micro-batches per replica, memory never binds) of the best split tried, or None."""
-    tp, pp, dp = shape.segments[0].tp, shape.pp, shape.dp
-    link = cross_node_link([pr.classes[c].spec for c, _ in shape.groups])
-    m_guess = math.ceil(total_mb / dp)
-
-    def arrays(c: int, n: int, m: int):
-        stages = [StageSpec(c, tp, s, n * tp) for s in range(pp)]
-        return stage_arrays(
-            pr,
-            stages,
-            num_layers,
-            mbs=mbs,
-            schedule=schedule,
-            sharding=sharding,
-            dp=dp,
-            recompute_prefix=k,
-            m=m,
-            dplink=[link] * pp,
-        )
-
-    base = {c: arrays(c, n, m_guess) for c, n in shape.groups}
+    """(step time, split, micro-batches per replica, memory never binds) of the best split tried, or None.
+    `arrays(i, m)` gives group i's stage arrays and coefficients with m micro-batches per replica
+    (the caller memoises them: explore.Explorer)."""
+    pp, dp = shape.pp, shape.dp
+    groups = list(enumerate(n for _, n in shape.groups))
+    base = [arrays(i, m_guess) for i, _ in groups]
     splits = {even_split(num_layers, pp)} if num_layers >= pp else set()
-    for c, _ in shape.groups:
-        sol = solve_split(base[c][0], num_layers, m_guess)
+    for i, _ in groups:
+        sol = solve_split(base[i][0], num_layers, m_guess)
         if sol is not None:
             splits.add(sol.layers)
     best = None
     for split in splits:
         ns = np.array(split, dtype=np.float64)
         Sc, Xc, owner = [], [], []
-        for c, n in shape.groups:
-            t = base[c][0].a * ns + base[c][0].b
+        for i, n in groups:
+            t = base[i][0].a * ns + base[i][0].b
             Sc.append(float(t.sum()))
             Xc.append(float(t.max()))
-            owner += [c] * n
-        mb = water_fill(Sc, Xc, [n for _, n in shape.groups], total_mb)
+            owner += [i] * n
+        mb = water_fill(Sc, Xc, [n for _, n in groups], total_mb)
         if mb is None:
             continue
-        S = [Sc[j] for j, (_, n) in enumerate(shape.groups) for _ in range(n)]
-        X = [Xc[j] for j, (_, n) in enumerate(shape.groups) for _ in range(n)]
+        S = [Sc[j] for j, n in groups for _ in range(n)]
+        X = [Xc[j] for j, n in groups for _ in range(n)]
         fits = True
         start = 0
-        for c, n in shape.groups:
+        for i, n in groups:
             top = max(mb[start : start + n])
             start += n
-            ok = arrays(c, n, top)[0].mem_ok if top != m_guess else base[c][0].mem_ok
-            if not all(ok[i, split[i] - 1] for i in range(pp)):
+            ok = arrays(i, top)[0].mem_ok if top != m_guess else base[i][0].mem_ok
+            if not all(ok[s, split[s] - 1] for s in range(pp)):
                 fits = False
                 break
         if not fits:
@@ -118,16 +117,16 @@ def solve_replicas(
         rc = max(range(dp), key=lambda r: times[r])
         crit = base[owner[rc]][1]
         tail = 0.0
-        for i in range(pp):
-            n = split[i]
-            e = max(0.0, crit[i].e0 + crit[i].e1 * n)
-            g = crit[i].g0 + crit[i].g1 * n
-            o = max(base[c][1][i].o0 + base[c][1][i].o1 * n for c, _ in shape.groups)
+        for s in range(pp):
+            n = split[s]
+            e = max(0.0, crit[s].e0 + crit[s].e1 * n)
+            g = crit[s].g0 + crit[s].g1 * n
+            o = max(base[i][1][s].o0 + base[i][1][s].o1 * n for i, _ in groups)
             tail = max(tail, e + g + o)
         cost = times[rc] + tail
         if best is None or cost < best[0]:
             best = (cost, split, tuple(mb))
     if best is None:
         return None
-    loose = all(bool(base[c][0].mem_ok.all()) for c, _ in shape.groups)
+    loose = all(bool(base[i][0].mem_ok.all()) for i, _ in groups)
     return (*best, loose)

@@ -37,6 +37,7 @@ class GpuSpec(BaseModel):
     source_url: str
     estimated: bool = Field(default=False, description="a figure is not published and was inferred (see notes)")
     notes: str = ""
+    num_sms: int | None = Field(default=None, gt=0, description="streaming multiprocessors (GEMM wave quantisation)")
 
     def peak_flop_per_s(self, dtype: str = "bf16") -> float:
         """Dense peak for a training dtype; bf16 falls back to fp16 on parts without bf16 (V100, T4)."""
@@ -441,9 +442,119 @@ _SPECS: list[GpuSpec] = [
         "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
         mem_binary=True,
     ),
+    # Added for issue 14 (../shared/data/gpus.csv rows; sources and confidence as recorded there).
+    _g(
+        "GH200-96GB",
+        "NVIDIA",
+        "Hopper",
+        96,
+        4000,
+        989,
+        989,
+        67,
+        450,
+        "NVLink 4 / NVLink-C2C",
+        5,
+        "stas00/ml-engineering accelerator tables (GH200 96GB HBM3 4.0 TB/s; same TFLOPS as H100 SXM)",
+        "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",
+        notes="confidence medium; fp16 = bf16 as on H100 SXM; GPU-GPU links depend on the system (give them in the cluster file)",
+        mem_binary=True,
+    ),
+    _g(
+        "H100-NVL-94GB",
+        "NVIDIA",
+        "Hopper",
+        94,
+        3900,
+        835,
+        835,
+        67 * 835 / 989,
+        300,
+        "NVLink 4 bridge",
+        5,
+        "NVIDIA H100 datasheet (NVL column, halved sparse numbers)",
+        _H100,
+        estimated=True,
+        notes="fp16 taken = bf16 and fp32 scaled from H100 SXM by the bf16 ratio (not in gpus.csv); bridge 600 GB/s bidir",
+        mem_binary=True,
+    ),
+    _g(
+        "H100-HBM2e-96GB-500W",
+        "NVIDIA",
+        "Hopper",
+        96,
+        2400,
+        835,
+        835,
+        67 * 835 / 989,
+        None,
+        "NVLink (8 GPUs fully connected)",
+        5,
+        "torchtitan benchmark docs, hardware section (Meta Grand Teton H100 variant, 500 W)",
+        "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md",
+        estimated=True,
+        notes="peak not published: torchtitan says it lies between H100 SXM and NVL; the lower (NVL, 835 TF) is used",
+        mem_binary=True,
+    ),
+    _g(
+        "RTX-2080-Ti",
+        "NVIDIA",
+        "Turing",
+        11,
+        616,
+        None,
+        53.8,
+        13.4,
+        None,
+        "NVLink 2 bridge",
+        3,
+        "NVIDIA Turing whitepaper (RTX 2080 Ti reference-clock column)",
+        "https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
+        estimated=True,
+        notes="no bf16; GeForce fp16 tensor math with fp32 accumulate at half rate (53.8 TF); confidence low-medium",
+        mem_binary=True,
+    ),
+    _g(
+        "Titan-RTX",
+        "NVIDIA",
+        "Turing",
+        24,
+        672,
+        None,
+        130,
+        16.3,
+        50,
+        "NVLink 2 bridge",
+        3,
+        "NVIDIA Titan RTX spec / Turing whitepaper",
+        "https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf",
+        notes="no bf16; full-rate fp32-accumulate tensor math; bridge 100 GB/s bidir; confidence medium",
+        mem_binary=True,
+    ),
 ]
 
-CATALOG: dict[str, GpuSpec] = {g.name: g for g in _SPECS}
+# Streaming multiprocessors enabled on each product (NVIDIA architecture whitepapers: Volta (V100:
+# 80), Turing (T4: 40, RTX 2080 Ti: 68, Titan RTX: 72), Ampere (A100: 108, A10: 72, A10G: 80, A40:
+# 84, RTX 3090: 82), Ada (L4: 58, L40S: 142, RTX 4090: 128), Hopper (H100 SXM5 / NVL, H200, GH200:
+# 132; H100 PCIe: 114)). GEMMs run in waves of one tile per SM (planner.cost.compute).
+NUM_SMS: dict[str, int] = {
+    **dict.fromkeys(("V100-SXM2-16GB", "V100-SXM2-32GB", "V100-PCIe-16GB", "V100-PCIe-32GB"), 80),
+    **dict.fromkeys(("A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB"), 108),
+    **dict.fromkeys(("H100-SXM5-80GB", "H100-NVL-94GB", "H200-SXM-141GB", "GH200-96GB"), 132),
+    "H100-PCIe-80GB": 114,
+    "A10": 72,
+    "A10G": 80,
+    "A40": 84,
+    "RTX-3090": 82,
+    "L4": 58,
+    "L40S": 142,
+    "RTX-4090": 128,
+    "T4": 40,
+    "RTX-2080-Ti": 68,
+    "Titan-RTX": 72,
+}
+
+CATALOG: dict[str, GpuSpec] = {g.name: g.model_copy(update={"num_sms": NUM_SMS.get(g.name)}) for g in _SPECS}
 
 # Names as torch / nvidia-smi report them, and common short names, mapped to catalog keys.
 ALIASES: dict[str, str] = {
@@ -457,6 +568,10 @@ ALIASES: dict[str, str] = {
     "H100 80GB HBM3": "H100-SXM5-80GB",
     "H100 PCIe": "H100-PCIe-80GB",
     "H200": "H200-SXM-141GB",
+    "GH200 480GB": "GH200-96GB",
+    "H100 NVL": "H100-NVL-94GB",
+    "GeForce RTX 2080 Ti": "RTX-2080-Ti",
+    "TITAN RTX": "Titan-RTX",
     "Tesla T4": "T4",
     "GeForce RTX 3090": "RTX-3090",
     "GeForce RTX 4090": "RTX-4090",

@@ -1,8 +1,11 @@
 """Cluster specs: nodes of devices joined by links, from a TOML file or from discovery.
 
 A node group (`[[nodes]]` with `count = N`) stands for N identical nodes. Each node has an
-intra-node link (NVLink, PCIe, or loopback between CPU ranks) and an inter-node link; link
-bandwidths are per device and per direction (a rail-optimised fabric gives each GPU its own NIC).
+intra-node link (NVLink, PCIe, or loopback between CPU ranks) and an inter-node link. A LinkSpec's
+bandwidth is per device and per direction (a rail-optimised fabric gives each GPU its own NIC); a
+cluster file may instead give a node's total, `{kind = "roce", bandwidth_bytes_per_s = 200e9,
+per = "node"}` (e.g. "1600 Gb/s per node"), which is divided over the node's devices when read, so
+everything downstream sees per-device figures (`per = "device"` is the default and may be stated).
 Link presets come from ../shared/data/interconnects.csv (datasheets, the IBTA roadmap,
 stas00/ml-engineering); latencies are typical NCCL small-message figures, marked as such.
 """
@@ -17,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.errors import MeshplanError, UnknownNameError, closest
-from planner.specs.catalog import GpuSpec, lookup
+from planner.specs.catalog import GpuSpec, is_known, lookup
 from planner.validation import parse, parse_toml
 
 GB = 1e9
@@ -104,6 +107,28 @@ class NodeSpec(BaseModel):
     def _link_preset(cls, value: Any) -> Any:
         return _coerce_link(value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _per_node_links(cls, data: Any) -> Any:
+        """`per = "node"` in a link table: the node's total bandwidth, divided over its devices."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for field in ("intra_link", "inter_link"):
+            link = out.get(field)
+            if not isinstance(link, dict) or "per" not in link:
+                continue
+            link = dict(link)
+            per = link.pop("per")
+            if per not in ("device", "node"):
+                raise MeshplanError(f"nodes.{data.get('name', '?')}.{field}.per", per, 'use "device" or "node"')
+            n = data.get("num_devices")
+            if per == "node" and isinstance(n, int) and n > 0 and "bandwidth_bytes_per_s" in link:
+                link["bandwidth_bytes_per_s"] = float(link["bandwidth_bytes_per_s"]) / n
+                link["source"] = (str(link.get("source", "")) + f" (given per node, / {n} devices)").strip()
+            out[field] = link
+        return out
+
     @model_validator(mode="after")
     def _check_device(self) -> NodeSpec:
         if self.device == "cpu":
@@ -113,17 +138,30 @@ class NodeSpec(BaseModel):
                     "cpu",
                     "cpu nodes need device_memory_bytes and device_peak_flop_per_s (run `meshplan discover` to measure them)",
                 )
-        else:
-            lookup(self.device)
+        elif not is_known(self.device):
+            # a device the catalog lacks, defined inline: its figures are required, never guessed
+            inline = (self.device_memory_bytes, self.device_peak_flop_per_s, self.device_memory_bandwidth_bytes_per_s)
+            if any(v is None for v in inline):
+                try:
+                    lookup(self.device)
+                except UnknownNameError as err:
+                    raise UnknownNameError(
+                        err.field,
+                        err.value,
+                        f"{err.fix}; or define it inline with device_memory_bytes, device_peak_flop_per_s "
+                        "(dense, training dtype) and device_memory_bandwidth_bytes_per_s",
+                    ) from None
         return self
 
     @property
     def gpu(self) -> GpuSpec | None:
-        return None if self.device == "cpu" else lookup(self.device)
+        """The catalog entry (None for CPU ranks and for devices defined inline in the cluster file)."""
+        return None if self.device == "cpu" or not is_known(self.device) else lookup(self.device)
 
     @property
     def device_kind(self) -> str:
-        return "cpu" if self.device == "cpu" else lookup(self.device).name
+        gpu = self.gpu
+        return self.device if gpu is None else gpu.name
 
     @property
     def memory_bytes(self) -> int:

@@ -16,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import MeshplanError
 from planner.validation import parse, parse_toml
 
+# The plan search's time budget wherever a search runs without one given: `meshplan plan`, plan_flow,
+# re-planning's relayout search, the scheduler's speed model and planner.search.search itself. The
+# search is anytime (it stops at the budget once it holds a plan, and says what it may have missed).
+SEARCH_BUDGET_S = 2.0
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -54,7 +59,7 @@ class SearchConfig(_Section):
     global_batch: int = Field(default=8, gt=0, description="samples per optimizer step")
     seq: int = Field(default=0, ge=0, description="sequence length; 0 = the model's seq_len")
     top_k: int = Field(default=5, gt=0)
-    time_budget_s: float = Field(default=2.0, gt=0, description="plan search budget; the search is anytime")
+    time_budget_s: float = Field(default=SEARCH_BUDGET_S, gt=0, description="plan search budget; the search is anytime")
 
 
 class TrainConfig(_Section):
@@ -80,7 +85,7 @@ class ReplanConfig(_Section):
     margin_s: float = Field(default=1.0, ge=0, description="extra gain a switch must earn")
     min_gain: float = Field(default=0.05, ge=0, lt=1, description="relative step-time gain a switch needs (hysteresis)")
     cooldown_steps: int = Field(default=5, ge=0, description="steps after a switch before the next one")
-    search_budget_s: float = Field(default=2.0, gt=0, description="plan-search budget for a relayout")
+    search_budget_s: float = Field(default=SEARCH_BUDGET_S, gt=0, description="plan-search budget for a relayout")
     relayout: bool = Field(default=True, description="consider relayouts (checkpoint → relaunch), not only rebalances")
     poll_s: float = Field(default=0.5, gt=0, description="seconds between telemetry polls of a live run")
 

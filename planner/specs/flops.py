@@ -109,13 +109,56 @@ def block_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtyp
     b, s, h = batch, seq, m.hidden
     kv = m.kv_heads * m.head_dim
     if m.family == "gpt":
-        replicated = 4 * s * b * h
         split = s * b * (h + 2 * kv) + 2 * s * b * h + 2 * s * b * m.ffn
     else:
-        replicated = 6 * s * b * h
         qkv = 3 * h if kv < h else h + 2 * kv
         split = s * b * qkv + 2 * s * b * h + 4 * s * b * m.ffn
-    return e * (replicated + split / tp)
+    return block_replicated_activation_bytes(m, batch, seq, dtype) + e * split / tp
+
+
+def block_replicated_activation_bytes(m: ModelSpec, batch: int, seq: int, dtype: str = "bf16") -> float:
+    """The part of block_activation_bytes every tp rank keeps whole (the norms' inputs and outputs:
+    4·sbh elements for GPT's LayerNorms, 6·sbh for un-fused RMSNorm); sequence parallelism shards it."""
+    return DTYPE_BYTES[dtype] * (4 if m.family == "gpt" else 6) * seq * batch * m.hidden
+
+
+def largest_activation_bytes(m: ModelSpec, batch: int, seq: int, tp: int = 1, dtype: str = "bf16") -> float:
+    """The largest tensor a block's forward produces on one tp rank: the MLP's b×s×ffn/tp hidden
+    (ffn ≥ h + 2·kv for every family this models)."""
+    return DTYPE_BYTES[dtype] * batch * seq * max(m.ffn, m.hidden + 2 * m.kv_heads * m.head_dim) / tp
+
+
+def attention_core_forward_flops(m: ModelSpec, batch: int, seq: int, tp: int = 1) -> float:
+    """The s×s part of block_forward_flops: QKᵀ and A·V, 2·2·b·s²·h over tp (what selective
+    recompute runs again)."""
+    return 4 * batch * seq * seq * m.hidden / tp
+
+
+def loss_logit_bytes(loss: str, dtype: str) -> tuple[float, float]:
+    """(bytes kept until backward, extra bytes at the backward's peak) per logit element (b·s·V/tp),
+    by the stack's loss kernel; e = the working dtype's bytes.
+
+    - "torch": F.cross_entropy on an fp32 copy (meshplan's runtime `logits.float()`, torch autocast,
+      which runs cross_entropy in fp32). The e-byte logits stay referenced by the caller, log_softmax
+      keeps its fp32 output (the fp32 input copy is freed: log_softmax's backward needs only its
+      output); backward holds the fp32 gradient of that output and of its input at once: kept e + 4,
+      workspace 2·4 (peak e + 12).
+    - "vocab-parallel": Megatron-LM's vocab_parallel_cross_entropy(output.float()) (SC'21 era code,
+      megatron/mpu/cross_entropy.py): exp, normalisation and the gradient are computed in place on
+      the fp32 copy, which alone is kept (the e-byte logits are not referenced after the cast); the
+      cast's backward writes the e-byte gradient: kept 4, workspace e (peak 4 + e).
+    - "fused": a kernel that reads the working-dtype logits and keeps only per-row statistics
+      (flash-attn's CrossEntropyLoss, llm-foundry's `fused_crossentropy` default): kept e, its
+      backward writes an e-byte gradient (inplace_backward=False): workspace e (peak 2e).
+    """
+    e = float(DTYPE_BYTES[dtype])
+    if loss == "torch":
+        return e + 4.0, 8.0
+    if loss == "vocab-parallel":
+        return 4.0, e
+    if loss == "fused":
+        return e, e
+    raise ValueError(f"unknown loss kernel {loss!r}")
 
 
 def block_input_bytes(m: ModelSpec, batch: int, seq: int, dtype: str = "bf16") -> float:

@@ -34,6 +34,11 @@ class ModelSpec(BaseModel):
         default=False,
         description="meshplan's runtime keeps the head untied (stages may differ); True only for counting",
     )
+    learned_positions: bool | None = Field(
+        default=None,
+        description="a learned position table (seq × h); None = the family's default (GPT yes, Llama RoPE no). "
+        "False prices ALiBi/RoPE GPT-style models such as MPT; meshplan's runtime does not build it yet",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -89,8 +94,12 @@ class ModelSpec(BaseModel):
             extra = 2 * h  # 2 RMSNorm scales, no biases
         return attn + mlp + extra
 
+    @property
+    def has_learned_positions(self) -> bool:
+        return self.family == "gpt" if self.learned_positions is None else self.learned_positions
+
     def embedding_params(self) -> int:
-        pos = self.seq_len * self.hidden if self.family == "gpt" else 0
+        pos = self.seq_len * self.hidden if self.has_learned_positions else 0
         return self.padded_vocab * self.hidden + pos
 
     def head_params(self) -> int:
@@ -103,7 +112,9 @@ class ModelSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """Stable id of the dimensions (not the name): profiles keyed by it are reused across names."""
-        dims = self.model_dump(exclude={"name"})
+        dims = self.model_dump(exclude={"name", "learned_positions"})
+        if self.has_learned_positions != (self.family == "gpt"):
+            dims["learned_positions"] = self.has_learned_positions  # ids of family-default models unchanged
         dims.update(ffn_hidden=self.ffn, num_kv_heads=self.kv_heads, tie_embeddings=self.tied)
         return hashlib.sha256(json.dumps(dims, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -8,12 +8,22 @@ and loss. Each stage runs on `dp × tp` devices, listed replica-major (replica r
 lets unequal replicas take unequal shares; gradients are weighted by share so the update equals the
 full-batch one. Under the interleaved schedule the list holds pp × v stages and stage i runs on the
 devices of stage i mod pp (v virtual stages per rank).
+
+Stages may differ in tp and in dp (as Metis and Sailor plan). `dp` is then the number of pipeline
+replicas, gcd of the stages' dp: batch share r belongs to pipeline replica r, and stage s holds
+q_s = dp_s / dp replicas per pipeline replica (replicas r·q_s … (r+1)·q_s − 1), each running every
+micro-batch of that pipeline as one of q_s equal slices of micro_batch_size / q_s samples (so q_s
+must divide micro_batch_size). `micro_batch_size` is always the micro-batch of one pipeline replica,
+which is what every stage boundary carries in total; with one dp for all stages, q_s = 1 and this is
+the plain replicated pipeline above. Example: stage 0 at tp2×dp1, stage 1 at tp1×dp2, dp = 1, one
+share; stage 1's two replicas each run half of every micro-batch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,6 +35,21 @@ PLAN_VERSION = 1
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
+# How the stack computes attention and the loss (planner.cost.memory prices each):
+# sdpa = torch's scaled_dot_product_attention (flash kernel, no s×s matrix kept) on b×heads×s×d
+# tensors, whose output is transposed into a new b×s×h copy for the output projection (meshplan's
+# runtime); flash = FlashAttention's b×s×heads×d kernel, whose saved output is the projection's
+# input (no copy); eager = softmax(QKᵀ)·V materialised, s×s probabilities kept per head.
+Attention = Literal["sdpa", "flash", "eager"]
+# torch = F.cross_entropy on an fp32 copy of the logits (meshplan's runtime, HF / torch autocast);
+# vocab-parallel = Megatron-LM's fused vocab-parallel cross entropy on an fp32 copy, softmax and
+# gradient in place; fused = a kernel reading the working-dtype logits and writing their gradient
+# (flash-attn's CrossEntropyLoss, llm-foundry's default `fused_crossentropy`).
+Loss = Literal["torch", "vocab-parallel", "fused"]
+# the Plan fields added after version 1 was frozen: left out of the fingerprint at their default,
+# so a plan written before them keeps its id
+_LATER_DEFAULTS = {"attention": "sdpa", "loss": "torch", "dropout": False}
+_LATER_STAGE_DEFAULTS = {"sequence_parallel": False, "recompute_every": 1}
 
 
 class StagePlan(BaseModel):
@@ -37,6 +62,14 @@ class StagePlan(BaseModel):
     dp: int = Field(default=1, gt=0)
     recompute: Recompute = "none"
     sharding: Sharding = "none"
+    sequence_parallel: bool = Field(
+        default=False, description="norm/dropout activations sharded over tp (Korthikanti et al. 2022 §4.2.2)"
+    )
+    recompute_every: int = Field(
+        default=1,
+        ge=1,
+        description="with recompute='full', recompute one block in every k (torchtitan's layer AC frequency)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> StagePlan:
@@ -54,6 +87,12 @@ class StagePlan(BaseModel):
             )
         if len(set(self.device_ids)) != len(self.device_ids):
             raise MeshplanError("stage.device_ids", list(self.device_ids), "a device appears twice in one stage")
+        if self.recompute_every > 1 and self.recompute != "full":
+            raise MeshplanError(
+                "stage.recompute_every",
+                self.recompute_every,
+                f"recomputing every k-th block needs recompute='full' (got {self.recompute!r}); set it or use 1",
+            )
         return self
 
     @property
@@ -108,6 +147,9 @@ class Plan(BaseModel):
     schedule: Schedule = "1f1b"
     virtual_stages: int = Field(default=1, gt=0, description="stages per rank (interleaved schedule only)")
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    attention: Attention = "sdpa"
+    loss: Loss = "torch"
+    dropout: bool = Field(default=False, description="hidden and attention dropout on (masks kept for backward)")
     stages: tuple[StagePlan, ...] = Field(min_length=1)
     batch_shares: tuple[int, ...] = Field(min_length=1, description="samples per step per replica")
     predicted: CostBreakdown | None = None
@@ -126,11 +168,15 @@ class Plan(BaseModel):
                     b.layer_start,
                     f"stages {i} and {i + 1} {what}: stage {i} ends at {a.layer_end}; start stage {i + 1} there",
                 )
-        dps = {s.dp for s in st}
-        if len(dps) != 1:
-            raise MeshplanError(
-                "stages.dp", sorted(dps), "every stage needs the same dp (one pipeline replicated dp times)"
-            )
+        for i, s in enumerate(st):
+            q = s.dp // self.dp
+            if self.micro_batch_size % q:
+                raise MeshplanError(
+                    f"stages[{i}].dp",
+                    s.dp,
+                    f"stage {i} splits each micro-batch over {q} replicas (dp {s.dp} / {self.dp} pipeline replicas); "
+                    f"make micro_batch_size={self.micro_batch_size} a multiple of {q}",
+                )
         if len(self.batch_shares) != self.dp:
             raise MeshplanError("batch_shares", list(self.batch_shares), f"need one share per replica (dp={self.dp})")
         if sum(self.batch_shares) != self.global_batch_size:
@@ -176,7 +222,8 @@ class Plan(BaseModel):
 
     @property
     def dp(self) -> int:
-        return self.stages[0].dp
+        """Pipeline replicas: every stage's dp when they agree, else their gcd (see the docstring)."""
+        return math.gcd(*(s.dp for s in self.stages))
 
     @property
     def pp(self) -> int:
@@ -195,7 +242,15 @@ class Plan(BaseModel):
 
     def fingerprint(self) -> str:
         """Id of the layout (excludes predictions and provenance), stable across JSON round trips."""
-        blob = json.dumps(self.model_dump(mode="json", exclude={"predicted", "provenance"}), sort_keys=True)
+        data = self.model_dump(mode="json", exclude={"predicted", "provenance"})
+        for k, v in _LATER_DEFAULTS.items():
+            if data[k] == v:
+                del data[k]
+        for st in data["stages"]:
+            for k, v in _LATER_STAGE_DEFAULTS.items():
+                if st[k] == v:
+                    del st[k]
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_json(self) -> str:

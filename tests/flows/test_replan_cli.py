@@ -6,15 +6,11 @@ the way train_flow ingests real ranks' files, so no torchrun launch is needed he
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +20,7 @@ from planner.errors import MeshplanError
 from planner.specs.plan import parse_plan
 from storage.replan import load_decisions
 from storage.runs import finish_run, ingest_step_metrics, start_run
+from tests.support.served import serve_and_run_once
 
 MESHPLAN = [sys.executable, "-m", "flows.cli"]
 pytestmark = pytest.mark.flow
@@ -119,52 +116,20 @@ def test_schedule_without_a_server_fails_with_one_line(tmp_path):
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_schedule_serves_an_interval_deployment_that_runs_on_demand(tmp_path):
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.server import start_server, stop_server
-
     _stored_straggler_run(tmp_path)
-    server = start_server(tmp_path, port=_free_port())
-    api_url = json.loads((tmp_path / "prefect-server.json").read_text())["api_url"]
-    serve = subprocess.Popen(
-        [*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "stored", "--every", "1h", "--name", "t"],
-        env=_env(PREFECT_RUNNER_POLL_FREQUENCY="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            deployment = asyncio.run(_wait_for_deployment("replan/t", serve))
-            assert deployment.schedules[0].schedule.interval.total_seconds() == 3600
-            run = run_deployment("replan/t", timeout=180)
-            assert run.state.is_completed(), run.state
-    finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(60)
-        stop_server(server, tmp_path)
+    command = [
+        *MESHPLAN,
+        "--state-dir",
+        str(tmp_path),
+        "schedule",
+        "--run-id",
+        "stored",
+        "--every",
+        "1h",
+        "--name",
+        "t",
+    ]
+    serve_and_run_once(tmp_path, command, "replan/t", _env(PREFECT_RUNNER_POLL_FREQUENCY="1"), 3600)
     decisions = load_decisions(tmp_path / "meshplan.duckdb", "stored")
     assert decisions["source"].to_list() == ["replan_flow"]  # the served run decided and recorded
-
-
-async def _wait_for_deployment(name: str, serve: subprocess.Popen):
-    from prefect import get_client
-
-    deadline = time.monotonic() + 120
-    async with get_client() as client:
-        while True:
-            try:
-                return await client.read_deployment_by_name(name)
-            except Exception:
-                assert serve.poll() is None, serve.stdout.read()
-                assert time.monotonic() < deadline, "the deployment never appeared"
-                await asyncio.sleep(1)

@@ -61,7 +61,7 @@ def test_adam_step_is_memory_bound():
 
 
 def test_peak_memory_adds_fragmentation_and_reserve():
-    assert F.peak_memory_bytes(10 * 2**30, "H100-SXM5-80GB") == pytest.approx(11 * 2**30 + 1.5 * 2**30)
+    assert F.peak_memory_bytes(10 * 2**30, "H100-SXM5-80GB") == pytest.approx(11 * 2**30 + 1.0 * 2**30)
 
 
 def test_megatron_flops_formula_for_gpt3_175b():
@@ -79,3 +79,73 @@ def test_a_minimum_slot_paces_the_steady_state_but_not_fill_and_drain():
     assert F.pipeline_time_s([2.0], 1, min_slot_s=9.0) == pytest.approx(2.0)  # one micro-batch: no steady state
     # interleaved: the m steady slots of the busiest rank, then the others' chunks drain by 1/v
     assert F.interleaved_time_s([1.0, 2.0], 4, 2, min_slot_s=3.0) == pytest.approx(4 * 3 + 1 / 2)
+
+
+# --- topology-true collectives (planner.cost.devices.cross_node_link, formulas.allreduce_s) ---
+
+
+def _ring_cluster(nodes: int, per_node: int, inter: dict | str = "ib-hdr"):
+    from planner.specs.cluster import parse_cluster
+
+    node = {"name": "n", "device": "A100-SXM4-80GB", "num_devices": per_node, "count": nodes}
+    return parse_cluster({"name": "c", "nodes": [node | {"intra_link": "nvlink3", "inter_link": inter}]})
+
+
+def test_two_node_ring_allreduce_crosses_each_nic_once_per_step():
+    from planner.cost.devices import DeviceIndex
+
+    idx = DeviceIndex(_ring_cluster(2, 8))
+    link = idx.ring_link(list(range(16)))
+    # k = 8 ranks per node, 8 HDR NICs of 25 GB/s: the ring advances at 8 × 25 = 200 GB/s
+    # (NVLink 300 GB/s × 8/7 = 343 GB/s is not the bound), not at one 25 GB/s NIC share
+    assert link.bandwidth_bytes_per_s == pytest.approx(200e9)
+    assert (link.num_nodes, link.latency_s) == (2, 10e-6)
+    t = F.ring_allreduce_s(1e9, 16, link.bandwidth_bytes_per_s, 0.0)
+    assert t == pytest.approx(2 * 15 / 16 * 1e9 / 200e9)  # 9.375 ms
+    # each node's 8 NICs together carry 2(n−1)/n of the buffer: once, what one rank sends in a ring
+    assert t * 8 * 25e9 == pytest.approx(2 * 15 / 16 * 1e9)
+
+
+def test_one_rank_per_node_gets_one_nic_share_and_intra_link_can_bound_the_ring():
+    from planner.cost.devices import DeviceIndex, cross_node_link
+
+    idx = DeviceIndex(_ring_cluster(4, 8))
+    # dp across tp=8 groups: tp rank 0 of each node, one NIC each
+    assert idx.ring_link([0, 8, 16, 24]).bandwidth_bytes_per_s == pytest.approx(25e9)
+    # 2 ranks per node on a slow intra link: min(2 × 25, 20 × 2/1) = 40 GB/s
+    spec = (
+        _ring_cluster(2, 2, "ib-hdr")
+        .nodes[0]
+        .model_copy(
+            update={
+                "intra_link": _ring_cluster(1, 2).nodes[0].intra_link.model_copy(update={"bandwidth_bytes_per_s": 20e9})
+            }
+        )
+    )
+    assert cross_node_link([spec], ranks_per_node=2).bandwidth_bytes_per_s == pytest.approx(40e9)
+    # a p2p path (k = 1) keeps one NIC share
+    assert idx.link(0, 8).bandwidth_bytes_per_s == pytest.approx(25e9)
+
+
+def test_tree_allreduce_wins_on_latency_across_many_nodes_ring_on_bandwidth():
+    # 16 nodes × 1 rank: ring 2·15 α = 300 µs, tree 2·⌈log2 16⌉ α = 80 µs at α = 10 µs
+    assert F.tree_hops(16, 16) == 4
+    assert F.allreduce_s(1e3, 16, 25e9, 10e-6, num_nodes=16) == pytest.approx(2 * 1e3 / 25e9 + 80e-6)
+    assert F.allreduce_latency_s(16, 10e-6, num_nodes=16) == pytest.approx(80e-6)
+    # 1 GB: ring 2·15/16 GB / 25 GB/s + 300 µs = 75.3 ms beats tree 80 ms + 80 µs
+    assert F.allreduce_s(1e9, 16, 25e9, 10e-6, num_nodes=16) == pytest.approx(0.075 + 300e-6)
+    # inside one node: ring only; 2 nodes × 8: tree latency 2·(1 + 7)·α
+    assert F.allreduce_latency_s(8, 5e-6) == pytest.approx(70e-6)
+    assert F.allreduce_latency_s(16, 10e-6, num_nodes=2) == pytest.approx(160e-6)
+
+
+def test_cluster_files_accept_link_bandwidth_per_node():
+    per_node = {"kind": "roce", "bandwidth_bytes_per_s": 200e9, "per": "node"}
+    c = _ring_cluster(2, 8, per_node)
+    assert c.nodes[0].inter_link.bandwidth_bytes_per_s == pytest.approx(25e9)  # 1600 Gb/s over 8 GPUs
+    same = _ring_cluster(2, 8, {"kind": "roce", "bandwidth_bytes_per_s": 25e9, "per": "device"})
+    assert same.nodes[0].inter_link.bandwidth_bytes_per_s == pytest.approx(25e9)
+    from planner.errors import MeshplanError
+
+    with pytest.raises(MeshplanError, match="per"):
+        _ring_cluster(2, 8, {"kind": "roce", "bandwidth_bytes_per_s": 25e9, "per": "rack"})

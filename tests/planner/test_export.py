@@ -68,3 +68,8 @@ def test_megatron_reports_uneven_middle_stages():
     )
     _, warnings = to_megatron(plan, get_model("gpt2-small"))
     assert any("uneven middle stages [2, 3, 4, 3]" in w for w in warnings)
+
+
+def test_megatron_export_turns_on_the_overlap_megatron_runtime_prices():
+    text, _ = to_megatron(_plan(sharding="zero1"), get_model("tiny"))
+    assert "--overlap-grad-reduce" in text and "--overlap-param-gather" in text

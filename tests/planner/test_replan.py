@@ -293,3 +293,25 @@ def test_monitor_after_a_relaunch_relearns_its_baseline_within_a_few_steps():
     # with a full 10-step baseline (steps 32..41) the onset falls inside it: decided later (46), if at all
     late = seen.get(False)
     assert late is None or late.step >= dec.step + 3, late.step
+
+
+def test_replan_prices_every_option_with_the_machines_calibration():
+    """The calibration the search and `estimate` price this machine with (storage.pricing) reaches keep,
+    rebalance and relayout alike, on top of the degradation."""
+    from planner.measure.calibrate import Calibration
+
+    cal = Calibration(num_ranks=4, compute_slowdown=2.0, adam_s_per_param=1e-8, grad_sync_overlap=0.0)
+    det = slowed(1, 2.0)
+    r = replan(dp4(), TINY, cpu_cluster(4), None, det, remaining_steps=200, calibration=cal)
+    plain = replan(dp4(), TINY, cpu_cluster(4), None, det, remaining_steps=200)
+    degraded = degrade_cluster(cpu_cluster(4), det.compute_factors(), det.link_factors(), "fp32")
+    dprof = degrade_profiles(None, degraded)
+    assert r.decision.keep_step_time_s == pytest.approx(
+        estimate(dp4(), TINY, degraded, dprof, calibration=cal).step_time_s
+    )
+    assert r.decision.keep_step_time_s != pytest.approx(plain.decision.keep_step_time_s, rel=1e-3)
+    steps = {o.action: o.step_time_s for o in r.options}
+    assert set(steps) == {"rebalance", "relayout"}
+    for action in steps:
+        priced = estimate(r.plans[action], TINY, degraded, dprof, calibration=cal).step_time_s
+        assert steps[action] == pytest.approx(priced)

@@ -8,6 +8,7 @@ import pytest
 from planner.search import SearchSpace, search
 from planner.search.classes import device_classes
 from planner.search.replicas import water_fill
+from planner.search.search import SearchStats
 from planner.specs.cluster import parse_cluster, parse_cluster_toml
 from planner.specs.model import ModelSpec, get_model
 
@@ -166,3 +167,46 @@ def test_gqa_model_uses_tp_dividing_kv_heads():
     cluster = parse_cluster({"name": "a", "nodes": [node("a", "A100-SXM4-80GB", 8, "nvlink3")]})
     res = search(m, cluster, global_batch=8, baselines=False, top_k=10)
     assert all(2 % s.tp == 0 for p in res.plans for s in p.stages)
+
+
+def _gpt_1p4b_av(num_gpus: int):
+    """Issue #18's problem: a 1.4B GPT on half A100-40GB, half V100-16GB, 4 GPUs a node."""
+    half = num_gpus // 2 // 4
+    cluster = parse_cluster(
+        {
+            "name": f"av{num_gpus}",
+            "nodes": [
+                node("a", "A100-SXM4-40GB", 4, "nvlink3", count=half),
+                node("v", "V100-SXM2-16GB", 4, "nvlink2", count=half),
+            ],
+        }
+    )
+    model = ModelSpec(name="gpt-1.4b", num_layers=24, hidden=2048, num_heads=16, vocab_size=50304, seq_len=2048)
+    return model, cluster, 2 * num_gpus
+
+
+def test_complete_search_says_so_and_a_cut_one_bounds_what_it_missed():
+    model, cluster, gb = _gpt_1p4b_av(16)
+    full = search(model, cluster, global_batch=gb, time_budget_s=1e9, baselines=False)
+    assert full.stats.complete and full.stats.gap_fraction == 0.0 and not full.stats.timed_out
+    assert full.stats.best_s == pytest.approx(full.best.predicted.step_time_s, rel=1e-9)
+    assert "complete" in full.stats.summary()
+    cut = search(model, cluster, global_batch=gb, time_budget_s=0.02, baselines=False)
+    assert cut.stats.timed_out
+    if cut.stats.complete:  # what the budget dropped could not have won
+        assert cut.best.predicted.step_time_s == pytest.approx(full.best.predicted.step_time_s, rel=1e-9)
+    elif cut.stats.best_s is None:  # a loaded machine passed the hard stop (10× budget) before any plan
+        assert not cut.feasible and "before any plan" in cut.stats.summary()
+    else:  # the optimum is no faster than the bound on the unexplored plans, and the gap says by how much
+        s = cut.stats
+        assert s.unexplored_bound_s is not None and s.unexplored_bound_s <= full.best.predicted.step_time_s * (1 + 1e-9)
+        assert s.gap_fraction == pytest.approx((s.best_s - s.unexplored_bound_s) / s.best_s)
+        assert s.best_s >= full.best.predicted.step_time_s * (1 - 1e-9)
+        assert "gap" in s.summary()
+
+
+def test_a_search_cut_before_any_plan_says_so():
+    """The hard stop (10× budget) can cut a search on a loaded machine before it found a plan, with
+    a finite bound left on the frontier: the summary must not try to print the missing best plan."""
+    stats = SearchStats(complete=False, best_s=None, unexplored_bound_s=1.5, timed_out=True)
+    assert "before any plan" in stats.summary()

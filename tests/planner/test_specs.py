@@ -179,3 +179,52 @@ def test_fuzzed_cluster_input_is_valid_or_a_clear_error(data):
         parse_cluster(data)
     except MeshplanError as e:
         assert e.field and e.fix
+
+
+def test_issue14_devices_are_in_the_catalog_with_sources():
+    from planner.specs.cluster import parse_cluster
+
+    for name, tflops, gib in [
+        ("GH200-96GB", 989, 96),
+        ("H100-NVL-94GB", 835, 94),
+        ("H100-HBM2e-96GB-500W", 835, 96),
+        ("RTX-2080-Ti", 53.8, 11),
+        ("Titan-RTX", 130, 24),
+    ]:
+        g = lookup(name)
+        assert g.peak_flop_per_s("bf16") == pytest.approx(tflops * 1e12)
+        assert g.memory_bytes == gib * 2**30 and g.source and g.source_url
+    assert lookup("NVIDIA GeForce RTX 2080 Ti").name == "RTX-2080-Ti"
+    node = {"name": "n", "device": "Titan-RTX", "num_devices": 2, "intra_link": "pcie3", "inter_link": "eth-10g"}
+    assert parse_cluster({"name": "c", "nodes": [node]}).nodes[0].memory_bytes == 24 * 2**30
+
+
+def test_a_device_the_catalog_lacks_can_be_defined_inline():
+    from planner.cost import estimate
+    from planner.specs.cluster import parse_cluster
+    from planner.specs.model import get_model
+    from planner.specs.plan import Plan, StagePlan
+
+    node = {"name": "n", "device": "OEM-H100-64GB", "num_devices": 2, "intra_link": "nvlink4", "inter_link": "ib-ndr"}
+    with pytest.raises(MeshplanError, match="define it inline"):
+        parse_cluster({"name": "c", "nodes": [node]})
+    figures = {
+        "device_memory_bytes": 64 * 2**30,
+        "device_peak_flop_per_s": 900e12,
+        "device_memory_bandwidth_bytes_per_s": 3e12,
+    }
+    c = parse_cluster({"name": "c", "nodes": [node | figures]})
+    n = c.nodes[0]
+    assert (n.gpu, n.device_kind, n.memory_bytes) == (None, "OEM-H100-64GB", 64 * 2**30)
+    assert n.peak_flop_per_s("bf16") == 900e12 and n.memory_bandwidth_bytes_per_s == 3e12
+    plan = Plan(
+        model="gpt2-small",
+        cluster="c",
+        global_batch_size=8,
+        seq_len=1024,
+        micro_batch_size=4,
+        stages=(StagePlan(layer_start=0, layer_end=12, device_ids=(0, 1), dp=2),),
+        batch_shares=(4, 4),
+    )
+    cost = estimate(plan, get_model("gpt2-small"), c)
+    assert cost.feasible and cost.step_time_s > 0

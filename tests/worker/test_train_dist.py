@@ -50,6 +50,15 @@ def test_pp2_uneven_split_matches_single_process(tmp_path, torchrun, make_plan, 
     assert all((r["loss"] is None) == (r["stage"] == 0) for r in rows)
 
 
+def test_devices_out_of_pipeline_order_launch_and_match_single_process(tmp_path, torchrun, make_plan, telemetry):
+    """The plan names cluster devices 5 and 2 (a later stage on a lower id): ranks follow the rank map."""
+    plan = make_plan([(0, 1), (1, 4)], schedule="gpipe")
+    plan["stages"][0]["device_ids"], plan["stages"][1]["device_ids"] = [5], [2]
+    torchrun(tmp_path, plan, 2, "--steps", "2", *SGD)
+    assert_matches_reference(tmp_path, "tiny", 2)
+    assert {(r["rank"], r["stage"]) for r in telemetry(tmp_path)} == {(0, 0), (1, 1)}
+
+
 def test_pp2_dp2_matches_single_process(tmp_path, torchrun, make_plan):
     torchrun(tmp_path, make_plan([(0, 3), (3, 4)], dp=2), 4, "--steps", "2", *SGD)
     assert_matches_reference(tmp_path, "tiny", 2)

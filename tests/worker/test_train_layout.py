@@ -5,9 +5,10 @@ import torch
 
 from launcher.launch import Launch, torchrun_command
 from planner.errors import MeshplanError
+from planner.runtime import check_launchable, device_to_rank, launch_problems, rank_map, rank_plan
 from planner.specs.plan import parse_plan
 from worker.data import batch_rows, replica_rows
-from worker.parallel import check_runnable, mesh_ranks, rank_layout
+from worker.parallel import mesh_ranks, rank_layout
 
 
 def _plan(stages, shares=(8,), schedule="1f1b", v=1, mbs=2):
@@ -30,14 +31,31 @@ def _st(a, b, ids, tp=1, dp=1, sharding="none"):
     return {"layer_start": a, "layer_end": b, "device_ids": ids, "tp": tp, "dp": dp, "sharding": sharding}
 
 
-def test_device_ids_are_ranks_replica_major_even_when_not_in_order():
+def test_ranks_are_stage_major_whatever_the_device_order():
     plan = _plan([_st(0, 1, [0, 2, 4, 6], tp=2, dp=2), _st(1, 4, [1, 3, 5, 7], tp=2, dp=2)], shares=(4, 4))
-    check_runnable(plan, 8)
-    assert mesh_ranks(plan).tolist() == [[[0, 2], [4, 6]], [[1, 3], [5, 7]]]
-    lay = rank_layout(plan, 4)
-    assert (lay.stage, lay.replica, lay.tp_index, lay.virtual_stages) == (0, 1, 0, (0,))
+    check_launchable(plan, 8)
+    assert mesh_ranks(plan).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert [sl.device_id for sl in rank_map(plan)] == [0, 2, 4, 6, 1, 3, 5, 7]
+    lay = rank_layout(plan, 2)
+    assert (lay.stage, lay.replica, lay.tp_index, lay.virtual_stages, lay.device_id) == (0, 1, 0, (0,), 4)
     lay = rank_layout(plan, 7)
-    assert (lay.stage, lay.replica, lay.tp_index) == (1, 1, 1) and lay.has_last(2) and not lay.has_first
+    assert (lay.stage, lay.replica, lay.tp_index, lay.device_id) == (1, 1, 1, 7)
+    assert lay.has_last(2) and not lay.has_first
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [_st(0, 2, [1]), _st(2, 4, [0])],  # later stage, lower id
+        [_st(0, 4, [1, 0], tp=2)],  # tp shards out of order
+        [_st(0, 2, [7]), _st(2, 4, [3])],  # a subset of the cluster's devices
+    ],
+)
+def test_any_device_order_launches_on_as_many_ranks_as_devices(stages):
+    plan = _plan(stages)
+    assert launch_problems(plan, 2) == ()
+    assert rank_plan(plan).stages[0].device_ids[0] == 0
+    assert sorted(device_to_rank(plan).values()) == [0, 1]
 
 
 def test_interleaved_rank_owns_every_pp_th_stage():
@@ -49,19 +67,25 @@ def test_interleaved_rank_owns_every_pp_th_stage():
 @pytest.mark.parametrize(
     ("plan", "world", "field"),
     [
-        (_plan([_st(0, 2, [0, 1], tp=2), _st(2, 4, [2])]), 3, "stages.tp"),
+        (
+            _plan(
+                [_st(0, 1, [0, 1], tp=2), _st(1, 2, [2]), _st(2, 3, [0, 1], tp=2), _st(3, 4, [2])],
+                schedule="interleaved-1f1b",
+                v=2,
+            ),
+            3,
+            "schedule",
+        ),
         (_plan([_st(0, 4, [0, 1], dp=2)], shares=(4, 4)), 4, "nproc"),
-        (_plan([_st(0, 4, [0, 5], dp=2)], shares=(4, 4)), 2, "stages.device_ids"),
-        (_plan([_st(0, 2, [1]), _st(2, 4, [0])]), 2, "stages.device_ids"),  # later stage, lower id
-        (_plan([_st(0, 4, [1, 0], tp=2)]), 2, "stages.device_ids"),  # tp shards out of order
         (_plan([_st(0, 4, [0, 1], dp=2, sharding="zero3")], shares=(6, 2)), 2, "stages.sharding"),
         (_plan([_st(0, 2, [0, 1], dp=2), _st(2, 4, [2, 3], dp=2)], shares=(6, 2)), 4, "batch_shares"),
     ],
 )
 def test_unrunnable_plans_name_the_field(plan, world, field):
     with pytest.raises(MeshplanError) as err:
-        check_runnable(plan, world)
+        check_launchable(plan, world)
     assert err.value.field == field
+    assert field in [p.field for p in launch_problems(plan, world)]
 
 
 def test_replicas_read_disjoint_slices_of_the_same_global_batch():

@@ -1,0 +1,131 @@
+"""`meshplan compare`: two plans priced side by side on one cluster, as `meshplan estimate` prices each.
+
+Both go through the same path as estimate (storage.pricing.pricing_inputs: the stored profiles for
+the model, else roofline estimates, and a discovered CPU machine's calibration; planner.cost.estimate
+with the plan's dtype), so the difference shown is the plans'.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.app import app, db_path, load_settings
+from flows.commands.model_options import (
+    FamilyOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqLenOpt,
+    VocabOpt,
+    model_for_plan,
+    resolve_model,
+)
+
+GIB = 2**30
+# (label, CostBreakdown field, seconds?) rows of the table; times print in ms
+_TERMS = (
+    ("step", "step_time_s"),
+    ("compute", "compute_s"),
+    ("bubble", "bubble_s"),
+    ("pp p2p", "pp_comm_s"),
+    ("tp comm", "tp_comm_s"),
+    ("dp comm", "dp_comm_s"),
+    ("optimizer", "optimizer_s"),
+)
+
+
+@app.command()
+def compare(
+    plan_a: Annotated[Path, typer.Argument(help="first plan JSON file")],
+    plan_b: Annotated[Path, typer.Argument(help="second plan JSON file")],
+    cluster: Annotated[
+        Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
+    ] = None,
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Price two plans on the same cluster and show their step-time terms and memory side by side."""
+    from planner.cost import estimate as price
+    from planner.errors import MeshplanError
+    from planner.specs.plan import parse_plan_json
+    from storage.pricing import pricing_inputs
+
+    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    path = db_path(load_settings())
+    priced: list[dict[str, Any]] = []
+    for arg, f in (("plan_a", plan_a), ("plan_b", plan_b)):
+        if not f.is_file():
+            raise MeshplanError(arg, str(f), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)")
+        p = parse_plan_json(f.read_text(), origin=f.name)
+        m = model_for_plan(p, given)
+        inputs = pricing_inputs(path, m, cluster)  # as estimate prices it (calibrated on a discovered CPU machine)
+        spec, source = inputs.cluster, inputs.profile_source
+        c = price(p, m, spec, inputs.profiles, calibration=inputs.calibration)
+        priced.append({"file": str(f), "plan": p, "model": m.name, "profiles": source, "cost": c})
+    a, b = (x["cost"] for x in priced)
+    speedup = a.step_time_s / b.step_time_s if b.step_time_s > 0 else None
+    if as_json:
+        doc = {
+            "cluster": spec.name,
+            "plans": [
+                {
+                    "file": x["file"],
+                    "fingerprint": x["plan"].fingerprint(),
+                    "model": x["model"],
+                    "profiles": x["profiles"],
+                    **x["cost"].model_dump(mode="json"),
+                }
+                for x in priced
+            ],
+            "speedup_b_over_a": speedup,
+        }
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    _print(priced, spec.name, speedup)
+
+
+def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) -> None:
+    from rich.table import Table
+
+    from flows.commands.tables import console
+
+    a, b = (x["cost"] for x in priced)
+    t = Table(title=f"on {cluster}", title_justify="left", box=None, padding=(0, 1), pad_edge=False)
+    t.add_column("", no_wrap=True)
+    for x in priced:
+        t.add_column(f"{Path(x['file']).name[:20]} ({x['plan'].fingerprint()[:8]})", justify="right", no_wrap=True)
+    t.add_column("b/a", justify="right", no_wrap=True)
+    for label, field in _TERMS:
+        va, vb = getattr(a, field), getattr(b, field)
+        t.add_row(f"{label} ms", f"{va * 1e3:.4g}", f"{vb * 1e3:.4g}", f"{vb / va:.2f}" if va else "-")
+    t.add_row(
+        "tokens/s",
+        f"{a.tokens_per_s:,.0f}",
+        f"{b.tokens_per_s:,.0f}",
+        f"{b.tokens_per_s / a.tokens_per_s:.2f}" if a.tokens_per_s else "-",
+    )
+    t.add_row("MFU", f"{a.mfu:.1%}", f"{b.mfu:.1%}", "")
+    pa, pb = max(a.peak_memory_bytes) / GIB, max(b.peak_memory_bytes) / GIB
+    t.add_row("peak GiB", f"{pa:.2f}", f"{pb:.2f}", f"{pb / pa:.2f}" if pa else "-")
+    t.add_row("fits", "yes" if a.feasible else "NO", "yes" if b.feasible else "NO", "")
+    con = console()
+    con.print(t)
+    for tag, x in zip("ab", priced, strict=True):
+        con.print(f"{tag}: {x['model']}, bottleneck {x['cost'].bottleneck}; profiles: {x['profiles']}")
+    if speedup is not None:
+        con.print(f"b is {speedup:.2f}× {'faster' if speedup >= 1 else 'slower'} than a per step")

@@ -1,0 +1,65 @@
+"""`meshplan export`: a plan as a torchtitan job-config fragment or Megatron-LM arguments.
+
+The text goes to stdout (redirect it into a file); what the format cannot express goes to stderr
+as warnings (planner/report/export.py), so a pipe carries only the config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.app import app
+from flows.commands.model_options import (
+    FamilyOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqLenOpt,
+    VocabOpt,
+    model_for_plan,
+    resolve_model,
+)
+
+FORMATS = ("torchtitan", "megatron")
+
+
+@app.command()
+def export(
+    plan_file: Annotated[Path, typer.Argument(help="plan JSON file (e.g. from `meshplan plan --out`)")],
+    fmt: Annotated[str, typer.Option("--format", help="torchtitan | megatron")] = "torchtitan",
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
+) -> None:
+    """Print a plan in torchtitan's or Megatron-LM's terms; what they cannot say is warned about on stderr."""
+    from planner.errors import MeshplanError
+    from planner.report.export import to_megatron, to_torchtitan
+    from planner.specs.plan import check_plan_against, parse_plan_json
+
+    if fmt not in FORMATS:
+        raise MeshplanError("--format", fmt, f"choose one of {', '.join(FORMATS)}")
+    if not plan_file.is_file():
+        raise MeshplanError(
+            "plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
+        )
+    p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
+    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    if fmt == "megatron" or given is not None:  # torchtitan's fragment needs no model dimensions
+        m = model_for_plan(p, given)
+        check_plan_against(p, m.num_layers, p.num_devices)
+    text, warnings = to_torchtitan(p) if fmt == "torchtitan" else to_megatron(p, m)
+    typer.echo(text, nl=False)
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)

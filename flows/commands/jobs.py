@@ -1,0 +1,119 @@
+"""`meshplan submit`, `meshplan jobs`, `meshplan cancel`: the multi-job queue in the state folder's DuckDB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.app import app, db_path, load_settings
+
+
+@app.command()
+def submit(
+    model: Annotated[str, typer.Option("--model", help="model preset")],
+    global_batch: Annotated[int, typer.Option("--global-batch", help="samples per step")],
+    iterations: Annotated[int, typer.Option("--iterations", help="steps to run")],
+    job_id: Annotated[str | None, typer.Option("--job-id", help="default: a fresh id")] = None,
+    seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
+    priority: Annotated[int, typer.Option("--priority")] = 0,
+    deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="seconds from submission")] = None,
+    gpu_kinds: Annotated[str, typer.Option("--gpu-kinds", help="allowed kinds, comma separated (default any)")] = "",
+) -> None:
+    """Queue a training job for the cluster scheduler."""
+    from planner.specs.model import get_model
+    from storage.jobs import submit_job
+
+    get_model(model)  # an unknown preset fails here with suggestions, not in a later round
+    kinds = tuple(k.strip().lower() for k in gpu_kinds.split(",") if k.strip())
+    jid = submit_job(
+        db_path(load_settings()),
+        model,
+        global_batch,
+        iterations,
+        job_id=job_id,
+        seq=seq,
+        priority=priority,
+        deadline_s=deadline_s,
+        gpu_kinds=kinds,
+    )
+    typer.echo(jid)
+
+
+@app.command()
+def jobs(
+    state: Annotated[str | None, typer.Option("--state", help="only jobs in this state")] = None,
+    events: Annotated[bool, typer.Option("--events", help="print every state transition")] = False,
+) -> None:
+    """List the queue's jobs (and their transitions)."""
+    from storage.jobs import job_events, list_jobs
+
+    db = db_path(load_settings())
+    frame = job_events(db) if events else list_jobs(db, state)
+    if frame.height == 0:
+        typer.echo("no jobs")
+        return
+    cols = (
+        ["job_id", "seq", "from_state", "to_state", "allocation", "reason"]
+        if events
+        else ["job_id", "state", "model", "global_batch", "iterations", "priority", "allocation"]
+    )
+    for row in frame.select(cols).iter_rows():
+        typer.echo("  ".join("-" if v is None else str(v) for v in row))
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument(help="the job to cancel")]) -> None:
+    """Cancel a queued or running job (recorded as a transition)."""
+    from storage.jobs import cancel_job
+
+    cancel_job(db_path(load_settings()), job_id)
+    typer.echo(f"cancelled {job_id}")
+
+
+@app.command("schedule-cluster")
+def schedule_cluster(
+    cluster: Annotated[Path, typer.Option("--cluster", help="the cluster TOML the jobs share")],
+    every: Annotated[str, typer.Option("--every", help="interval: 30s, 5m, 2h, 1d")] = "5m",
+    policy: Annotated[str, typer.Option("--policy", help="jct, throughput, deadline, fairness, fcfs or gavel")] = "jct",
+    speed: Annotated[
+        Path | None, typer.Option("--speed", help="measured iteration times (sim_lookup.csv format)")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="deployment name")] = "cluster",
+    launch: Annotated[bool, typer.Option("--launch/--no-launch", help="act on real ranks, or record only")] = True,
+) -> None:
+    """Serve scheduler_flow as a deployment on the `meshplan ui` server: one round every --every (Ctrl-C stops)."""
+    import os
+    from datetime import timedelta
+
+    from flows.app import prefect_env
+    from flows.commands.replan import parse_every
+    from planner.errors import MeshplanError
+    from planner.schedule import POLICIES
+
+    seconds = parse_every(every)
+    if policy not in POLICIES:
+        raise MeshplanError("--policy", policy, f"choose one of {', '.join(POLICIES)}")
+    for what, path in (("--cluster", cluster), ("--speed", speed)):
+        if path is not None and not path.is_file():
+            raise MeshplanError(what, str(path), "no such file")
+    cfg = load_settings()
+    prefect_env(cfg)
+    if "PREFECT_API_URL" not in os.environ:
+        raise MeshplanError(
+            "schedule-cluster",
+            str(cluster),
+            "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)",
+        )
+    from flows.schedule import scheduler_flow
+
+    params = {
+        "db_path": str(db_path(cfg).resolve()),
+        "cluster_path": str(cluster.resolve()),
+        "policy": policy,
+        "speed_table": str(speed.resolve()) if speed else None,
+        "launch": launch,
+    }
+    typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
+    scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)

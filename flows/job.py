@@ -1,0 +1,196 @@
+"""`job_flow`: one queued job's elastic life — train_flow segments on the allocations the scheduler gives it.
+
+The scheduler's apply step starts it (`python -m flows.job DB JOB CLUSTER`) when it admits a job.
+Each loop reads the job's row, plans for its current allocation (planner.search on that many
+devices of its kind, relabelled onto ranks 0..n−1) and runs train_flow on that plan in the job's
+run folder, resuming from the folder's latest checkpoint. When the ranks exit:
+- with every step done → `finished`;
+- because they were asked to (control.json `checkpoint_exit`, exit.json written): the scheduler
+  moved the job to `resizing` with a new allocation (or cancelled it), so the next loop re-plans
+  for it and the relaunch reshards the checkpoint through DCP, resuming at the exact step the
+  exit saved — nothing lost, nothing repeated;
+- because a rank or node died: the job goes running → resizing → running and resumes from its
+  latest verified checkpoint (the steps since that checkpoint are trained again, on the
+  allocation then recorded), at most `max_failures` times, then `failed`.
+Every transition is a job_events row, its reason naming the allocation, plan and step. A runner
+that is stopped (SIGTERM, Ctrl-C) puts its job back in the queue: re-admitted, it resumes from its
+latest checkpoint in the same run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.train import train_flow
+from launcher.control import exit_path, read_control, read_exit
+from planner.errors import MeshplanError
+from planner.specs.cluster import ClusterSpec, parse_cluster_toml
+from planner.specs.config import SEARCH_BUDGET_S
+from storage.jobs import get_job, set_job_run, transition
+from tasks.schedule import checkpoint_step, plan_for_allocation
+
+# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`)
+TRAIN_KEYS = ("data", "optimizer", "lr", "seed", "checkpoint_every", "poll_s", "collective_timeout_s")
+
+
+def read_cluster(cluster_path: str) -> ClusterSpec:
+    p = Path(cluster_path)
+    if not p.is_file():
+        raise MeshplanError("--cluster", cluster_path, "no such file; pass the scheduler's cluster TOML")
+    return parse_cluster_toml(p.read_text(), p.name)
+
+
+def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(train) - set(TRAIN_KEYS))
+    if unknown:
+        raise MeshplanError(f"job {job_id} train options", unknown, f"known options: {', '.join(TRAIN_KEYS)}")
+    return train
+
+
+@flow(name="job", log_prints=True)
+def job_flow(
+    db_path: str,
+    job_id: str,
+    cluster_path: str,
+    runs_dir: str | None = None,
+    timeout_s: float = 900.0,
+    max_failures: int = 1,
+    time_budget_s: float = SEARCH_BUDGET_S,
+) -> dict[str, Any]:
+    """Run the job to its end; returns {job_id, state, run_dir, segments: [{allocation, plan, from_step, to_step, exit}]}."""
+    spec = read_cluster(cluster_path)
+    row = get_job(db_path, job_id)
+    try:
+        train = _train_options(job_id, row["train"])
+    except MeshplanError as exc:
+        _fail(db_path, job_id, str(exc))
+        raise
+    run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    set_job_run(db_path, job_id, run_dir=str(run_dir))
+    segments: list[dict[str, Any]] = []
+    try:
+        _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
+    except (KeyboardInterrupt, SystemExit):  # the runner was stopped: its ranks are down (run_logged)
+        if get_job(db_path, job_id)["state"] in ("running", "resizing"):
+            step = checkpoint_step(run_dir)
+            transition(db_path, job_id, "queued", f"runner stopped; re-admission resumes from step {step}")
+        raise
+    final = get_job(db_path, job_id)["state"]
+    return {"job_id": job_id, "state": final, "run_dir": str(run_dir), "segments": segments}
+
+
+def _run(
+    db_path: str,
+    job_id: str,
+    spec: ClusterSpec,
+    run_dir: Path,
+    train: dict[str, Any],
+    segments: list[dict[str, Any]],
+    timeout_s: float,
+    max_failures: int,
+    time_budget_s: float,
+) -> None:
+    """The launch loop of job_flow; appends one record per launch to `segments`."""
+    failures = 0
+    while True:
+        # read before the row: an order written after this is newer and the launch obeys it; one
+        # written before is already in the row (request_resize writes the state first)
+        seen = (read_control(run_dir) or {}).get("version", 0)
+        row = get_job(db_path, job_id)
+        if row["state"] not in ("running", "resizing"):
+            break  # cancelled (its ranks were asked to exit), or failed
+        alloc = row["allocation"]
+        try:
+            plan = plan_for_allocation(spec, row, alloc, time_budget_s)
+        except MeshplanError as exc:  # nothing to launch: the job fails with the reason on record
+            _fail(db_path, job_id, f"cannot plan on {alloc}: {exc}")
+            raise
+        start = checkpoint_step(run_dir)
+        if row["state"] == "resizing":
+            transition(
+                db_path,
+                job_id,
+                "running",
+                f"resharded onto {alloc} from the checkpoint at step {start}; plan {plan.fingerprint()[:8]} "
+                f"pp={plan.pp} dp={plan.dp} tp={plan.stages[0].tp}",
+                alloc,
+            )
+        plan_path = run_dir / "plans" / f"segment_{len(segments)}.json"
+        plan_path.parent.mkdir(exist_ok=True)
+        plan_path.write_text(plan.to_json())
+        exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
+        error = None
+        try:
+            train_flow(
+                db_path=db_path,
+                plan_path=str(plan_path),
+                steps=int(row["iterations"]),
+                nproc_per_node=plan.num_devices,
+                run_id=job_id,
+                runs_dir=str(run_dir.parent),
+                resume="auto",
+                timeout_s=timeout_s,
+                control_from_version=seen,
+                **train,
+            )
+        except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        ex = read_exit(run_dir)
+        end = checkpoint_step(run_dir)
+        segments.append(
+            {
+                "allocation": alloc,
+                "plan_fingerprint": plan.fingerprint(),
+                "from_step": start,
+                "to_step": end,
+                "exit": "error" if error else ("requested" if ex else "done"),
+            }
+        )
+        print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1]['exit']})")
+        if error is None and ex is None:
+            state = get_job(db_path, job_id)["state"]
+            if state == "resizing":  # the order came after the last step: there is nothing left to move
+                transition(db_path, job_id, "running", "finished before the resize took effect", alloc)
+            if state in ("running", "resizing"):  # not cancelled meanwhile
+                transition(db_path, job_id, "finished", f"{end} steps on {len(segments)} launch(es)")
+            break
+        if error is None:
+            continue  # asked to exit: a resize (state resizing) or a stop (cancelled); the row says which
+        failures += 1
+        state = get_job(db_path, job_id)["state"]
+        if state not in ("running", "resizing"):
+            break
+        if failures > max_failures:
+            transition(db_path, job_id, "failed", f"{error}; {failures} failed launch(es)")
+            break
+        if state == "running":
+            transition(db_path, job_id, "resizing", f"{error}; resuming from the latest checkpoint (step {end})", alloc)
+
+
+def _fail(db_path: str, job_id: str, reason: str) -> None:
+    if get_job(db_path, job_id)["state"] in ("queued", "running", "resizing"):
+        transition(db_path, job_id, "failed", reason)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flows.job", description="run one queued job elastically")
+    p.add_argument("db_path")
+    p.add_argument("job_id")
+    p.add_argument("cluster_path")
+    p.add_argument("--runs-dir", default=None)
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    args = p.parse_args(argv)
+    # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (STACK.md §3.6)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    job_flow(args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`scheduler_flow`: one round of the multi-job scheduler over the DuckDB queue, its decision an artifact.
+
+Tasks: read the state (queued jobs; running ones placed back on their recorded allocations), decide
+(planner/schedule, prices from the planner's search or a measured table), apply: every start,
+resize, stop and rejection is a job state transition, and each acts on real ranks — a start runs
+the job's elastic runner (flows/job.py → train_flow), a resize asks its ranks to checkpoint and exit
+so the runner re-plans and resumes on the new allocation, a cancelled job's ranks are stopped.
+Before deciding, a running job whose runner process is gone is put back in the queue.
+`launch=False` decides and records only (what a dry run or a cluster this machine is not needs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from planner.errors import MeshplanError
+from planner.schedule import PlannerSpeed, Policy, TableSpeed
+from planner.schedule.trace import parse_lookup
+from planner.specs.cluster import parse_cluster_toml
+from planner.specs.config import SEARCH_BUDGET_S
+from tasks.schedule import alloc_text, apply_round, decide_round, read_state, reconcile_runners
+
+
+def _read(path: str, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise MeshplanError(what, path, "no such file")
+    return p.read_text()
+
+
+@flow(name="scheduler")
+def scheduler_flow(
+    db_path: str,
+    cluster_path: str,
+    policy: str = "jct",
+    time_budget_s: float = SEARCH_BUDGET_S,
+    speed_table: str | None = None,
+    policy_options: dict[str, float] | None = None,
+    launch: bool = True,
+    runs_dir: str | None = None,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """One round. `speed_table`: measured iteration times (sim_lookup.csv format) instead of the planner's
+    prices; `policy_options`: Policy's fields (relaunch_s, min_gain_s, ...); `runs_dir`: where the
+    jobs' run folders go (default: `runs/` next to the database)."""
+    spec = parse_cluster_toml(_read(cluster_path, "--cluster"), cluster_path)
+    pol = Policy(policy, **(policy_options or {}))
+    planner_speed = PlannerSpeed.from_cluster(spec, time_budget_s=time_budget_s)
+    speed = TableSpeed(parse_lookup(_read(speed_table, "--speed"), speed_table)) if speed_table else planner_speed
+    requeued = reconcile_runners(db_path) if launch else []
+    cl, queue, running = read_state(db_path, spec, speed)
+    d = decide_round(cl, queue, running, pol, speed)
+    runs = runs_dir or str(Path(db_path).resolve().parent / "runs")
+    done = apply_round(db_path, d, cluster_path, runs, launch, timeout_s)
+    lines = [
+        f"# Scheduler round ({policy})",
+        "",
+        "| job | action | allocation | s/iter | plan | why |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {a.job_id} | {a.kind} | {alloc_text(a.placement.alloc)} | {a.iter_time_s:.3g} | {a.plan} | {a.reason} |"
+        for a in d.actions
+    ]
+    lines += [f"| {r.job_id} | reject | - | - | - | {r.reason} |" for r in d.rejections]
+    lines += [
+        f"| {x['job_id']} | stop | - | - | - | cancelled: its ranks were asked to exit |"
+        for x in done
+        if x["action"] == "stop"
+    ]
+    lines += [f"| {j} | requeue | - | - | - | its runner is gone: resumes from its checkpoint |" for j in requeued]
+    lines += ["", f"waiting: {', '.join(d.waiting) or 'none'}; planner searches this round: {d.speed_queries}"]
+    create_markdown_artifact("\n".join(lines), key="scheduler-round", description="one scheduling round")
+    return {
+        "actions": [(a.job_id, a.kind, alloc_text(a.placement.alloc)) for a in d.actions],
+        "rejections": [(r.job_id, r.reason) for r in d.rejections],
+        "waiting": list(d.waiting),
+        "applied": done,
+        "requeued": requeued,
+    }

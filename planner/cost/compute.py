@@ -1,0 +1,231 @@
+"""Compute time from shape: a layer as its list of kernels, each priced on the device's roofline.
+
+A kernel with F FLOPs moving Q bytes takes max(F / (P·η(shape)), Q / (B·η_mem)) on a device of dense
+peak P and memory bandwidth B (Williams, Waterman & Patterson, "Roofline", CACM 2009). Kernels of one
+layer run one after another on one stream, so their times add (a layer-wide max would hide the
+memory-bound ones). η for a GEMM is GEMM_PEAK_FRACTION × its tile and wave quantisation (below);
+attention runs as a flash kernel (FLASH_ATTENTION_FRACTION of peak, causal tiles skipped) or
+eagerly (two batched GEMMs of depth head_dim and a memory-bound softmax over the s×s scores).
+Element-wise kernels (norms, activations, residual adds, dropout, layout copies) are memory-bound.
+Backward: two GEMMs per forward GEMM (input and weight gradients, each its own shape), flash
+backward 2.5× its forward FLOPs (5 matmuls to the forward's 2, Dao, FlashAttention-2, 2023 §3.1.2),
+element-wise kernels twice the forward's bytes (read the saved input and the gradient, write one).
+
+Nothing here is fitted on measured runs; measured profiles, where present, win
+(planner.cost.completion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from planner.cost.memory import Stack
+from planner.measure.profiles import MEMORY_EFFICIENCY, LayerProfile, ProfileKey
+from planner.specs import flops
+from planner.specs.flops import DTYPE_BYTES
+from planner.specs.model import ModelSpec
+
+# Large bf16/fp16 GEMMs in cuBLAS reach about 80% of the dense tensor-core peak (NVIDIA, "Matrix
+# Multiplication Background User's Guide", deep-learning performance docs: A100 ≈ 250 of 312 TFLOP/s
+# at large sizes). An assumption from that source, not fitted.
+GEMM_PEAK_FRACTION = 0.8
+# Output tile of one thread block (cuBLAS's large bf16 tiles are 128×128 to 256×128): a GEMM runs in
+# ⌈tiles / SMs⌉ waves, and a partial last wave or a partial edge tile idles the rest.
+GEMM_TILE = 128
+# FlashAttention-2 forward+backward on A100: 50–73% of peak (Dao 2023, abstract and Fig. 4-6);
+# on H100 it reaches only ~35% (Shah et al., FlashAttention-3, 2024, abstract: FA2 does not use
+# Hopper's WGMMA/TMA). Other architectures: the A100 figure's lower end.
+FLASH_ATTENTION_FRACTION = {"Ampere": 0.6, "Hopper": 0.35}
+FLASH_ATTENTION_FRACTION_OTHER = 0.5
+FLASH_BACKWARD_FLOP_RATIO = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEfficiency:
+    """Fractions of the dense peak that large GEMMs and flash attention attain, per architecture
+    (pairs, so the value is hashable), with `other` for architectures not listed and the figures'
+    provenance. PRIOR holds the sourced assumptions above; planner.cost.fitted any fitted set."""
+
+    gemm: tuple[tuple[str, float], ...] = ()
+    gemm_other: float = GEMM_PEAK_FRACTION
+    flash: tuple[tuple[str, float], ...] = tuple(FLASH_ATTENTION_FRACTION.items())
+    flash_other: float = FLASH_ATTENTION_FRACTION_OTHER
+    source: str = "prior: GEMM_PEAK_FRACTION and FLASH_ATTENTION_FRACTION as sourced in planner.cost.compute"
+
+    def gemm_fraction(self, architecture: str | None) -> float:
+        return dict(self.gemm).get(architecture or "", self.gemm_other)
+
+    def flash_fraction(self, architecture: str | None) -> float:
+        return dict(self.flash).get(architecture or "", self.flash_other)
+
+
+PRIOR = KernelEfficiency()
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """What the roofline needs of a device (NodeSpec figures; num_sms / architecture may be unknown)."""
+
+    peak_flop_per_s: float
+    memory_bandwidth_bytes_per_s: float
+    num_sms: int | None = None
+    architecture: str | None = None
+    kernels: KernelEfficiency = PRIOR
+
+    @property
+    def gemm_fraction(self) -> float:
+        return self.kernels.gemm_fraction(self.architecture)
+
+
+def gemm_quantisation(m: int, n: int, num_sms: int | None) -> float:
+    """Useful fraction of the tiles a GEMM's M×N output launches: edge tiles (M·N over the padded
+    ⌈M/T⌉T·⌈N/T⌉T) times the last wave (tiles / (⌈tiles / SMs⌉·SMs)); 1 for unknown SM counts."""
+    tm, tn = ceil(m / GEMM_TILE), ceil(n / GEMM_TILE)
+    edge = m * n / (tm * tn * GEMM_TILE * GEMM_TILE)
+    if not num_sms:
+        return edge
+    tiles = tm * tn
+    return edge * tiles / (ceil(tiles / num_sms) * num_sms)
+
+
+def gemm_s(m: int, n: int, k: int, e: int, dev: Device, count: int = 1) -> float:
+    """`count` independent (m×k)·(k×n) GEMMs: 2mnk FLOPs each at η = the GEMM fraction × quantisation
+    (a batch quantises as one grid of count × tiles), or reading A and B and writing C once, e bytes
+    an element, at η_mem × bandwidth, whichever is longer."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    q = gemm_quantisation(m, n * count, dev.num_sms) if count > 1 else gemm_quantisation(m, n, dev.num_sms)
+    t_flops = count * 2.0 * m * n * k / (dev.peak_flop_per_s * dev.gemm_fraction * q)
+    t_bytes = count * e * (m * k + k * n + m * n) / (dev.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+    return max(t_flops, t_bytes)
+
+
+def gemm_train_s(m: int, n: int, k: int, e: int, dev: Device) -> tuple[float, float]:
+    """(forward, backward) of a linear layer Y = X·W with X m×k, W k×n: backward is dX = dY·Wᵀ
+    (m×k output, depth n) and dW = Xᵀ·dY (k×n output, depth m)."""
+    return gemm_s(m, n, k, e, dev), gemm_s(m, k, n, e, dev) + gemm_s(k, n, m, e, dev)
+
+
+def memory_s(num_bytes: float, dev: Device) -> float:
+    return num_bytes / (dev.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+
+
+def attention_train_s(
+    model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, attention: str, dropout: bool
+) -> tuple[float, float]:
+    """(forward, backward) of the attention core of one block on one tp rank.
+
+    flash / sdpa: causal tiles above the diagonal are skipped, so the kernel runs half of the
+    4·b·s²·h/t FLOPs flops.block_forward_flops counts, at FLASH_ATTENTION_FRACTION of peak.
+    eager: QKᵀ and A·V as b·a/t batched GEMMs (s×s×d and s×d×s, full, then masked), the fused
+    scale-mask-softmax reading and writing the s×s scores (plus the dropout mask and output), and in
+    backward two batched GEMMs per forward one and the softmax gradient at twice the bytes.
+    """
+    e = DTYPE_BYTES[dtype]
+    heads = max(1, model.num_heads // tp)
+    d = model.head_dim
+    if attention in ("flash", "sdpa"):
+        frac = dev.kernels.flash_fraction(dev.architecture)
+        fwd = 0.5 * flops.attention_core_forward_flops(model, b, s, tp) / (dev.peak_flop_per_s * frac)
+        io = e * b * s * heads * d * 4  # q, k, v read, o written
+        fwd = max(fwd, memory_s(io, dev))
+        return fwd, max(FLASH_BACKWARD_FLOP_RATIO * fwd, memory_s(2 * io, dev))
+    n = b * heads
+    scores = e * n * s * s
+    softmax = 2 * scores + (scores / e * (2 * e + 1) if dropout else 0.0)
+    fwd = gemm_s(s, s, d, e, dev, n) + gemm_s(s, d, s, e, dev, n) + memory_s(softmax, dev)
+    bwd = 2 * (gemm_s(s, s, d, e, dev, n) + gemm_s(s, d, s, e, dev, n)) + memory_s(2 * softmax, dev)
+    return fwd, bwd
+
+
+def block_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
+    """(forward, backward) of one block on one tp rank as meshplan's runtime runs it (SDPA, no
+    dropout, no sequence parallelism): the four projections (three for the MLP under SwiGLU), the
+    attention core, and the element-wise kernels' bytes (read + write): two norms 2·2·T·h, two
+    residual adds 2·3·T·h, GELU 2·T·f/t or SiLU·gate 5·T·f/t, SDPA's output transpose 2·T·h/t, RoPE
+    2·T·(h + 2kv)/t (Llama), each e bytes an element, T = b·s tokens."""
+    e = DTYPE_BYTES[dtype]
+    t_tok, h, f = b * s, model.hidden, model.ffn
+    kv = model.kv_heads * model.head_dim
+    mats = 2 if model.family == "gpt" else 3
+    shapes = [
+        (t_tok, (h + 2 * kv) // tp, h),
+        (t_tok, h, h // tp),
+        (t_tok, (mats - 1) * f // tp, h),
+        (t_tok, h, f // tp),
+    ]
+    fwd = bwd = 0.0
+    for m_, n_, k_ in shapes:
+        a, g = gemm_train_s(m_, n_, k_, e, dev)
+        fwd, bwd = fwd + a, bwd + g
+    a, g = attention_train_s(model, b, s, tp, dtype, dev, "sdpa", False)
+    fwd, bwd = fwd + a, bwd + g
+    elem = 4 * t_tok * h + 6 * t_tok * h + 2 * t_tok * h / tp
+    elem += 2 * t_tok * f / tp if model.family == "gpt" else 5 * t_tok * f / tp + 2 * t_tok * (h + 2 * kv) / tp
+    fwd += memory_s(e * elem, dev)
+    bwd += memory_s(2 * e * elem, dev)
+    return fwd, bwd
+
+
+def head_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
+    """(forward, backward) of the final norm, the vocab-parallel LM head GEMM and torch's cross
+    entropy on fp32 logits (the runtime's loss, flops.loss_logit_bytes "torch"): the cast reads e
+    and writes 4 bytes a logit, log-softmax reads and writes 4 + 4; backward writes the fp32
+    gradient, log-softmax's backward reads 4 + 4 and writes 4, the cast writes e."""
+    e = DTYPE_BYTES[dtype]
+    t_tok, h = b * s, model.hidden
+    logits = t_tok * model.padded_vocab / tp
+    fwd, bwd = gemm_train_s(t_tok, model.padded_vocab // tp, h, e, dev)
+    fwd += memory_s(2 * e * t_tok * h + (e + 4 + 8) * logits, dev)
+    bwd += memory_s(4 * e * t_tok * h + (4 + 12 + 4 + e) * logits, dev)
+    return fwd, bwd
+
+
+def estimate_layer_from_shape(model: ModelSpec, key: ProfileKey, dev: Device, like: LayerProfile) -> LayerProfile:
+    """`like` (estimate_layer's row for the same key: its bytes) with block and head times from
+    their kernels; the embedding keeps like's memory-bound times. Recompute adds one forward."""
+    b, s, t = key.micro_batch_size, key.seq_len, key.tp
+    if key.layer_kind == "block":
+        fwd, bwd = block_train_s(model, b, s, t, key.dtype, dev)
+    elif key.layer_kind == "head":
+        fwd, bwd = head_train_s(model, b, s, t, key.dtype, dev)
+    else:
+        return like
+    if key.recompute:
+        bwd += fwd
+    return LayerProfile(
+        key=key,
+        forward_s=fwd,
+        backward_s=bwd,
+        param_bytes=like.param_bytes,
+        activation_bytes=like.activation_bytes,
+        workspace_bytes=like.workspace_bytes,
+        estimated=True,
+        efficiency=None,
+    )
+
+
+def stack_time_delta_s(
+    model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, stack: Stack
+) -> tuple[float, float]:
+    """(forward, backward) seconds a block on `stack` takes beyond meshplan's runtime block (the
+    profile's): the attention core as that kernel runs it (attention_train_s), FlashAttention's
+    layout dropping SDPA's output transpose (2·T·h/t elements read + written), dropout on the two
+    hidden outputs (read e, write e and a 1-byte mask: (2e + 1)·T·h each), and sequence parallelism
+    running the norms and residual adds (10·T·h elements) on T/t tokens."""
+    if stack == Stack(selective=stack.selective, recompute_every=stack.recompute_every):
+        return 0.0, 0.0
+    e = DTYPE_BYTES[dtype]
+    t_tok, h = b * s, model.hidden
+    base_f, base_b = attention_train_s(model, b, s, tp, dtype, dev, "sdpa", False)
+    f, g = attention_train_s(model, b, s, tp, dtype, dev, stack.attention, stack.dropout)
+    dfwd, dbwd = f - base_f, g - base_b
+    elem = 0.0
+    if stack.attention == "flash":
+        elem -= e * 2 * t_tok * h / tp
+    if stack.dropout:
+        elem += 2 * (2 * e + 1) * t_tok * h
+    if stack.sequence_parallel and tp > 1:
+        elem -= e * 10 * t_tok * h * (1 - 1 / tp)
+    return dfwd + memory_s(elem, dev), dbwd + memory_s(2 * elem, dev)

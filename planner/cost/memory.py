@@ -1,0 +1,155 @@
+"""Memory a stage holds, term by term, the way real training stacks allocate it.
+
+A layer profile (measured on meshplan's runtime, or `planner.measure.profiles.estimate_layer`)
+describes that runtime's block: torch SDPA (a flash kernel), no dropout, no sequence parallelism,
+recompute none or full, torch's cross entropy on fp32 logits. A plan may describe another stack
+(`Plan.attention`, `Plan.loss`, `Plan.dropout`, `StagePlan.sequence_parallel`, selective recompute,
+`StagePlan.recompute_every`); this module turns the profile's bytes into that stack's bytes by adding
+or removing the terms that differ, each derived below from what the kernels keep for backward
+(element counts after Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2022, Table 2 and §4: a = heads, t = tp, s = seq, b = micro-batch, h = hidden, e = dtype
+bytes). Every function is linear in the micro-batch size and the stage's block count stays outside,
+so stage coefficients remain a·n + b.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs import flops
+from planner.specs.flops import DTYPE_BYTES
+from planner.specs.model import ModelSpec
+
+# A 1-byte mask per dropped element (torch's native_dropout keeps a bool mask), Korthikanti Table 2.
+DROPOUT_MASK_BYTES = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """The options of a stage that change what it keeps (hashable: part of StageContext)."""
+
+    attention: str = "sdpa"
+    loss: str = "torch"
+    dropout: bool = False
+    sequence_parallel: bool = False
+    selective: bool = False
+    recompute_every: int = 1
+
+
+RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
+
+
+def attention_scores_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str) -> float:
+    """One s×s matrix per local head: e·b·(a/t)·s² bytes."""
+    return DTYPE_BYTES[dtype] * batch * (m.num_heads / tp) * seq * seq
+
+
+def eager_attention_kept_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, dropout: bool) -> float:
+    """What non-flash attention keeps beyond flash's q, k, v and output, per block and tp rank.
+
+    softmax(QKᵀ) keeps its output for its backward and A·V reads it: e·a·s²·b/t. With attention
+    dropout the mask (1 byte) and the dropped probabilities A·V then reads (e) are kept as well:
+    (2e + 1)·a·s²·b/t — Korthikanti's 5as²b at e = 2. Flash kernels keep none of these (they
+    recompute the scores tile by tile in backward and regenerate the dropout mask from the RNG seed).
+    """
+    scores = attention_scores_bytes(m, batch, seq, tp, dtype)
+    if not dropout:
+        return scores
+    e = DTYPE_BYTES[dtype]
+    return scores * (2 * e + DROPOUT_MASK_BYTES) / e
+
+
+def hidden_dropout_mask_bytes(m: ModelSpec, batch: int, seq: int) -> float:
+    """Dropout after the attention and the MLP output projections: two b×s×h 1-byte masks, on the
+    replicated activations (Korthikanti Table 2: sbh each)."""
+    return 2 * DROPOUT_MASK_BYTES * batch * seq * m.hidden
+
+
+def replicated_bytes(m: ModelSpec, batch: int, seq: int, dtype: str, dropout: bool) -> float:
+    """Activations every tp rank keeps whole without sequence parallelism: the norms' inputs and
+    outputs (flops.block_replicated_activation_bytes) and the hidden dropout masks."""
+    out = flops.block_replicated_activation_bytes(m, batch, seq, dtype)
+    return out + (hidden_dropout_mask_bytes(m, batch, seq) if dropout else 0.0)
+
+
+def block_kept_bytes(
+    m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack, runtime_bytes: float
+) -> float:
+    """Bytes one block keeps without recompute under `stack`, from the runtime's `runtime_bytes`.
+
+    + eager attention's s×s terms (its A·V output is permuted into a copy, as SDPA's is); none
+      under selective recompute, which drops exactly these and keeps the linear layers' inputs
+      (Korthikanti §4.2.2's 34·sbh/t with sequence parallelism);
+    + hidden dropout masks;
+    − with sequence parallelism, (1 − 1/t) of the replicated part: norms and dropout run on s/t of
+      the sequence, so each rank keeps 1/t of them (Korthikanti eq. 4 → 34·sbh/t);
+    − FlashAttention's own layout (b×s×heads×d): the output it saves is the output projection's
+      input, where SDPA's b×heads×s×d output is transposed into a second b×s×h/t copy;
+    − under selective recompute with SDPA, the kernel's own output (SDPA saves it for its backward;
+      the projection keeps its transposed copy), rebuilt in backward with the core;
+    """
+    out = runtime_bytes
+    if stack.attention == "flash" or (stack.attention == "sdpa" and stack.selective):
+        out -= flops.block_input_bytes(m, batch, seq, dtype) / tp
+    if stack.attention == "eager" and not stack.selective:
+        out += eager_attention_kept_bytes(m, batch, seq, tp, dtype, stack.dropout)
+    if stack.dropout:
+        out += hidden_dropout_mask_bytes(m, batch, seq)
+    if stack.sequence_parallel and tp > 1:
+        out -= replicated_bytes(m, batch, seq, dtype, stack.dropout) * (1 - 1 / tp)
+    return out
+
+
+def recomputed_kept_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:
+    """A fully recomputed block keeps its input, b×s×h (Korthikanti §5: 2sbh at e = 2); with
+    sequence parallelism each rank keeps its s/t slice."""
+    out = flops.block_input_bytes(m, batch, seq, dtype)
+    return out / tp if stack.sequence_parallel and tp > 1 else out
+
+
+def block_mixed_kept_bytes(plain_bytes: float, recomputed_bytes: float, recompute_every: int) -> float:
+    """Per block, averaged over a stage where one block in k is fully recomputed and the others keep
+    everything: (1 − 1/k)·plain + (1/k)·recomputed (k = 1: every block recomputed)."""
+    f = 1.0 / recompute_every
+    return (1 - f) * plain_bytes + f * recomputed_bytes
+
+
+def block_workspace_bytes(
+    m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack, runtime_bytes: float, recompute: bool
+) -> float:
+    """Transient bytes at a block's backward peak, from the runtime row's `runtime_bytes`.
+
+    Eager attention's softmax backward holds the gradient of the probabilities and of the scores at
+    once: 2·e·a·s²·b/t when that exceeds the runtime's two largest transients. Recompute (full, or
+    selective's attention core) rebuilds the dropped set inside backward: under eager attention the
+    s×s terms are part of what is rebuilt.
+    """
+    out = runtime_bytes
+    if stack.attention == "eager":
+        out = max(out, 2 * attention_scores_bytes(m, batch, seq, tp, dtype))
+        if recompute or stack.selective:
+            out += eager_attention_kept_bytes(m, batch, seq, tp, dtype, stack.dropout)
+    return out
+
+
+def head_bytes(
+    m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack, kept: float, workspace: float
+) -> tuple[float, float]:
+    """(kept, workspace) of the head under `stack`'s loss kernel, from the runtime row's bytes
+    (torch's cross entropy, flops.loss_logit_bytes): the difference per logit element times the
+    b·s·V/t logits of one rank (vocab-parallel head)."""
+    if stack.loss == RUNTIME.loss:
+        return kept, workspace
+    elems = batch * seq * m.padded_vocab / tp
+    k0, w0 = flops.loss_logit_bytes(RUNTIME.loss, dtype)
+    k1, w1 = flops.loss_logit_bytes(stack.loss, dtype)
+    return max(0.0, kept + (k1 - k0) * elems), max(0.0, workspace + (w1 - w0) * elems)
+
+
+def zero3_working_bytes(largest_params: float, neighbour_params: float, dtype: str) -> float:
+    """FSDP / ZeRO-3 keeps whole only the layers in flight, never the stage. The peak is in backward:
+    the layer being differentiated, its unsharded gradient before the reduce-scatter, and the
+    neighbour prefetched one layer ahead (FSDP's BACKWARD_PRE; the forward holds only the layer and
+    the next): 2·P_x + P_neighbour e-byte values, largest for the stage's largest module x (a block,
+    or a tied / untied embedding table) next to a block: 3·P_block for a stage of blocks alone."""
+    return (2 * largest_params + neighbour_params) * DTYPE_BYTES[dtype]

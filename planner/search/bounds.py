@@ -1,0 +1,396 @@
+"""Lower bounds on the step time of sets of candidates, and the recompute dominance rule.
+
+Every bound is derived from the coefficients the inner solvers price (`arrays.Pricer`, hence
+`planner.cost.stage.stage_coeffs`), never from constants, so it stays a lower bound under any cost
+terms. The pipeline cost of a split is w_sum·Σ τ_i + w_max·max τ_i + max Z_i with τ_i = a_i·n_i + b_i
+(inner.py); the bounds below use only that structure, Σ n_i = L, n_i ≥ 1, and that the constant
+terms b_i and tails Z_i are not negative (times):
+
+    Σ τ_i ≥ L·min a + Σ b                           (every block on the cheapest slope)
+    max τ_i ≥ (L + Σ b/a) / Σ 1/a                   (stages paced to X hold n_i ≤ (X − b_i)/a_i blocks)
+    max Z_i ≥ max_i min_{1 ≤ n ≤ nmax} Z_i(n)       (each stage holds some n; Z is linear + a hinge)
+
+Kind-pure replicas (replicas.py) finish at T = max_r S_c + (m_r − 1)·X_c with Σ m_r = M: replica r
+takes m_r ≤ 1 + (T − S_c)/X_c micro-batches, so M ≤ Σ_c n_c·(1 + (T − S_c)/X_c), i.e.
+T ≥ (M − Σ n_c + Σ n_c·S_c/X_c) / Σ n_c/X_c, and T ≥ max S_c (every replica runs ≥ 1); both terms
+grow with S_c and X_c, so lower bounds of those give a lower bound of T.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from planner.cost import formulas as F
+from planner.cost.overlap import MAX_HIDE_FRACTION
+from planner.measure.calibrate import Calibration
+from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
+from planner.search.arrays import Pricer, SegmentSpec
+from planner.search.inner import StageArrays
+from planner.search.space import SearchSpace, Segment, Shape
+
+
+def tail_bound(s: StageArrays) -> float:
+    """max_i of a lower bound of Z_i(n) = max(0, e0 + e1·n) + z0 + z1·n over 1 ≤ n ≤ nmax."""
+    nmax = s.mem_ok.shape[1]
+    e = np.maximum(0.0, s.e0 + np.minimum(s.e1, s.e1 * nmax))
+    return float((e + s.z0 + np.minimum(s.z1, s.z1 * nmax)).max())
+
+
+def split_bound(s: StageArrays, num_layers: int, w_sum: float, w_max: float) -> float:
+    """A lower bound on solve_split(s, num_layers, …, w_sum, w_max)'s cost (module docstring)."""
+    inv = 1.0 / s.a
+    total = num_layers * float(s.a.min()) + float(s.b.sum())
+    worst = (num_layers + float((s.b * inv).sum())) / float(inv.sum())
+    return w_sum * total + w_max * worst + tail_bound(s)
+
+
+def pool_bound(S: list[float], X: list[float], counts: list[int], total_mb: int) -> float:
+    """Lower bound on the makespan of replicas with per-class S_c ≥ S[c], X_c ≥ X[c] (module docstring)."""
+    rate = sum(n / x for n, x in zip(counts, X, strict=True))
+    work = total_mb - sum(counts) + sum(n * s / x for n, s, x in zip(counts, S, X, strict=True))
+    return max(max(S), work / rate)
+
+
+def replica_bound(arrs: list[StageArrays], counts: list[int], num_layers: int, total_mb: int) -> float:
+    """A lower bound on solve_replicas' cost from each class's stage arrays (any split, any shares)."""
+    S, X, tails = [], [], []
+    for s in arrs:
+        inv = 1.0 / s.a
+        S.append(num_layers * float(s.a.min()) + float(s.b.sum()))
+        X.append((num_layers + float((s.b * inv).sum())) / float(inv.sum()))
+        tails.append(tail_bound(s))
+    return pool_bound(S, X, counts, total_mb) + min(tails)
+
+
+class Bounds:
+    """Bounds at three depths of the search tree: a shape (profile rows only), a shape × micro-batch ×
+    sharding (stage slopes a), and a candidate (its stage arrays, `split_bound` / `replica_bound`)."""
+
+    def __init__(
+        self,
+        pr: Pricer,
+        table: ProfileTable,
+        space: SearchSpace,
+        *,
+        seq: int,
+        dtype: str,
+        calibration: Calibration | None,
+        global_batch: int,
+    ) -> None:
+        self.pr, self.table, self.space, self.seq, self.dtype = pr, table, space, seq, dtype
+        self.calib, self.gb, self.L = calibration, global_batch, pr.model.num_layers
+        self.v_max = max(space.virtual_stages, default=1)
+        self.interleaved = "interleaved-1f1b" in space.schedules and self.v_max > 1
+        self.recs = (False, True) if space.recompute else (False,)
+        self._floor: dict[tuple[int, int, int], float] = {}
+        self._dom: dict[tuple[int, int, int], bool] = {}
+        # keyed on Pricer.link_id(dplink)
+        self._slope: dict[tuple, float] = {}
+
+    def a_floor(self, cls: int, tp: int, mbs: int) -> float:
+        """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
+        key = (cls, tp, mbs)
+        if key not in self._floor:
+            c, calib, pr = self.pr.classes[cls], self.calib, self.pr
+            fit = calib.fit("all_reduce") if calib is not None else None
+            if fit is not None:  # as stage_coeffs prices them
+                ar = fit.time_s(pr.hidden_bytes(mbs), tp)
+            else:
+                ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
+            rows = [self.table.lookup(ProfileKey(c.kind, "block", mbs, self.seq, tp, r, self.dtype)) for r in self.recs]
+
+            def slow(r: LayerProfile) -> float:  # as stage_coeffs slows a block row
+                return calib.slowdown(r.tp_comm_included) if calib is not None else 1.0
+
+            # a row timed on a real tp group holds its all-reduces already (stage_coeffs adds none)
+            self._floor[key] = min(slow(r) * r.train_s + (0.0 if r.tp_comm_included else 4 * ar) for r in rows)
+        return self._floor[key]
+
+    def recompute_dominated(self, shape: Shape, mbs: int) -> bool:
+        """True when full recompute cannot pay off without memory pressure: it adds at least as much
+        time per block as it lengthens the backward that hides the gradient sync (no runtime hides more than all of it:
+        planner.cost.overlap.MAX_HIDE_FRACTION)."""
+        out = True
+        for g in (
+            shape.segments
+            if shape.family == "pipeline"
+            else [Segment(c, 0, shape.segments[0].tp) for c, _ in shape.groups]
+        ):
+            key = (g.cls, g.tp, mbs)
+            if key not in self._dom:
+                kind = self.pr.classes[g.cls].kind
+                plain, rec = (
+                    self.table.lookup(ProfileKey(kind, "block", mbs, self.seq, g.tp, r, self.dtype))
+                    for r in (False, True)
+                )
+                d_train, d_bwd = rec.train_s - plain.train_s, rec.backward_s - plain.backward_s
+                self._dom[key] = d_train >= 0 and d_train >= MAX_HIDE_FRACTION * d_bwd
+            out = out and self._dom[key]
+        return out
+
+    def shape(self, shape: Shape, mbs: int) -> float:
+        """A cheap lower bound on any candidate of the shape: compute and TP traffic only."""
+        L, total_mb = self.L, self.gb // mbs
+        if shape.family == "pipeline":
+            a = [(self.a_floor(g.cls, g.tp, mbs), g.stages) for g in shape.segments]
+            m0 = math.ceil(total_mb / shape.dp)
+            # pipeline term w·Σ τ + (m − w)·max τ: w = 1 for 1F1B/GPipe, 1/v for interleaved (the smaller),
+            # where interleaving applies (explore.Explorer._interleaved_ok: equal m per replica, m % pp = 0)
+            vs = [v for v in self.space.virtual_stages if v >= 2 and L >= shape.pp * v]
+            inter = self.interleaved and shape.pp >= 2 and bool(vs) and total_mb % shape.dp == 0
+            w = 1.0 / max(vs) if inter and (total_mb // shape.dp) % shape.pp == 0 else 1.0
+            return w * L * min(x for x, _ in a) + (m0 - w) * L / sum(k / x for x, k in a)
+        # each replica's bottleneck stage holds ≥ L/pp blocks: the pool drains M micro-batches no faster
+        # and its first micro-batch passes all pp stages: T ≥ (M + dp·(pp − 1)) / Σ n_c·pp/(L·a_c)
+        rate = sum(n * shape.pp / (L * self.a_floor(c, shape.segments[0].tp, mbs)) for c, n in shape.groups)
+        return (total_mb + shape.dp * (shape.pp - 1)) / rate
+
+    def slope(
+        self, sg: SegmentSpec, first: bool, last: bool, pp: int, mbs: int, sharding: str, dp: int, interior: bool
+    ) -> float:
+        """The smallest per-block time a of the segment's stages, over both recompute settings: only the
+        stage contexts the segment really has (its pipeline ends, its interior; an interleaved rank
+        also runs interior chunks: `interior`), as pipeline_arrays and interleaved_arrays price them."""
+        key = (sg.cls, sg.tp, sg.stages, self.pr.link_id(sg.dplink), first, last, pp, mbs, sharding, dp, interior)
+        out = self._slope.get(key)
+        if out is None:
+            out = self._slope[key] = self._slope_of(sg, first, last, pp, mbs, sharding, dp, interior)
+        return out
+
+    def _slope_of(
+        self, sg: SegmentSpec, first: bool, last: bool, pp: int, mbs: int, sharding: str, dp: int, interior: bool
+    ) -> float:
+        ends = []
+        if first:
+            ends.append((True, pp == 1))
+        if last and pp > 1:
+            ends.append((False, True))
+        if sg.stages > len(ends) or interior:
+            ends.append((False, False))
+        pr = self.pr
+        return min(
+            pr.stage(sg.cls, sg.tp, mbs, r, f, la, pp, sharding, dp, sg.dplink).a for r in self.recs for f, la in ends
+        )
+
+    def pipeline(self, segs: list[SegmentSpec], m: int, w: float, mbs: int, sharding: str, dp: int) -> float:
+        """w·L·min a + (m − w)·L / Σ stages/a over the segments' true slopes (b, tails ≥ 0 dropped)."""
+        pp = sum(sg.stages for sg in segs)
+        n = len(segs)
+        a = [self.slope(sg, j == 0, j == n - 1, pp, mbs, sharding, dp, w < 1.0) for j, sg in enumerate(segs)]
+        L = self.L
+        return w * L * min(a) + (m - w) * L / sum(sg.stages / x for sg, x in zip(segs, a, strict=True))
+
+    def capped_pipeline(
+        self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int
+    ) -> float:
+        """A 1F1B/GPipe lower bound for every recompute prefix of a shape × mbs × sharding, before its
+        arrays exist: per stage the smaller a and b of its two recompute contexts (p2p ≥ 0 dropped)
+        and a cap no smaller than its full-recompute cap (the loosest: `explore` skips a node whose
+        full recompute does not fit), from pipeline_arrays' allocation formula solved for n and
+        rounded up, then `capped_row`. +inf when even those caps cannot hold L blocks."""
+        pr, L = self.pr, self.L
+        pp = sum(sg.stages for sg in segs)
+        nmax = max(1, L - pp + 1)
+        frag = 1 + F.FRAGMENTATION_FRACTION
+        rows: list[tuple[float, ...]] = []
+        plan: list[tuple[SegmentSpec, list[tuple[bool, bool]]]] = []
+        start = 0
+        for sg in segs:
+            # the stages of a segment share one context but at the pipeline's ends
+            ends = [(False, False)] * sg.stages
+            if start == 0:
+                ends[0] = (True, pp == 1)
+            if start + sg.stages == pp and pp > 1:
+                ends[-1] = (False, True)
+            vals = {}
+            for end in set(ends):
+                lo = pr.stage(sg.cls, sg.tp, mbs, self.recs[-1], *end, pp, sharding, dp, sg.dplink)
+                avail = (pr.capacity_bytes[sg.cls] + 1 - pr.reserve_bytes[sg.cls]) / frag - lo.workspace_bytes
+                vals[end] = (lo.state_a, lo.act_a, lo.state_b, lo.act_b, avail)
+            rows += [vals[e] for e in ends]
+            plan.append((sg, ends))
+            start += sg.stages
+        v = np.array(rows)
+        k = pr.inflight(schedule, pp, m)
+        mem_a, mem_b = v[:, 0] + k * v[:, 1], v[:, 2] + k * v[:, 3]
+        room = v[:, 4] - mem_b
+        # floor(peak(n)) ≤ capacity ⟺ n < room / mem_a; + 1 absorbs the rounding of this formula
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fill = np.clip(np.floor(room / mem_a) + 1, 0, nmax)
+        cap = np.where(mem_a <= 0, nmax, fill).astype(np.int64).tolist()
+        if min(cap) < 1 or sum(cap) < L:
+            return math.inf  # as capped_row answers, before pricing the other recompute contexts
+        a: list[float] = []
+        b: list[float] = []
+        for sg, ends in plan:
+            ab = {}
+            for end in set(ends):
+                cos = [pr.stage(sg.cls, sg.tp, mbs, r, *end, pp, sharding, dp, sg.dplink) for r in self.recs]
+                ab[end] = (min(co.a for co in cos), min(co.b for co in cos))
+            a += [ab[e][0] for e in ends]
+            b += [ab[e][1] for e in ends]
+        return capped_row(a, b, cap, L, 1.0, m - 1.0)
+
+    def replicas(self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, sharding: str) -> float:
+        """pool_bound with S_c ≥ L·a_c and X_c ≥ L·a_c/pp from each class's true slope."""
+        pp, dp, L = segs[0].stages, sum(counts), self.L
+        a = [self.slope(sg, True, True, pp, mbs, sharding, dp, False) for sg in segs]
+        return pool_bound([L * x for x in a], [L * x / pp for x in a], counts, total_mb)
+
+
+def capped_split_bound(s: StageArrays, num_layers: int, w_sum: float, w_max: float) -> float:
+    """`split_bound` tightened by memory (`prefix_bounds` of one candidate); +inf when no split fits."""
+    return float(prefix_bounds(s, s, [0], num_layers, w_sum, w_max)[0])
+
+
+def prefix_bounds(
+    none: StageArrays, full: StageArrays, ks: list[int], num_layers: int, w_sum: float, w_max: float
+) -> np.ndarray:
+    """Lower bounds on solve_split's cost for mix_prefix(none, full, k), every k in `ks` at once
+    ([K, p] arrays); +inf where no split fits in memory.
+
+    Stage i holds 1 ≤ n_i ≤ cap_i blocks (cap_i from mem_ok, a prefix of n). Σ τ is at least its
+    cheapest-slope-first fill under the caps (exact for the sum alone). max τ ≥ the smallest X ≥ x0 =
+    max τ_i(1) with f(X) = Σ_i min(cap_i, (X − b_i)/a_i) ≥ L: with the knees t_i = τ_i(cap_i) sorted,
+    the first j stages are at their cap on [max(x0, t_{j−1}), t_j], where f is linear, so on the
+    segment where f reaches L, X = (L − Σ_{i<j} cap_i + Σ_{i≥j} b_i/a_i) / Σ_{i≥j} 1/a_i.
+    The tail is at least max_i min over 1 ≤ n ≤ cap_i of Z_i(n) (`tail_bound`)."""
+    p = len(none.a)
+    mask = np.arange(p)[None, :] < np.asarray(ks)[:, None]
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.where(mask, y[None, :], x[None, :])
+
+    cap = mix(none.mem_ok.sum(axis=1).astype(np.float64), full.mem_ok.sum(axis=1).astype(np.float64))
+    parts = (mix(none.a, full.a), mix(none.b, full.b), mix(none.e0, full.e0), mix(none.e1, full.e1))
+    total, worst, tails, ok = capped_parts(*parts, mix(none.z0, full.z0), mix(none.z1, full.z1), cap, num_layers)
+    return np.where(ok, w_sum * total + w_max * worst + tails, np.inf)
+
+
+def capped_parts(
+    a: np.ndarray,
+    b: np.ndarray,
+    e0: np.ndarray,
+    e1: np.ndarray,
+    z0: np.ndarray,
+    z1: np.ndarray,
+    cap: np.ndarray,
+    num_layers: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of [K, p] stage coefficients and caps: (lower bound on Σ τ, on max τ, on max Z, whether
+    any split fits) — the three parts of `prefix_bounds`' docstring."""
+    K, p = a.shape
+    ok = (cap >= 1).all(axis=1) & (cap.sum(axis=1) >= num_layers)
+    r = np.arange(K)[:, None]  # row index for gathering along axis 1 (take_along_axis, without its overhead)
+    order = np.argsort(a, axis=1, kind="stable")
+    room = (cap - 1.0)[r, order]
+    take = np.clip((num_layers - p) - (np.cumsum(room, axis=1) - room), 0.0, room)
+    total = a.sum(axis=1) + b.sum(axis=1) + (a[r, order] * take).sum(axis=1)
+    x0 = (a + b).max(axis=1)
+    knee = a * cap + b
+    o = np.argsort(knee, axis=1, kind="stable")
+    t, c, inv, binv = (x[r, o] for x in (knee, cap, 1.0 / a, b / a))
+    zero = np.zeros((K, 1))
+    capped = np.concatenate([zero, np.cumsum(c, axis=1)], axis=1)  # [K, p + 1]: Σ cap of the first j
+    inv_left = np.concatenate([np.cumsum(inv[:, ::-1], axis=1)[:, ::-1], zero], axis=1)  # Σ 1/a of the rest
+    binv_left = np.concatenate([np.cumsum(binv[:, ::-1], axis=1)[:, ::-1], zero], axis=1)
+    right = np.concatenate([t, np.full((K, 1), np.inf)], axis=1)  # segment j ends at knee j
+    with np.errstate(invalid="ignore"):
+        f_right = capped + right * inv_left - binv_left
+    f_right[:, p] = np.inf
+    j0 = (t <= x0[:, None]).sum(axis=1)  # stages already at their cap at x0: segments before are empty
+    seg = np.arange(p + 1)[None, :]
+    j = np.argmax((seg >= j0[:, None]) & (f_right >= num_layers * (1 - 1e-12)), axis=1)
+    rows = np.arange(K)
+    left = np.maximum(x0, np.concatenate([np.full((K, 1), -np.inf), t], axis=1)[rows, j])
+    il = inv_left[rows, j]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(il > 0, (num_layers - capped[rows, j] + binv_left[rows, j]) / il, left)
+    worst = np.maximum(left, x)
+    tails = (np.maximum(0.0, e0 + np.minimum(e1, e1 * cap)) + z0 + np.minimum(z1, z1 * cap)).max(axis=1)
+    return total, worst, tails, ok
+
+
+def capped_replica_bound(
+    arrs: list[StageArrays], loose: list[StageArrays], counts: list[int], num_layers: int, total_mb: int
+) -> float:
+    """A lower bound on solve_replicas' cost: every class runs the same split, which must fit each
+    class's memory at one micro-batch in flight (`loose`: the largest caps any share allows), so
+    n_i ≤ min_c cap_c,i; per class S_c, X_c and the tail are bounded as in `prefix_bounds` under
+    those joint caps, then the pool (`pool_bound`). +inf when no split fits every class."""
+    cap = np.min([s.mem_ok.sum(axis=1) for s in loose], axis=0).astype(np.float64)
+    rows = [np.stack([getattr(s, f) for s in arrs]) for f in ("a", "b", "e0", "e1", "z0", "z1")]
+    total, worst, tails, ok = capped_parts(*rows, np.broadcast_to(cap, rows[0].shape), num_layers)
+    if not ok.all():
+        return math.inf
+    return pool_bound(list(total), list(worst), counts, total_mb) + float(tails.min())
+
+
+def capped_replica_bounds(
+    none: list[StageArrays],
+    full: list[StageArrays],
+    loose_none: list[StageArrays],
+    loose_full: list[StageArrays],
+    ks: list[int],
+    counts: list[int],
+    num_layers: int,
+    total_mb: int,
+) -> list[float]:
+    """`capped_replica_bound` of every recompute prefix k in `ks` at once: class c's arrays are
+    mix_prefix(none[c], full[c], k), its loose ones (one micro-batch in flight) mix_prefix(loose_none[c],
+    loose_full[c], k); one [K·G, p] `capped_parts` call instead of K calls on [G, p]."""
+    G, p, K = len(none), len(none[0].a), len(ks)
+    mask = np.arange(p)[None, :] < np.asarray(ks)[:, None]
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.where(mask, y[None, :], x[None, :])  # [K, p]
+
+    cap = np.min(
+        [mix(n.mem_ok.sum(axis=1), f.mem_ok.sum(axis=1)) for n, f in zip(loose_none, loose_full, strict=True)], axis=0
+    ).astype(np.float64)
+    rows = [
+        np.stack([mix(getattr(n, f), getattr(fl, f)) for n, fl in zip(none, full, strict=True)], axis=1).reshape(
+            K * G, p
+        )
+        for f in ("a", "b", "e0", "e1", "z0", "z1")
+    ]
+    caps = np.broadcast_to(cap[:, None, :], (K, G, p)).reshape(K * G, p)
+    total, worst, tails, ok = (x.reshape(K, G) for x in capped_parts(*rows, caps, num_layers))
+    out = []
+    for i in range(K):
+        if not ok[i].all():
+            out.append(math.inf)
+        else:
+            out.append(pool_bound(list(total[i]), list(worst[i]), counts, total_mb) + float(tails[i].min()))
+    return out
+
+
+def capped_row(a: list[float], b: list[float], cap: list[int], num_layers: int, w_sum: float, w_max: float) -> float:
+    """`prefix_bounds` of one candidate without its tail, in plain Python (cheaper than numpy for the
+    few stages of a node bound): Σ τ filled cheapest slope first under the caps, and the smallest
+    bottleneck X ≥ max τ_i(1) the caps allow, walking the knees τ_i(cap_i) in order. +inf if none fits."""
+    p = len(a)
+    if min(cap) < 1 or sum(cap) < num_layers:
+        return math.inf
+    total, rest = sum(a) + sum(b), num_layers - p
+    for i in sorted(range(p), key=a.__getitem__):
+        if rest <= 0:
+            break
+        t = min(rest, cap[i] - 1)
+        total += a[i] * t
+        rest -= t
+    x = max(ai + bi for ai, bi in zip(a, b, strict=True))
+    capped, inv, binv = 0.0, sum(1.0 / ai for ai in a), sum(bi / ai for ai, bi in zip(a, b, strict=True))
+    for i in sorted(range(p), key=lambda i: a[i] * cap[i] + b[i]):
+        knee = a[i] * cap[i] + b[i]
+        if knee > x:
+            # f is linear on [x, knee] (stage i still free, at its cap at the knee): the crossing is there
+            if capped + knee * inv - binv >= num_layers * (1 - 1e-12):
+                x = max(x, (num_layers - capped + binv) / inv)
+                break
+            x = knee
+        capped, inv, binv = capped + cap[i], inv - 1.0 / a[i], binv - b[i] / a[i]
+    # no break: every stage is at its cap at x, where f = Σ cap ≥ L (the crossing is x or before)
+    return w_sum * total + w_max * x

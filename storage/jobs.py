@@ -1,0 +1,142 @@
+"""The job queue (tables `jobs`, `job_events`): submit, move between states, list, cancel.
+
+Every state change and its event row are written in one transaction; a transition the state
+machine does not allow raises MeshplanError naming the job, its state and the target. A job also
+carries its training options (`train_json`), its run folder once launched and the allocation it was
+admitted with (`base_allocation`), which the elastic runner (flows/job.py) and the scheduler read.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from planner.errors import MeshplanError
+from storage.db import connect, query
+
+STATES = ("queued", "running", "resizing", "finished", "failed", "cancelled")
+ALLOWED = {
+    "queued": {"running", "failed", "cancelled"},
+    "running": {"resizing", "finished", "failed", "queued", "cancelled"},  # queued: preempted
+    "resizing": {"running", "failed", "queued", "cancelled"},
+    "finished": set(),
+    "failed": set(),
+    "cancelled": set(),
+}
+
+
+def submit_job(
+    db_path: str | Path,
+    model: str,
+    global_batch: int,
+    iterations: int,
+    *,
+    job_id: str | None = None,
+    seq: int | None = None,
+    priority: int = 0,
+    deadline_s: float | None = None,
+    gpu_kinds: tuple[str, ...] = (),
+    train: dict[str, Any] | None = None,
+) -> str:
+    """Queue a job; returns its id. Resubmitting an existing id is an error, not a duplicate.
+
+    `train`: train_flow's options for this job (data, optimizer, lr, seed, checkpoint_every)."""
+    if global_batch <= 0 or iterations <= 0:
+        raise MeshplanError("global_batch/iterations", (global_batch, iterations), "both must be positive")
+    job_id = job_id or uuid.uuid4().hex[:12]
+    with connect(db_path) as con:
+        con.execute("BEGIN TRANSACTION")
+        if con.execute("SELECT 1 FROM jobs WHERE job_id = ?", [job_id]).fetchall():
+            con.execute("ROLLBACK")
+            raise MeshplanError("job_id", job_id, "already submitted; pick another id or cancel that job")
+        con.execute(
+            "INSERT INTO jobs (job_id, model, global_batch, iterations, seq, priority, deadline_s, gpu_kinds,"
+            " state, allocation, submitted_at, updated_at, train_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', NULL, now(), now(), ?)",
+            [
+                job_id,
+                model,
+                global_batch,
+                iterations,
+                seq,
+                priority,
+                deadline_s,
+                ";".join(gpu_kinds),
+                json.dumps(train or {}),
+            ],
+        )
+        con.execute("INSERT INTO job_events VALUES (?, 0, NULL, 'queued', NULL, 'submitted', now())", [job_id])
+        con.execute("COMMIT")
+    return job_id
+
+
+def transition(
+    db_path: str | Path, job_id: str, to_state: str, reason: str = "", allocation: str | None = None
+) -> None:
+    """Move a job to `to_state` and record the event, atomically."""
+    if to_state not in STATES:
+        raise MeshplanError("state", to_state, f"choose one of {', '.join(STATES)}")
+    with connect(db_path) as con:
+        con.execute("BEGIN TRANSACTION")
+        row = con.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchall()
+        if not row:
+            con.execute("ROLLBACK")
+            raise MeshplanError("job_id", job_id, "no such job; see `meshplan jobs`")
+        state = row[0][0]
+        if to_state not in ALLOWED[state]:
+            con.execute("ROLLBACK")
+            raise MeshplanError(f"job {job_id} state", state, f"cannot go to {to_state} from {state}")
+        n = con.execute("SELECT coalesce(max(seq) + 1, 0) FROM job_events WHERE job_id = ?", [job_id]).fetchall()[0][0]
+        con.execute(
+            "UPDATE jobs SET state = ?, allocation = coalesce(?, allocation), updated_at = now() WHERE job_id = ?",
+            [to_state, allocation, job_id],
+        )
+        con.execute(
+            "INSERT INTO job_events VALUES (?, ?, ?, ?, ?, ?, now())", [job_id, n, state, to_state, allocation, reason]
+        )
+        con.execute("COMMIT")
+
+
+def set_job_run(
+    db_path: str | Path,
+    job_id: str,
+    *,
+    run_dir: str | None = None,
+    base_allocation: str | None = None,
+    runner_pid: int | None = None,
+) -> None:
+    """Record a job's run folder, the allocation it was admitted with, its runner's pid (None: unchanged)."""
+    with connect(db_path) as con:
+        con.execute(
+            "UPDATE jobs SET run_dir = coalesce(?, run_dir), base_allocation = coalesce(?, base_allocation),"
+            " runner_pid = coalesce(?, runner_pid), updated_at = now() WHERE job_id = ?",
+            [run_dir, base_allocation, runner_pid, job_id],
+        )
+
+
+def get_job(db_path: str | Path, job_id: str) -> dict[str, Any]:
+    """The job's row, its training options parsed (`train`)."""
+    rows = query(db_path, "SELECT * FROM jobs WHERE job_id = ?", [job_id]).to_dicts()
+    if not rows:
+        raise MeshplanError("job_id", job_id, "no such job; see `meshplan jobs`")
+    row = rows[0]
+    row["train"] = json.loads(row["train_json"] or "{}")
+    return row
+
+
+def cancel_job(db_path: str | Path, job_id: str, reason: str = "cancelled by the user") -> None:
+    transition(db_path, job_id, "cancelled", reason)
+
+
+def list_jobs(db_path: str | Path, state: str | None = None) -> pl.DataFrame:
+    sql = "SELECT * FROM jobs" + (" WHERE state = ?" if state else "") + " ORDER BY submitted_at, job_id"
+    return query(db_path, sql, [state] if state else None)
+
+
+def job_events(db_path: str | Path, job_id: str | None = None) -> pl.DataFrame:
+    sql = "SELECT * FROM job_events" + (" WHERE job_id = ?" if job_id else "") + " ORDER BY job_id, seq"
+    return query(db_path, sql, [job_id] if job_id else None)

@@ -1,0 +1,217 @@
+"""Prefect tasks of the cluster scheduler: read the queue, decide one round, apply what it chose.
+
+Applying a round: a start moves the job to running and starts its elastic runner (flows/job.py, a
+process of its own, so the round ends while the job trains); a resize moves it to resizing with the
+new allocation and asks its ranks to checkpoint and exit (control.json `checkpoint_exit`), after
+which the runner re-plans for the new allocation and relaunches train_flow resuming through DCP; a
+cancelled job that still has ranks is asked to exit the same way.
+
+Policies: reading the queue and deciding must see the latest rows — NO_CACHE (the planner's prices
+are cached inside PlannerSpeed for the round). Applying is a sequence of state transitions, each
+atomic in DuckDB, and process starts; it is not retried (a retry would try a transition already
+made and be refused, or start a second runner).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from launcher.control import read_control, write_control
+from launcher.launch import start_logged
+from planner.errors import MeshplanError
+from planner.replan.options import relabel_for_runtime
+from planner.runtime import check_launchable
+from planner.schedule import (
+    Allocation,
+    ClusterState,
+    Decision,
+    Job,
+    PlannerSpeed,
+    Policy,
+    RunningJob,
+    SpeedSource,
+    decide,
+)
+from planner.schedule.trace import cluster_from_spec
+from planner.specs.cluster import ClusterSpec
+from planner.specs.config import SEARCH_BUDGET_S
+from planner.specs.model import get_model
+from planner.specs.plan import Plan
+from storage.jobs import list_jobs, set_job_run, transition
+
+
+def alloc_text(a: Allocation) -> str:
+    return f"{a.count}x{a.kind}/{a.num_nodes}"
+
+
+def parse_alloc(text: str) -> Allocation:
+    count_kind, nodes = text.split("/")
+    count, kind = count_kind.split("x", 1)
+    return Allocation(kind, int(count), int(nodes))
+
+
+def job_from_row(row: dict) -> Job:
+    kinds = tuple(k for k in (row["gpu_kinds"] or "").split(";") if k)
+    return Job(
+        row["job_id"],
+        row["model"],
+        row["global_batch"],
+        row["iterations"],
+        0.0,
+        row["seq"],
+        row["priority"],
+        row["deadline_s"],
+        kinds,
+    )
+
+
+def checkpoint_step(run_dir: str | Path | None) -> int:
+    """Steps saved by the run folder's latest checkpoint (0: none): worker/checkpoint.py's layout."""
+    if not run_dir:
+        return 0
+    root = Path(run_dir) / "checkpoints"
+    try:
+        name = (root / "latest").read_text().strip()
+        return int(json.loads((root / name / "meta.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@task(name="read-queue", cache_policy=NO_CACHE)
+def read_state(db_path: str, spec: ClusterSpec, speed: SpeedSource) -> tuple[ClusterState, list[Job], list[RunningJob]]:
+    """Queued jobs, and running ones placed back on the cluster from their recorded allocation.
+
+    A resizing job holds its new allocation but is not offered to the round (its switch is under
+    way); a running job's progress is its latest checkpoint's step."""
+    cl = cluster_from_spec(spec)
+    queue = [job_from_row(r) for r in list_jobs(db_path, "queued").iter_rows(named=True)]
+    running = []
+    for state in ("resizing", "running"):
+        for r in list_jobs(db_path, state).iter_rows(named=True):
+            job, alloc = job_from_row(r), parse_alloc(r["allocation"])
+            place = cl.place(alloc)
+            price = speed.price(job, alloc)
+            assert place is not None and price is not None, f"{state} job {job.job_id} no longer fits {alloc}"
+            cl.take(place)
+            if state == "running":
+                base = parse_alloc(r["base_allocation"]) if r.get("base_allocation") else alloc
+                done = float(checkpoint_step(r.get("run_dir")))
+                running.append(RunningJob(job, place, price.iter_time_s, done, base=base, plan=price.plan))
+    return cl, queue, running
+
+
+@task(name="decide-round", cache_policy=NO_CACHE)
+def decide_round(
+    cl: ClusterState, queue: list[Job], running: list[RunningJob], policy: Policy, speed: SpeedSource
+) -> Decision:
+    return decide(cl, queue, running, policy, speed)
+
+
+def request_resize(db_path: str, job_id: str, run_dir: str | None, alloc: str, reason: str) -> None:
+    """running → resizing onto `alloc`, then ask the ranks to checkpoint and exit at their next step.
+
+    The state is written first: the runner, seeing its ranks exit, reads the allocation to re-plan
+    for; if they had already exited (between two launches) the runner plans for it anyway."""
+    transition(db_path, job_id, "resizing", reason, alloc)
+    if run_dir:
+        write_control(run_dir, "checkpoint_exit", at_step=0, reason=f"resize to {alloc}")
+
+
+def request_stop(run_dir: str) -> bool:
+    """Ask a cancelled job's ranks to checkpoint and exit, once; True when asked now."""
+    msg = read_control(run_dir)
+    if msg is not None and msg.get("reason") == "stop":
+        return False
+    write_control(run_dir, "checkpoint_exit", at_step=0, reason="stop")
+    return True
+
+
+def start_runner(db_path: str, job_id: str, cluster_path: str, runs_dir: str, timeout_s: float) -> int:
+    """Start the job's elastic runner (`python -m flows.job`) in a session of its own; its pid.
+
+    It reports to this process's Prefect API when there is one (a served scheduler, the test
+    harness), so its flow runs show next to the round that started it."""
+    from prefect.settings import PREFECT_API_URL
+
+    log = Path(runs_dir) / job_id / "job.log"
+    paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
+    cmd = [sys.executable, "-m", "flows.job", paths[0], job_id, paths[1], "--runs-dir", paths[2]]
+    cmd += ["--timeout-s", repr(timeout_s)]
+    api = PREFECT_API_URL.value()
+    return start_logged(cmd, log, {"PREFECT_API_URL": api} if api else None).pid
+
+
+@task(name="apply-round", cache_policy=NO_CACHE, retries=0)
+def apply_round(
+    db_path: str, d: Decision, cluster_path: str, runs_dir: str, launch: bool = True, timeout_s: float = 900.0
+) -> list[dict[str, Any]]:
+    """Record every choice as a transition and act on it; returns what was done, one dict per job."""
+    done: list[dict[str, Any]] = []
+    for r in d.rejections:
+        transition(db_path, r.job_id, "failed", f"rejected: {r.reason}")
+        done.append({"job_id": r.job_id, "action": "reject", "reason": r.reason})
+    rows = {r["job_id"]: r for r in list_jobs(db_path).iter_rows(named=True)}
+    for a in d.actions:
+        alloc = alloc_text(a.placement.alloc)
+        if a.kind == "start":
+            transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
+            set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
+            pid = start_runner(db_path, a.job_id, cluster_path, runs_dir, timeout_s) if launch else None
+            if pid is not None:
+                set_job_run(db_path, a.job_id, runner_pid=pid)
+            done.append({"job_id": a.job_id, "action": "start", "allocation": alloc, "runner_pid": pid})
+        else:  # grow / shrink / move: through resizing (checkpoint, reshard, relaunch) back to running
+            request_resize(db_path, a.job_id, rows[a.job_id]["run_dir"], alloc, a.reason)
+            done.append({"job_id": a.job_id, "action": a.kind, "allocation": alloc})
+    for r in rows.values():
+        if r["state"] == "cancelled" and r["run_dir"] and request_stop(r["run_dir"]):
+            done.append({"job_id": r["job_id"], "action": "stop"})
+    return done
+
+
+def runner_alive(pid: int | None, job_id: str) -> bool:
+    """Is `pid` a live runner of `job_id` (its command line names flows.job and the job; Linux /proc)?"""
+    if not pid:
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X") and b"flows.job" in argv and job_id.encode() in argv
+
+
+@task(name="reconcile-runners", cache_policy=NO_CACHE, retries=0)
+def reconcile_runners(db_path: str) -> list[str]:
+    """Running or resizing jobs whose runner is gone go back to the queue (re-admitted, they resume from
+    their latest checkpoint): a scheduler killed between admitting a job and starting its runner, a
+    runner killed with SIGKILL or a reboot lose no job. Returns the requeued ids."""
+    out = []
+    for state in ("running", "resizing"):
+        for r in list_jobs(db_path, state).iter_rows(named=True):
+            if not runner_alive(r["runner_pid"], r["job_id"]):
+                step = checkpoint_step(r["run_dir"])
+                transition(db_path, r["job_id"], "queued", f"its runner is gone; re-admission resumes from step {step}")
+                out.append(r["job_id"])
+    return out
+
+
+@task(name="plan-for-allocation", cache_policy=NO_CACHE)
+def plan_for_allocation(spec: ClusterSpec, row: dict, alloc: str, time_budget_s: float = SEARCH_BUDGET_S) -> Plan:
+    """The job's best launchable plan on `alloc`, on ranks 0..n−1 (planner.search through PlannerSpeed)."""
+    job, a = job_from_row(row), parse_alloc(alloc)
+    speed = PlannerSpeed.from_cluster(spec, time_budget_s=time_budget_s)
+    if a.kind not in speed.templates:
+        raise MeshplanError(f"job {job.job_id} allocation", alloc, f"the cluster has no {a.kind} nodes")
+    plan = speed.best_plan(job, a)
+    if plan is None:
+        raise MeshplanError(f"job {job.job_id} allocation", alloc, f"no plan of {job.model} fits it")
+    plan, _ = relabel_for_runtime(plan)
+    check_launchable(plan, a.count, get_model(job.model))  # the search ranks launchable plans first
+    return plan

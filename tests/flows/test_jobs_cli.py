@@ -1,0 +1,65 @@
+"""`meshplan submit / jobs / cancel` in real CLI processes against one state folder."""
+
+import os
+import subprocess
+import sys
+
+
+def _meshplan(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_submit_list_cancel(tmp_path) -> None:
+    p = _meshplan(
+        tmp_path, "submit", "--model", "gpt2-small", "--global-batch", "32", "--iterations", "100", "--job-id", "a"
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "a", p.stderr
+    p = _meshplan(tmp_path, "jobs")
+    assert p.stdout.split()[:3] == ["a", "queued", "gpt2-small"]
+    assert _meshplan(tmp_path, "cancel", "a").returncode == 0
+    p = _meshplan(tmp_path, "jobs", "--events")
+    assert [ln.split()[3] for ln in p.stdout.splitlines()] == ["queued", "cancelled"]
+    p = _meshplan(tmp_path, "cancel", "a")
+    assert p.returncode == 1 and "cannot go to cancelled from cancelled" in p.stderr
+    p = _meshplan(tmp_path, "submit", "--model", "gpt9", "--global-batch", "8", "--iterations", "1")
+    assert p.returncode == 1 and "did you mean" in p.stderr
+
+
+def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:
+    cluster = "tests/data/cpu-4ranks.toml"
+    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "5m")
+    assert p.returncode == 1 and "run `meshplan ui` first" in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--policy", "sjf")
+    assert p.returncode == 1 and "choose one of jct" in p.stderr
+    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "never")
+    assert p.returncode == 1 and "--every" in p.stderr
+
+
+def test_schedule_cluster_serves_a_deployment_whose_run_decides_a_round(tmp_path) -> None:
+    """A real server (flows/server.py), `meshplan schedule-cluster` serving, one run on demand:
+    the queued job is admitted, recorded in the queue (--no-launch: a GPU cluster, no ranks here)."""
+    from storage.jobs import list_jobs, submit_job
+    from tests.flows.test_replan_cli import _env
+    from tests.support.served import serve_and_run_once
+
+    db = tmp_path / "meshplan.duckdb"
+    submit_job(db, "gpt2-small", 32, 100, job_id="a")
+    args = [
+        "schedule-cluster",
+        "--cluster",
+        "examples/clusters/mixed-a100-v100-t4.toml",
+        "--every",
+        "1h",
+        "--no-launch",
+    ]
+    command = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args]
+    serve_and_run_once(tmp_path, command, "scheduler/cluster", _env(PREFECT_RUNNER_POLL_FREQUENCY="1"), 3600)
+    assert list_jobs(db, "running")["job_id"].to_list() == ["a"]

@@ -1,0 +1,93 @@
+"""bench/published.py maps a published row to the plan that ran: degrees, order, batch, measured step."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("published_bench", ROOT / "bench/published.py")
+bench = importlib.util.module_from_spec(spec)
+sys.modules["published_bench"] = bench  # dataclasses resolve their module by name
+spec.loader.exec_module(bench)
+
+SC21 = {
+    "run_id": "sc21_t1_76.1B",
+    "source": "Narayanan et al., SC'21",
+    "model_name": "GPT 76.1B",
+    "layers": "60",
+    "hidden": "10240",
+    "heads": "80",
+    "ffn_hidden": "40960",
+    "seq_len": "2048",
+    "vocab": "51200",
+    "global_batch": "1792",
+    "micro_batch": "2",
+    "tp": "8",
+    "pp": "4",
+    "dp": "32",
+    "cp": "",
+    "vpp": "3",
+    "gpu": "A100-SXM4-80GB",
+    "num_gpus": "1024",
+    "gpus_per_node": "8",
+    "interconnect": "Selene",
+    "recompute": "full (activation recomputation)",
+    "sharding": "",
+    "precision": "fp16 mixed",
+    "tokens_per_sec": "",
+    "derived_iteration_time_s": "16.058",
+    "heterogeneous": "no",
+}
+
+
+def test_megatron_row_becomes_interleaved_3d_plan_in_megatron_rank_order():
+    case = bench.build_case(SC21)
+    p = case.plan
+    assert (p.pp, p.dp, p.virtual_stages, p.schedule) == (4, 32, 3, "interleaved-1f1b")
+    assert len(p.stages) == 12 and all(s.num_layers == 5 for s in p.stages)
+    # tp fastest, then dp, then pp: stage 1 (pipeline rank 1) starts after 32 × 8 devices
+    assert p.stages[1].device_ids[:9] == tuple(range(256, 265))
+    assert p.stages[4].device_ids == p.stages[0].device_ids  # virtual stage 4 lives on rank 0
+    assert p.num_microbatches() == 1792 // 32 // 2
+    assert p.dtype == "fp16" and p.stages[0].recompute == "full" and p.stages[0].sharding == "none"
+    assert case.model.has_learned_positions and case.measured_s == pytest.approx(16.058)
+    assert case.cluster.num_devices == 1024
+
+
+def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_is_listed_not_dropped():
+    row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
+    row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
+    row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
+    case = bench.build_case(row)
+    assert case.measured_s == pytest.approx(32 * 2048 / 4096)
+    assert case.plan.num_microbatches() == 2 and case.plan.stages[0].sharding == "zero3"
+    assert not case.model.has_learned_positions  # ALiBi
+    with pytest.raises(bench.Unsupported, match="fp8"):
+        bench.build_case(dict(row, precision="amp_fp8"))
+
+
+def test_each_framework_maps_to_the_stack_it_ran_and_megatron_rows_fit():
+    meg = bench.build_case(SC21)
+    assert (meg.plan.attention, meg.plan.loss, meg.plan.dropout) == ("eager", "vocab-parallel", True)
+    cost = bench.estimate(meg.plan, meg.model, meg.cluster)
+    assert cost.feasible  # full recompute keeps one block's s×s probabilities at a time
+    row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
+    row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
+    row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
+    mpt = bench.build_case(row)
+    assert (mpt.plan.attention, mpt.plan.loss, mpt.plan.dropout) == ("flash", "fused", False)
+    assert bench.runtime_stack(mpt).plan.loss == "torch"
+
+
+def test_each_row_is_priced_under_its_frameworks_overlap():
+    assert bench.build_case(SC21).runtime.name == "megatron-sc21"
+    row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
+    row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
+    row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
+    row["framework"] = "Composer + llm-foundry (FSDP)"
+    mpt = bench.build_case(row)
+    assert mpt.runtime.name == "fsdp-composer"
+    assert bench.with_runtime(mpt, "meshplan").runtime.name == "meshplan"
+    assert bench.with_runtime(mpt, "row") is mpt
