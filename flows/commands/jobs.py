@@ -20,13 +20,22 @@ def submit(
     priority: Annotated[int, typer.Option("--priority")] = 0,
     deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="seconds from submission")] = None,
     gpu_kinds: Annotated[str, typer.Option("--gpu-kinds", help="allowed kinds, comma separated (default any)")] = "",
+    data: Annotated[str | None, typer.Option("--data", help="synthetic | text (default: config train.data)")] = None,
+    optimizer: Annotated[str | None, typer.Option("--optimizer", help="adamw | sgd (default: config)")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="learning rate (default: config train.lr)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="data and init seed (default: config)")] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option("--checkpoint-every", help="steps between checkpoints (default: config)")
+    ] = None,
 ) -> None:
-    """Queue a training job for the cluster scheduler."""
+    """Queue a training job for the cluster scheduler (training options default to the config's [train])."""
     from planner.specs.model import get_model
     from storage.jobs import submit_job
 
     get_model(model)  # an unknown preset fails here with suggestions, not in a later round
     kinds = tuple(k.strip().lower() for k in gpu_kinds.split(",") if k.strip())
+    options = {"data": data, "optimizer": optimizer, "lr": lr, "seed": seed, "checkpoint_every": checkpoint_every}
+    train = job_train_options({k: v for k, v in options.items() if v is not None})
     jid = submit_job(
         db_path(load_settings()),
         model,
@@ -37,8 +46,24 @@ def submit(
         priority=priority,
         deadline_s=deadline_s,
         gpu_kinds=kinds,
+        train=train,
     )
     typer.echo(jid)
+
+
+def job_train_options(given: dict) -> dict:
+    """The options the user set, checked now against train_flow's config types and ranges (a bad --lr
+    fails at submission naming the flag, not rounds later in the job's runner)."""
+    from planner.errors import MeshplanError
+    from planner.specs.config import TrainConfig
+    from planner.validation import parse
+
+    try:
+        checked = parse(TrainConfig, given)
+    except MeshplanError as exc:
+        flag = "--" + str(exc.field).replace("_", "-")
+        raise MeshplanError(flag, exc.value, exc.fix) from None
+    return {k: getattr(checked, k) for k in given}
 
 
 @app.command()

@@ -9,9 +9,10 @@ kind allows, and spare devices go to running jobs when the time saved beats the 
 
     gain_s = remaining_s(now) − (remaining_s(new) + switch_s),   switch_s = relaunch_s + 2 · state_bytes / checkpoint_bytes_per_s
 
-(save then load of the resharded checkpoint). A grown job gives devices back (shrinks to the
-allocation it was admitted with) when that lets a waiting job start. Baselines in the same code:
-`fcfs` runs the user's requested allocation in arrival order (first fit, never resized); `gavel`
+(save then load of the resharded checkpoint). Running jobs give devices back when that lets a
+waiting job start: a grown job shrinks to the allocation it was admitted with, and any job one step
+below it when the shrink costs it less than the wait it saves (`_shrink_for`). Baselines in the
+same code: `fcfs` runs the user's requested allocation in arrival order (first fit, never resized); `gavel`
 keeps the requested GPU count (static parallelism) but picks the fastest GPU kind that fits now
 (heterogeneity-aware, after Narayanan et al., OSDI'20, without its LP or time slicing).
 """
@@ -45,6 +46,7 @@ class Policy:
     min_gain_s: float = 600.0  # two 300 s rounds: smaller gains are noise against the switch risk
     max_inefficiency: float = 1.25  # accept up to 25 % more GPU-seconds to start or run faster
     max_resizes: int = 16  # bound on grow/shrink/move actions per round
+    shrink_below_base: bool = True  # may shrink a job below the allocation it was admitted with
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -243,32 +245,88 @@ def _shrink_for(
     speed: SpeedSource,
     now_s: float,
 ) -> None:
-    """Jobs wait while others run grown: shrink grown jobs back to their admitted size if a waiting job then starts.
+    """Jobs wait while others hold the devices: shrink running jobs if a waiting job then starts.
 
-    A shrink costs the shrunk job `Δ = remaining(base) + switch − remaining(now)`; the waiting job
-    it admits would otherwise wait about `remaining(now)` of the grown job, so shrink when Δ < that.
+    A shrink to allocation `b` costs the shrunk job `Δ = remaining(b) + switch − remaining(now)`;
+    the waiting job it admits would otherwise wait about `remaining(now)` of that job, so the sum
+    of completion times falls when `Δ < remaining(now)` (priced as if the shrink were for good: the
+    job grows back once devices are spare, so the true Δ is smaller). Two passes:
+    1. grown jobs go back to the allocation they were admitted with, shortest remaining first
+       (all that pass, then the waiting jobs are admitted on what they freed);
+    2. with `policy.shrink_below_base`, if jobs still wait, a running job gives up one step of its
+       allocation (the largest smaller count of its kind it can run on), longest remaining first
+       (the longer it runs, the longer a waiting job would wait for it), one job at a time, kept
+       only if a waiting job then starts.
     """
-    grown = [r for r in running if r.base is not None and r.base.count < r.placement.alloc.count]
     trial = cl.copy()
+    grown = [r for r in running if r.base is not None and r.base.count < r.placement.alloc.count]
     shrunk: list[tuple[RunningJob, Price, Placement]] = []
     for r in sorted(grown, key=lambda r: r.remaining_s()):
         if len(shrunk) >= policy.max_resizes:
             break
         base = next((o for o in speed.options(r.job, trial) if o.alloc == r.base), None)
-        if base is None:
-            continue
-        delta = r.remaining_iterations * base.iter_time_s + policy.switch_s(r.job) - r.remaining_s()
-        if delta >= r.remaining_s():
-            continue
-        trial.release(r.placement)
-        place = trial.place(base.alloc)
-        if place is None:
-            trial.take(r.placement)
-            continue
-        trial.take(place)
-        shrunk.append((r, base, place))
-    if not shrunk:
+        step = _try_shrink(policy, r, base, trial)
+        if step is not None:
+            shrunk.append(step)
+    admitted = _admit(policy, waiting, opts, trial, now_s) if shrunk else {}
+    if not admitted:
+        trial, shrunk = cl.copy(), []
+    if policy.shrink_below_base:
+        done = {r.job.job_id for r, _, _ in shrunk}
+        for r in sorted(running, key=lambda r: -r.remaining_s()):
+            left = [j for j in waiting if j.job_id not in admitted]
+            if not left or len(shrunk) >= policy.max_resizes:
+                break
+            if r.job.job_id in done:
+                continue
+            smaller = [o for o in speed.options(r.job, trial) if _one_step_down(o.alloc, r.placement.alloc)]
+            target = max(smaller, key=lambda o: (o.alloc.count, -o.iter_time_s), default=None)
+            before = trial.copy()
+            step = _try_shrink(policy, r, target, trial)
+            if step is None:
+                continue
+            more = _admit(policy, left, opts, trial, now_s)
+            if more:
+                shrunk.append(step)
+                admitted.update(more)
+            else:
+                trial = before
+    if not admitted:
         return
+    cl.node_busy[:] = trial.node_busy
+    cl.invalidate()
+    starts.update(admitted)
+    for r, target, place in shrunk:
+        why = f"{policy.name}: {r.placement.alloc} → {target.alloc} so that {len(admitted)} waiting job(s) start"
+        resizes[r.job.job_id] = ("shrink", target, place, why)
+
+
+def _one_step_down(new: Allocation, old: Allocation) -> bool:
+    return new.kind == old.kind and new.count < old.count
+
+
+def _try_shrink(
+    policy: Policy, r: RunningJob, target: Price | None, trial: ClusterState
+) -> tuple[RunningJob, Price, Placement] | None:
+    """Move `r` onto `target` in `trial` when the shrink pays (Δ < remaining(now)); None leaves `trial` as it was."""
+    if target is None:
+        return None
+    delta = r.remaining_iterations * target.iter_time_s + policy.switch_s(r.job) - r.remaining_s()
+    if delta >= r.remaining_s():
+        return None
+    trial.release(r.placement)
+    place = trial.place(target.alloc)
+    if place is None:
+        trial.take(r.placement)
+        return None
+    trial.take(place)
+    return r, target, place
+
+
+def _admit(
+    policy: Policy, waiting: list[Job], opts: dict[str, list[Price]], trial: ClusterState, now_s: float
+) -> dict[str, tuple[Price, Placement, Allocation]]:
+    """Waiting jobs that start on `trial`'s free devices now, in the round's order (taken in `trial`)."""
     admitted: dict[str, tuple[Price, Placement, Allocation]] = {}
     for job in waiting:
         p = _choose(policy, job, opts[job.job_id], trial, now_s, job.iterations)
@@ -278,11 +336,4 @@ def _shrink_for(
         assert place is not None
         trial.take(place)
         admitted[job.job_id] = (p, place, p.alloc)
-    if not admitted:
-        return
-    cl.node_busy[:] = trial.node_busy
-    cl.invalidate()
-    starts.update(admitted)
-    for r, base, place in shrunk:
-        why = f"{policy.name}: {r.placement.alloc} → {base.alloc} so that {len(admitted)} waiting job(s) start"
-        resizes[r.job.job_id] = ("shrink", base, place, why)
+    return admitted

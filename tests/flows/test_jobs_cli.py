@@ -32,6 +32,23 @@ def test_submit_list_cancel(tmp_path) -> None:
     assert p.returncode == 1 and "did you mean" in p.stderr
 
 
+def test_submit_records_the_training_options_the_runner_uses(tmp_path) -> None:
+    from flows.job import _train_options
+    from storage.jobs import get_job
+
+    args = ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "20", "--job-id", "b"]
+    p = _meshplan(tmp_path, *args, "--optimizer", "sgd", "--lr", "0.05", "--checkpoint-every", "5")
+    assert p.returncode == 0, p.stderr
+    train = get_job(tmp_path / "meshplan.duckdb", "b")["train"]
+    assert train == {"optimizer": "sgd", "lr": 0.05, "checkpoint_every": 5}
+    assert _train_options("b", train) == train  # what job_flow hands to train_flow
+    p = _meshplan(tmp_path, *args[:-1], "c", "--lr", "-1")
+    assert p.returncode == 1 and p.stderr.lower().startswith("error: --lr") and "Traceback" not in p.stderr, p.stderr
+    p = _meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
+    assert p.returncode == 1 and "--optimizer" in p.stderr and "adamw" in p.stderr, p.stderr
+    assert _meshplan(tmp_path, "jobs").stdout.split()[0] == "b"  # the refused ones were never queued
+
+
 def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:
     cluster = "tests/data/cpu-4ranks.toml"
     p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "5m")

@@ -158,3 +158,31 @@ def test_table_prices_exactly_the_allocation_it_measured() -> None:
     assert p is not None and p.iter_time_s == 3.0
     assert speed.price(job("a"), Allocation("v100", 4, 1)) is None  # out of memory in the table
     assert speed.iter_time_s(job("a"), Allocation("a100", 8, 2)) == 1.7
+
+
+def test_a_long_job_is_shrunk_below_its_admitted_size_when_a_waiting_job_then_starts() -> None:
+    """Pass 2 of _shrink_for: one node of 4 a100, job a admitted on all 4 (its base), b waits.
+
+    a has 300,000 s left at 3.0 s/iter; on 2 a100 (5.5 s/iter) 550,000 s + a 60 s switch: Δ =
+    250,060 s < the 300,000 s b would wait, so a gives up half and b starts on the other half."""
+    speed, cl = TableSpeed(ROWS), ClusterState(["a100"], [4])
+    place = cl.place(Allocation("a100", 4, 1))
+    assert place is not None
+    cl.take(place)
+    a = RunningJob(job("a", iters=100_000), place, 3.0, base=place.alloc)
+    d = decide(cl, [job("b", iters=10)], [a], Policy("jct"), speed)
+    assert {x.job_id: (x.kind, x.placement.alloc) for x in d.actions} == {
+        "a": ("shrink", Allocation("a100", 2, 1)),
+        "b": ("start", Allocation("a100", 2, 1)),
+    }
+    assert "so that 1 waiting job(s) start" in next(x.reason for x in d.actions if x.job_id == "a")
+    # the same job near its end: Δ = 550 + 60 − 300 = 310 s ≥ the 300 s b waits for it — b waits
+    near_end = RunningJob(job("a", iters=100), place, 3.0, base=place.alloc)
+    d = decide(cl, [job("b", iters=10)], [near_end], Policy("jct"), speed)
+    assert d.actions == () and d.waiting == ("b",)
+    # a waiting job that half the node cannot run ("big" needs 4 a100) shrinks nobody
+    d = decide(cl, [job("b", model="big", iters=10)], [a], Policy("jct"), speed)
+    assert d.actions == () and d.waiting == ("b",)
+    # and the policy can keep admitted sizes as a floor
+    d = decide(cl, [job("b", iters=10)], [a], Policy("jct", shrink_below_base=False), speed)
+    assert d.actions == ()
