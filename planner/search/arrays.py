@@ -136,9 +136,18 @@ class Pricer:
         r = self.row_memo.get(id(co))
         if r is None:
             r = self.row_memo[id(co)] = (
-                co.a, co.b, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1,
-                co.state_a, co.act_a, co.state_b, co.act_b, co.workspace_bytes,
-            )  # fmt: skip
+                co.time_s_per_block,
+                co.time_s_fixed,
+                co.grad_sync_s_fixed,
+                co.grad_sync_s_per_block,
+                co.drain_s_fixed + co.optimizer_s_fixed,
+                co.drain_s_per_block + co.optimizer_s_per_block,
+                co.state_bytes_per_block,
+                co.activation_bytes_per_block,
+                co.state_bytes_fixed,
+                co.activation_bytes_fixed,
+                co.workspace_bytes,
+            )
         return r
 
     def layout(self, mbs: int, segs: list[SegmentSpec], num_layers: int) -> Layout:

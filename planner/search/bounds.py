@@ -171,7 +171,9 @@ class Bounds:
             ends.append((False, False))
         pr = self.pr
         return min(
-            pr.stage(sg.cls, sg.tp, mbs, r, f, la, pp, sharding, dp, sg.dplink).a for r in self.recs for f, la in ends
+            pr.stage(sg.cls, sg.tp, mbs, r, f, la, pp, sharding, dp, sg.dplink).time_s_per_block
+            for r in self.recs
+            for f, la in ends
         )
 
     def pipeline(self, segs: list[SegmentSpec], m: int, w: float, mbs: int, sharding: str, dp: int) -> float:
@@ -208,7 +210,13 @@ class Bounds:
             for end in set(ends):
                 lo = pr.stage(sg.cls, sg.tp, mbs, self.recs[-1], *end, pp, sharding, dp, sg.dplink)
                 avail = (pr.capacity_bytes[sg.cls] + 1 - pr.reserve_bytes[sg.cls]) / frag - lo.workspace_bytes
-                vals[end] = (lo.state_a, lo.act_a, lo.state_b, lo.act_b, avail)
+                vals[end] = (
+                    lo.state_bytes_per_block,
+                    lo.activation_bytes_per_block,
+                    lo.state_bytes_fixed,
+                    lo.activation_bytes_fixed,
+                    avail,
+                )
             rows += [vals[e] for e in ends]
             plan.append((sg, ends))
             start += sg.stages
@@ -228,7 +236,7 @@ class Bounds:
             ab = {}
             for end in set(ends):
                 cos = [pr.stage(sg.cls, sg.tp, mbs, r, *end, pp, sharding, dp, sg.dplink) for r in self.recs]
-                ab[end] = (min(co.a for co in cos), min(co.b for co in cos))
+                ab[end] = (min(co.time_s_per_block for co in cos), min(co.time_s_fixed for co in cos))
             a += [ab[e][0] for e in ends]
             b += [ab[e][1] for e in ends]
         return capped_row(a, b, cap, L, 1.0, m - 1.0)
