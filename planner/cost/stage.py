@@ -22,6 +22,7 @@ send/recv link, the measured overlap of gradient sync, and the optimizer's bytes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.cost import formulas as F
 from planner.cost import memory as M
@@ -35,9 +36,9 @@ from planner.specs.flops import DTYPE_BYTES, LayerKind
 from planner.specs.model import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
-class StageContext:
-    """What a stage's cost depends on besides its block count (hashable, so coefficients memoise)."""
+class StageContext(NamedTuple):
+    """What a stage's cost depends on besides its block count (hashable, so coefficients memoise; a
+    named tuple: a search builds ~10,000 and hashes them, which a frozen dataclass makes slow)."""
 
     kind: str
     dtype: str
@@ -65,11 +66,12 @@ class StageContext:
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
 
 
-@dataclass(frozen=True, slots=True)
-class StageCoeffs:
+class StageCoeffs(NamedTuple):
     """One stage's cost terms (module docstring): seconds per micro-batch unless a name says per step
     (the tail terms), bytes on one device, parameters one tp rank holds. `_per_block` multiplies the
-    stage's block count n, `_fixed` is its embedding / head / boundary share."""
+    stage's block count n, `_fixed` is its embedding / head / boundary share. Immutable; a named
+    tuple, not a frozen dataclass, because a search builds ~10,000 of them and a frozen dataclass
+    sets each of its 24 fields through object.__setattr__."""
 
     compute_s_per_block: float  # forward + backward of one block (profiled, × contention slowdown)
     compute_s_fixed: float  # forward + backward of the embedding and / or head
@@ -330,18 +332,13 @@ def _dp_collectives(ctx: StageContext) -> tuple[OV.Collective, OV.Collective, OV
     fit when calibrated."""
     d, dl, cal = ctx.dp, ctx.dp_link, ctx.calib
     bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
-    ag = (d - 1) * lat, (d - 1) / d / bw
-    ops = {
-        "all_gather": ag,
-        "reduce_scatter": ag,
-        "all_reduce": (F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw),
-    }
-    if cal is not None:
-        for op in ops:
-            f = cal.fit(op)
-            if f is not None:
-                ops[op] = f.coeffs(d)
-    return tuple(OV.Collective(*ops[op]) for op in ("all_gather", "reduce_scatter", "all_reduce"))  # type: ignore[return-value]
+    ag = OV.Collective((d - 1) * lat, (d - 1) / d / bw)
+    ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
+    if cal is None:
+        return ag, ag, ar
+    fits = [cal.fit(op) for op in ("all_gather", "reduce_scatter", "all_reduce")]
+    ring = (ag, ag, ar)
+    return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
 
 
 def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
