@@ -261,6 +261,44 @@ class Bounds:
             return math.inf, pipes
         return capped_row(rows[:, 0].tolist(), rows[:, 1].tolist(), cap, L, 1.0, m - 1.0), pipes
 
+    def optimistic_replicas(
+        self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, shardings: list[str], dp: int
+    ) -> float:
+        """A lower bound for every sharding and recompute prefix of a kind-pure replica shape × mbs,
+        before any dp context is priced: `capped_replica_bound` with each stage's a and b from its
+        local terms (as `optimistic`), each cap the largest of its recompute settings at one
+        micro-batch in flight and the smallest bytes per parameter of `shardings`, tails (≥ 0)
+        dropped. +inf when no split fits every class even so."""
+        if self.calib is not None and self.calib.fsdp is not None:
+            return 0.0
+        pp, L = segs[0].stages, self.L
+        nmax = max(1, L - pp + 1)
+        bpp = min(F.state_bytes_per_param(self.dtype, s, dp) for s in shardings)
+        a, b, caps = [], [], []
+        for sg in segs:
+            rows, _ = self._local_rows(sg, mbs, True, True, pp)
+            a.append(rows[:, 0])
+            b.append(rows[:, 1])
+            room = self.pr.room_bytes([sg])
+            per_rec = []
+            for r in self.recs:
+                lts = [self.pr.local(sg.cls, sg.tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
+                # one micro-batch in flight: mem = state + activations (formulas.inflight_microbatches ≥ 1)
+                mem_a = np.array([lt.num_params_per_block * bpp + lt.activation_bytes_per_block for lt in lts])
+                mem_b = np.array([lt.num_params_fixed * bpp + lt.activation_bytes_fixed for lt in lts])
+                left = (room - np.array([lt.workspace_bytes for lt in lts])) - mem_b
+                free = mem_a > 0
+                q = np.divide(left, mem_a, out=np.full_like(left, float(nmax)), where=free)
+                per_rec.append(np.where(free, np.clip(np.floor(q) + 1, 0, nmax), nmax))
+            caps.append(np.max(per_rec, axis=0))
+        cap = np.min(caps, axis=0)
+        zero = np.zeros((len(segs), pp))
+        A, B = np.array(a), np.array(b)
+        total, worst, _, ok = capped_parts(A, B, zero, zero, zero, zero, np.broadcast_to(cap, A.shape), L)
+        if not ok.all():
+            return math.inf
+        return pool_bound(list(total), list(worst), counts, total_mb)
+
     def _local_rows(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[np.ndarray, float]:
         """Per stage of a segment: [min a, min b over the recompute settings (compute + exposed TP),
         parameters per block, fixed parameters, kept activation bytes per block and fixed, workspace]

@@ -2,7 +2,9 @@
 
 The space is a tree: shape × micro-batch size → × sharding → × schedule (× virtual stages) →
 candidates (one recompute prefix each), whose inner problem `inner.solve_split` or
-`replicas.solve_replicas` solves. Every node carries a lower bound on the step time of every
+`replicas.solve_replicas` solves. A shape × micro-batch size node bounds its sharding children
+from the stages' local terms alone (`Bounds.optimistic`, `Bounds.optimistic_replicas`), so a
+sharding that cannot win is pruned before its data-parallel coefficients are priced. Every node carries a lower bound on the step time of every
 candidate below it (`bounds.py`), and the frontier is two heaps on those bounds, candidates and
 nodes. A candidate that can still enter the kept top-k is solved as soon as it exists (a dive:
 good plans come early, so pruning bites and a budget cut keeps them); otherwise the node with the
@@ -153,8 +155,7 @@ class Explorer:
             if shape.family == "pipeline":
                 self._pipeline_shape(shape, mbs, total_mb, shape_lb)
                 return
-            for sharding in self.shardings if shape.dp > 1 else ["none"]:
-                self._replica_sharding(shape, mbs, sharding, total_mb, shape_lb)
+            self._replica_shape(shape, mbs, total_mb, shape_lb)
 
         return run
 
@@ -306,13 +307,25 @@ class Explorer:
 
     # kind-pure replicas -----------------------------------------------------------------------------
 
-    def _replica_sharding(self, shape: Shape, mbs: int, sharding: str, total_mb: int, shape_lb: float) -> None:
+    def _replica_shape(self, shape: Shape, mbs: int, total_mb: int, shape_lb: float) -> None:
+        """A node per sharding, bounded first from the stages' local terms alone
+        (Bounds.optimistic_replicas), as `_pipeline_shape` does for pipelines."""
         if self.primary is None:
             return
         tp, pp = shape.segments[0].tp, shape.pp
         link = self.pr.intern(cross_node_link([self.pr.classes[c].spec for c, _ in shape.groups]))
         segs = [SegmentSpec(c, tp, pp, n * tp, link) for c, n in shape.groups]
         counts = [n for _, n in shape.groups]
+        shardings = self.shardings if shape.dp > 1 else ["none"]
+        opt = self.bounds.optimistic_replicas(segs, counts, total_mb, mbs, shardings, shape.dp)
+        if math.isinf(opt):
+            self.counts.infeasible += len(shardings)  # no split fits every class, whatever the sharding
+            return
+        for sharding in shardings:
+            run = lambda s=sharding: self._replica_sharding(shape, segs, counts, mbs, s, total_mb, shape_lb)  # noqa: E731
+            self.push(max(shape_lb, opt), run)
+
+    def _replica_sharding(self, shape, segs, counts, mbs: int, sharding: str, total_mb: int, shape_lb: float) -> None:
         lb = max(self.bounds.replicas(segs, counts, total_mb, mbs, sharding), shape_lb)
         self.push(lb, lambda: self._replica_arrays(shape, segs, counts, mbs, sharding, total_mb))
 
