@@ -90,7 +90,7 @@ def main() -> None:
         title=f"meshplan search: complete (no budget) vs budgeted ({budget:g} s, the CLI default), "
         f"wall s = min of {args.repeat}"
     )
-    for col in ("model", "GPUs", "kinds", "complete s", "budgeted s", "budgeted complete", "gap", "regret",
+    for col in ("model", "GPUs", "kinds", "complete s", "budgeted s", "regret", "budgeted complete", "gap",
                 "shapes", "step s", "MFU", "best layout"):  # fmt: skip
         t.add_column(col)
     wall: dict[tuple[str, str, int], float] = {}
@@ -109,14 +109,17 @@ def main() -> None:
                 console.print(f"{model_name:12s} {n:6d} {mix:15s} complete {full_s:6.2f} s, budgeted {cut_s:6.2f} s",
                               highlight=False)  # fmt: skip
                 f, c = _best(full), _best(cut)
+                # 0 exactly when the budgeted search returns the complete search's best plan
                 regret = "-" if f is None or c is None else f"{c / f - 1:.2%}"
+                if f is not None and c is not None and full.best.fingerprint() != cut.best.fingerprint():
+                    regret += " (other plan)"
                 if isinstance(full, NoFeasiblePlan):
                     row = ["-", "-", "infeasible: " + full.reasons[0][:50] + "…"]
                 else:
                     b = full.best
                     row = [f"{b.predicted.step_time_s:.3g}", f"{b.predicted.mfu:.1%}", layout(b)]
-                t.add_row(model_name, str(n), mix, f"{full_s:.2f}", f"{cut_s:.2f}", str(cut.stats.complete),
-                          f"{cut.stats.gap_fraction:.1%}", regret, str(full.stats.shapes), *row)  # fmt: skip
+                t.add_row(model_name, str(n), mix, f"{full_s:.2f}", f"{cut_s:.2f}", regret, str(cut.stats.complete),
+                          f"{cut.stats.gap_fraction:.1%}", str(full.stats.shapes), *row)  # fmt: skip
     console.print(t)
     g = Table(title="complete search time growth: ratio to the smallest size the model fits (GPUs) and to one kind")
     for col in ("model", "kinds", *(f"{n} GPUs" for n in sizes), *(f"kinds ratio @{n}" for n in sizes)):

@@ -188,7 +188,10 @@ def estimate(
     # so a slot of the slowest stage lasts at least one micro-batch's work on all of them over
     # the cores (planner.measure.calibrate); fill and drain keep the critical path.
     mb_work = [
-        sum(qs[i] * stages[i].tp * (coeffs[r][i].compute_a * ns[i] + coeffs[r][i].compute_b) for i in range(nst))
+        sum(
+            qs[i] * stages[i].tp * (coeffs[r][i].compute_s_per_block * ns[i] + coeffs[r][i].compute_s_fixed)
+            for i in range(nst)
+        )
         for r in range(dp)
     ]
     slot_work = sum(mb_work) / cores if shared else 0.0
@@ -204,9 +207,12 @@ def estimate(
     tails, parts = [], []
     for j in range(pp):
         own = [i for i in range(nst) if i % pp == j]
-        e = max(0.0, sum(coeffs[rc][i].e0 + coeffs[rc][i].e1 * ns[i] for i in own))
-        g = sum(coeffs[rc][i].g0 + coeffs[rc][i].g1 * ns[i] for i in own)
-        o = max(sum(coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i] for i in own) for r in range(dp))
+        e = max(0.0, sum(coeffs[rc][i].grad_sync_s_fixed + coeffs[rc][i].grad_sync_s_per_block * ns[i] for i in own))
+        g = sum(coeffs[rc][i].drain_s_fixed + coeffs[rc][i].drain_s_per_block * ns[i] for i in own)
+        o = max(
+            sum(coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i] for i in own)
+            for r in range(dp)
+        )
         tails.append(e + g + o)
         parts.append((e + g, o))
     jt = max(range(pp), key=lambda j: tails[j])
@@ -217,7 +223,9 @@ def estimate(
     if shared:
         work_pipe = sum(plan.num_microbatches(r) * mb_work[r] for r in range(dp))
         work_opt = sum(
-            qs[i] * stages[i].tp * (coeffs[r][i].o0 + coeffs[r][i].o1 * ns[i]) for r in range(dp) for i in range(nst)
+            qs[i] * stages[i].tp * (coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i])
+            for r in range(dp)
+            for i in range(nst)
         )
         share_pipe = max(0.0, work_pipe / cores - times[rc])
         share_opt = max(0.0, work_opt / cores - parts[jt][1])
@@ -232,10 +240,10 @@ def estimate(
     def total(attr_a: str, attr_b: str) -> float:
         return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
 
-    compute = total("compute_a", "compute_b") + stretch + share_pipe  # shared cores stretch the compute
-    tp_comm = total("tp_a", "tp_b")
-    zero3 = total("zero3_a", "zero3_b")
-    p2p = m * sum(coeffs[rc][i].p2p_b for i in own_b)
+    compute = total("compute_s_per_block", "compute_s_fixed") + stretch + share_pipe  # shared cores stretch the compute
+    tp_comm = total("tp_comm_s_per_block", "tp_comm_s_fixed")
+    zero3 = total("dp_comm_s_per_block", "dp_comm_s_fixed")
+    p2p = m * sum(coeffs[rc][i].p2p_s_fixed for i in own_b)
     bubble = max(0.0, times[rc] - stretch - m * rank_tau[rc][jb])
 
     peak_mem, cap_mem = [], []
@@ -243,7 +251,7 @@ def estimate(
         own = [i for i in range(nst) if i % pp == j]
         worst_peak, worst_cap = 0, None
         for r in range(dp):
-            alloc = sum(coeffs[r][i].mem_a * ns[i] + coeffs[r][i].mem_b for i in own)
+            alloc = sum(coeffs[r][i].memory_bytes_per_block * ns[i] + coeffs[r][i].memory_bytes_fixed for i in own)
             alloc += max(coeffs[r][i].workspace_bytes for i in own)
             spec, cap = specs_rs[r][j]
             worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))

@@ -63,6 +63,7 @@ whose TP and p2p overlaps are 0, so its bounds (compute + all TP traffic) stay b
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from planner.errors import MeshplanError
 
@@ -180,8 +181,7 @@ def runtime_named(name: str) -> Runtime:
     return rt
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(NamedTuple):
     """(latency s, s per byte of the whole buffer) of one collective over the stage's dp group."""
 
     lat_s: float
@@ -191,8 +191,7 @@ class Collective:
         return self.lat_s + nbytes * self.per_byte_s
 
 
-@dataclass(frozen=True, slots=True)
-class DpTerms:
+class DpTerms(NamedTuple):
     """The exposed data-parallel time of a stage as stage_coeffs books it (see the module docstring)."""
 
     zero3_a: float = 0.0

@@ -1,12 +1,17 @@
 """Per-stage cost coefficients: everything a stage costs, as linear functions of its block count n.
 
-A stage with n blocks costs, per micro-batch, τ(n) = a·n + b (compute from profiles, TP collectives
-unless a block's profile already holds them, ZeRO-3 gathers not hidden by compute, p2p sends to the
-next stage); after the pipeline drains its tail is max(0, e0 + e1·n) + g0 + g1·n + o0 + o1·n
-(gradient sync not hidden by the last backward; ZeRO-1/2 parameter all-gather or, unsharded, the
-gradient bucket copies; Adam step); its allocation is mem_a·n + mem_b bytes. `estimate` evaluates
-these at the plan's n, and the search evaluates them for every n at once, so the two agree by
-construction.
+A stage with n blocks costs, per micro-batch, time_s(n) = time_s_per_block·n + time_s_fixed
+(compute from profiles, TP collectives unless a block's profile already holds them, data-parallel
+traffic paid in every micro-batch such as ZeRO-3 gathers, p2p sends to the next stage); after the
+pipeline drains its tail is
+    max(0, grad_sync_s_fixed + grad_sync_s_per_block·n)     gradient sync not hidden by the last backward
+    + drain_s_fixed + drain_s_per_block·n                    ZeRO-1/2 parameter all-gather or, unsharded,
+                                                              the gradient bucket copies; last reduce-scatter
+    + optimizer_s_fixed + optimizer_s_per_block·n            Adam step
+and its allocation is memory_bytes_per_block·n + memory_bytes_fixed (+ the workspace). `estimate`
+evaluates these at the plan's n, and the search evaluates them for every n at once, so the two agree
+by construction. Everything "_fixed" is the stage's embedding / head / boundary share, everything
+"_per_block" one transformer block's.
 
 `StageContext.calib` (planner.measure.calibrate, passed by `estimate(..., calibration=...)`; the search
 passes none) swaps datasheet assumptions for measured ones: profiled times × the rank contention
@@ -17,6 +22,7 @@ send/recv link, the measured overlap of gradient sync, and the optimizer's bytes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.cost import formulas as F
 from planner.cost import memory as M
@@ -30,9 +36,9 @@ from planner.specs.flops import DTYPE_BYTES, LayerKind
 from planner.specs.model import ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
-class StageContext:
-    """What a stage's cost depends on besides its block count (hashable, so coefficients memoise)."""
+class StageContext(NamedTuple):
+    """What a stage's cost depends on besides its block count (hashable, so coefficients memoise; a
+    named tuple: a search builds ~10,000 and hashes them, which a frozen dataclass makes slow)."""
 
     kind: str
     dtype: str
@@ -60,46 +66,57 @@ class StageContext:
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
 
 
-@dataclass(frozen=True, slots=True)
-class StageCoeffs:
-    compute_a: float
-    compute_b: float
-    tp_a: float
-    tp_b: float
-    zero3_a: float
-    zero3_b: float
-    p2p_b: float
-    bwd_a: float
-    bwd_b: float
-    e0: float
-    e1: float
-    g0: float
-    g1: float
-    o0: float
-    o1: float
-    params_a: float
-    params_b: float
-    state_a: float
-    state_b: float
-    act_a: float
-    act_b: float
-    mem_a: float
-    mem_b: float
-    workspace_bytes: float
+class StageCoeffs(NamedTuple):
+    """One stage's cost terms (module docstring): seconds per micro-batch unless a name says per step
+    (the tail terms), bytes on one device, parameters one tp rank holds. `_per_block` multiplies the
+    stage's block count n, `_fixed` is its embedding / head / boundary share. Immutable; a named
+    tuple, not a frozen dataclass, because a search builds ~10,000 of them and a frozen dataclass
+    sets each of its 24 fields through object.__setattr__."""
+
+    compute_s_per_block: float  # forward + backward of one block (profiled, × contention slowdown)
+    compute_s_fixed: float  # forward + backward of the embedding and / or head
+    tp_comm_s_per_block: float  # a block's TP all-reduces, what the runtime leaves exposed
+    tp_comm_s_fixed: float  # the vocab-parallel embedding's / head's all-reduce
+    dp_comm_s_per_block: float  # dp traffic in every micro-batch: ZeRO-3 gathers, per-micro-batch reduce-scatters
+    dp_comm_s_fixed: float
+    p2p_s_fixed: float  # boundary send of the activation and receive of its gradient (next stage)
+    backward_s_per_block: float  # the backward part of compute_s_per_block (what hides gradient sync)
+    backward_s_fixed: float
+    grad_sync_s_fixed: float  # per step, after the last backward: max(0, fixed + per_block·n)
+    grad_sync_s_per_block: float
+    drain_s_fixed: float  # per step, after the pipeline drains: ZeRO-1/2 gathers, last reduce-scatter, bucket copies
+    drain_s_per_block: float
+    optimizer_s_fixed: float  # per step: Adam over the stage's (sharded) parameters
+    optimizer_s_per_block: float
+    num_params_per_block: float  # parameters one tp rank holds
+    num_params_fixed: float
+    state_bytes_per_block: float  # weights, gradients, optimizer states (sharded by ZeRO)
+    state_bytes_fixed: float  # + ZeRO-3's working buffers
+    activation_bytes_per_block: float  # kept for backward, per micro-batch in flight
+    activation_bytes_fixed: float
+    memory_bytes_per_block: float  # state + in-flight micro-batches × activations
+    memory_bytes_fixed: float
+    workspace_bytes: float  # the largest transient buffer of one layer's forward / backward
 
     @property
-    def a(self) -> float:
-        return self.compute_a + self.tp_a + self.zero3_a
+    def time_s_per_block(self) -> float:
+        return self.compute_s_per_block + self.tp_comm_s_per_block + self.dp_comm_s_per_block
 
     @property
-    def b(self) -> float:
-        return self.compute_b + self.tp_b + self.zero3_b + self.p2p_b
+    def time_s_fixed(self) -> float:
+        return self.compute_s_fixed + self.tp_comm_s_fixed + self.dp_comm_s_fixed + self.p2p_s_fixed
 
     def time_s(self, n: int) -> float:
-        return self.a * n + self.b
+        return self.time_s_per_block * n + self.time_s_fixed
 
     def tail_s(self, n: int) -> float:
-        return max(0.0, self.e0 + self.e1 * n) + self.g0 + self.g1 * n + self.o0 + self.o1 * n
+        return (
+            max(0.0, self.grad_sync_s_fixed + self.grad_sync_s_per_block * n)
+            + self.drain_s_fixed
+            + self.drain_s_per_block * n
+            + self.optimizer_s_fixed
+            + self.optimizer_s_per_block * n
+        )
 
 
 def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool):
@@ -121,56 +138,70 @@ class LocalTerms:
     alone: profile rows, compute, TP all-reduces, the embedding / head, activations and workspace.
     A function of the context's kind, dtype, mbs, seq, tp, recompute, first, last, pp (last stage
     only: `stage_coeffs` reads pp > 1 there), stack, device, calib and tp_link, so a search that
-    prices many contexts sharing those computes it once (planner.search.arrays.Pricer)."""
+    prices many contexts sharing those computes it once (planner.search.arrays.Pricer). Model
+    figures the dp terms read per context (parameters and tensors of each layer) are kept here too."""
 
     blk: LayerProfile
     plain: LayerProfile
-    f_rec: float
     hidden_bytes: float
-    slow: float
-    slow_blk: float
-    tp_a: float
-    fwd_block: float
-    bwd_block: float
-    compute_a: float
-    bwd_a: float
-    compute_b: float
-    tp_b: float
-    bwd_b: float
-    params_a: float
-    params_b: float
-    packed_b: float
-    act_a: float
-    act_b: float
-    workspace: float
-    rows_const: tuple[LayerProfile, ...]
+    slow: float  # contention slowdown of a layer timed alone
+    slow_blk: float  # of the block row (1 if it ran in lockstep on a real tp group)
+    tp_comm_s_per_block: float
+    fwd_block_s: float
+    compute_s_per_block: float
+    backward_s_per_block: float
+    compute_s_fixed: float
+    tp_comm_s_fixed: float
+    backward_s_fixed: float
+    num_params_per_block: float
+    num_params_fixed: float
+    packed_bytes_fixed: float  # embedding / head gradient bytes the bucket copies (`_packed_bytes`)
+    packed_bytes_per_block: float
+    activation_bytes_per_block: float
+    activation_bytes_fixed: float
+    workspace_bytes: float
+    rows_const: tuple[LayerProfile, ...]  # the embedding and / or head rows
+    const_params: tuple[int, ...]  # parameters of each row of rows_const on one tp rank (no tied copy)
+    block_tensors: int
+    const_tensors: tuple[int, ...]
 
 
-def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> LocalTerms:
-    """`LocalTerms` of a stage: the first half of `stage_coeffs`, whose terms cite their formulas here."""
-    e = DTYPE_BYTES[ctx.dtype]
-    st = ctx.stack
-    blk = _row(profiles, ctx, "block", ctx.recompute)
-    # every k-th block recomputed: the stage mixes recomputed blocks (fraction f) with plain ones
-    f_rec = 1.0 / st.recompute_every if ctx.recompute else 0.0
-    plain = _row(profiles, ctx, "block", False) if f_rec < 1.0 else blk
-    hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
-    tl = ctx.tp_link
-    cal = ctx.calib
-    # profiles time one process alone; ranks sharing a node's cores, and meeting after every
-    # micro-batch, run slower by these measured factors (a block timed on a real tp group ran in
-    # lockstep already)
-    slow = cal.slowdown() if cal is not None else 1.0
-    slow_blk = cal.slowdown(real_group=blk.tp_comm_included) if cal is not None else 1.0
-    ar_fit = cal.fit("all_reduce") if cal is not None else None
+@dataclass(frozen=True, slots=True)
+class _Ends:
+    """The embedding / head share of a stage (`_end_terms`)."""
+
+    compute_s: float = 0.0
+    backward_s: float = 0.0
+    tp_comm_s: float = 0.0
+    num_params: float = 0.0
+    packed_bytes: float = 0.0
+    activation_bytes: float = 0.0
+    workspace_bytes: float = 0.0
+    rows: tuple[LayerProfile, ...] = ()
+
+
+def _packed_bytes(kind: LayerKind, params: float, model: ModelSpec, tp: int, e: int) -> float:
+    """Gradient bytes GradSumSync copies through its bucket buffer: layers whose largest tensor is
+    smaller than F.GRAD_BUCKET_BYTES."""
+    small = flops.largest_tensor_params(kind, model, tp) * e < F.GRAD_BUCKET_BYTES
+    return params * e if small else 0.0
+
+
+def _tp_allreduce_s(ctx: StageContext, hidden_bytes: float) -> float:
+    """One all-reduce of a block's output over the tp group: the calibrated fit, else the ring."""
+    ar_fit = ctx.calib.fit("all_reduce") if ctx.calib is not None else None
     if ar_fit is not None:
-        tp_ar = ar_fit.time_s(hidden_bytes, ctx.tp)
-    else:
-        tp_ar = F.allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s, tl.num_nodes)
+        return ar_fit.time_s(hidden_bytes, ctx.tp)
+    tl = ctx.tp_link
+    return F.allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s, tl.num_nodes)
 
-    # a block profiled on a real tp group already holds its all-reduces (and their waits)
-    per_block_ar = f_rec * F.tp_allreduces_per_block(True) + (1 - f_rec) * F.tp_allreduces_per_block(False)
-    tp_a = 0.0 if blk.tp_comm_included else per_block_ar * tp_ar
+
+def _block_times(
+    ctx: StageContext, model: ModelSpec, blk: LayerProfile, plain: LayerProfile, f_rec: float
+) -> tuple[float, float]:
+    """(forward s, backward s) of one block under the stage's stack: a fraction f_rec of recomputed
+    blocks, selective recompute's second attention forward, the stack's kernels on a GPU."""
+    st = ctx.stack
     bwd_block = f_rec * blk.backward_s + (1 - f_rec) * plain.backward_s
     shape = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype)
     if st.selective and not ctx.recompute:
@@ -188,156 +219,173 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
         # blocks run the forward's part again
         dfwd, dbwd = stack_time_delta_s(*shape, ctx.device, st)
         fwd_block, bwd_block = fwd_block + dfwd, bwd_block + dbwd + f_rec * dfwd
-    compute_a = slow_blk * (fwd_block + bwd_block)
-    bwd_a = slow_blk * bwd_block
-    compute_b = tp_b = bwd_b = 0.0
-    params_a = float(flops.layer_params("block", model, ctx.tp))
-    params_b = 0.0
+    return fwd_block, bwd_block
 
-    def packed(kind: LayerKind, params: float) -> float:
-        """Gradient bytes GradSumSync copies through its bucket buffer (F.GRAD_BUCKET_BYTES)."""
-        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES
-        return params * e if small else 0.0
 
-    packed_b = 0.0
-    act_b = 0.0
-    mem_args = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, st)
-    workspace = M.block_workspace_bytes(*mem_args, float(blk.workspace_bytes), ctx.recompute)
-    rows_const: list[LayerProfile] = []
+def _end_terms(
+    ctx: StageContext, model: ModelSpec, profiles: ProfileTable, slow: float, tp_ar: float, workspace: float
+) -> _Ends:
+    """The first stage's embedding and the last stage's head: compute, their one vocab-parallel
+    all-reduce each (Megatron-LM), parameters, bucket copies, kept activations and workspace."""
+    e = DTYPE_BYTES[ctx.dtype]
+    mem_args = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, ctx.stack)
+    compute = bwd = tp = params = packed = act = 0.0
+    rows: list[LayerProfile] = []
     if ctx.first:
         emb = _row(profiles, ctx, "embedding", False)
-        rows_const.append(emb)
-        compute_b += slow * emb.train_s
-        bwd_b += slow * emb.backward_s
-        tp_b += tp_ar  # vocab-parallel embedding: one all-reduce of its output (Megatron-LM)
+        rows.append(emb)
+        compute += slow * emb.train_s
+        bwd += slow * emb.backward_s
+        tp += tp_ar  # vocab-parallel embedding: one all-reduce of its output
         emb_params = flops.layer_params("embedding", model, ctx.tp)
-        params_b += emb_params
-        packed_b += packed("embedding", emb_params)
-        act_b += emb.activation_bytes
+        params += emb_params
+        packed += _packed_bytes("embedding", emb_params, model, ctx.tp, e)
+        act += emb.activation_bytes
         workspace = max(workspace, emb.workspace_bytes)
     if ctx.last:
         head = _row(profiles, ctx, "head", False)
-        rows_const.append(head)
-        compute_b += slow * head.train_s
-        bwd_b += slow * head.backward_s
-        tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
+        rows.append(head)
+        compute += slow * head.train_s
+        bwd += slow * head.backward_s
+        tp += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
         head_params = flops.layer_params("head", model, ctx.tp)
         if model.tied and ctx.pp > 1:
             # the last stage keeps its own copy of a tied embedding for the LM head (Megatron-LM)
             head_params += -(-model.padded_vocab * model.hidden // ctx.tp)
-        params_b += head_params
-        packed_b += packed("head", head_params)
+        params += head_params
+        packed += _packed_bytes("head", head_params, model, ctx.tp, e)
         head_kept, head_work = M.head_bytes(*mem_args, head.activation_bytes, head.workspace_bytes)
-        act_b += head_kept
+        act += head_kept
         workspace = max(workspace, head_work)
+    return _Ends(compute, bwd, tp, params, packed, act, workspace, tuple(rows))
 
+
+def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> LocalTerms:
+    """`LocalTerms` of a stage: the block's profile rows, times, TP all-reduces and kept bytes, then
+    its ends (`_end_terms`)."""
+    st = ctx.stack
+    blk = _row(profiles, ctx, "block", ctx.recompute)
+    # every k-th block recomputed: the stage mixes recomputed blocks (fraction f) with plain ones
+    f_rec = 1.0 / st.recompute_every if ctx.recompute else 0.0
+    plain = _row(profiles, ctx, "block", False) if f_rec < 1.0 else blk
+    hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
+    cal = ctx.calib
+    # profiles time one process alone; ranks sharing a node's cores, and meeting after every
+    # micro-batch, run slower by these measured factors (a block timed on a real tp group ran in
+    # lockstep already)
+    slow = cal.slowdown() if cal is not None else 1.0
+    slow_blk = cal.slowdown(real_group=blk.tp_comm_included) if cal is not None else 1.0
+    tp_ar = _tp_allreduce_s(ctx, hidden_bytes)
+    # a block profiled on a real tp group already holds its all-reduces (and their waits)
+    per_block_ar = f_rec * F.tp_allreduces_per_block(True) + (1 - f_rec) * F.tp_allreduces_per_block(False)
+    tp_a = 0.0 if blk.tp_comm_included else per_block_ar * tp_ar
+    fwd_block, bwd_block = _block_times(ctx, model, blk, plain, f_rec)
+    params_a = float(flops.layer_params("block", model, ctx.tp))
+    mem_args = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, st)
+    workspace = M.block_workspace_bytes(*mem_args, float(blk.workspace_bytes), ctx.recompute)
+    ends = _end_terms(ctx, model, profiles, slow, tp_ar, workspace)
     kept_plain = M.block_kept_bytes(*mem_args, float(plain.activation_bytes))
     kept_rec = float(blk.activation_bytes) / (ctx.tp if st.sequence_parallel and ctx.tp > 1 else 1)
     act_a = M.block_mixed_kept_bytes(kept_plain, kept_rec, st.recompute_every) if ctx.recompute else kept_plain
-    return LocalTerms(
-        blk, plain, f_rec, hidden_bytes, slow, slow_blk, tp_a, fwd_block, bwd_block, compute_a, bwd_a, compute_b,
-        tp_b, bwd_b, params_a, params_b, packed_b, act_a, act_b, workspace, tuple(rows_const),
-    )  # fmt: skip
-
-
-def stage_coeffs(
-    ctx: StageContext, model: ModelSpec, profiles: ProfileTable, local: LocalTerms | None = None
-) -> StageCoeffs:
-    """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`.
-    `local`: `local_terms(ctx, …)` when the caller has it already (equal for contexts that share its key)."""
-    lt = local if local is not None else local_terms(ctx, model, profiles)
     e = DTYPE_BYTES[ctx.dtype]
-    hidden_bytes = lt.hidden_bytes
-    dl = ctx.dp_link
-    cal = ctx.calib
-    slow, slow_blk = lt.slow, lt.slow_blk
-    tp_a, fwd_block, compute_a, bwd_a = lt.tp_a, lt.fwd_block, lt.compute_a, lt.bwd_a
-    compute_b, tp_b, bwd_b = lt.compute_b, lt.tp_b, lt.bwd_b
-    params_a, params_b, packed_b, act_b, workspace = lt.params_a, lt.params_b, lt.packed_b, lt.act_b, lt.workspace
-    rows_const = lt.rows_const
+    return LocalTerms(
+        blk=blk,
+        plain=plain,
+        hidden_bytes=hidden_bytes,
+        slow=slow,
+        slow_blk=slow_blk,
+        tp_comm_s_per_block=tp_a,
+        fwd_block_s=fwd_block,
+        compute_s_per_block=slow_blk * (fwd_block + bwd_block),
+        backward_s_per_block=slow_blk * bwd_block,
+        compute_s_fixed=ends.compute_s,
+        tp_comm_s_fixed=ends.tp_comm_s,
+        backward_s_fixed=ends.backward_s,
+        num_params_per_block=params_a,
+        num_params_fixed=ends.num_params,
+        packed_bytes_fixed=ends.packed_bytes,
+        packed_bytes_per_block=_packed_bytes("block", params_a, model, ctx.tp, e),
+        activation_bytes_per_block=act_a,
+        activation_bytes_fixed=ends.activation_bytes,
+        workspace_bytes=ends.workspace_bytes,
+        rows_const=ends.rows,
+        const_params=tuple(flops.layer_params(r.key.layer_kind, model, ctx.tp) for r in ends.rows),
+        block_tensors=flops.layer_tensors("block", model),
+        const_tensors=tuple(flops.layer_tensors(r.key.layer_kind, model) for r in ends.rows),
+    )
 
-    def packed(kind: LayerKind, params: float) -> float:
-        """Gradient bytes GradSumSync copies through its bucket buffer (F.GRAD_BUCKET_BYTES)."""
-        small = flops.largest_tensor_params(kind, model, ctx.tp) * e < F.GRAD_BUCKET_BYTES
-        return params * e if small else 0.0
 
-    p2p_b = 0.0
-    if ctx.next_link is not None:
-        # stages of different dp: a leader sends its slice and the next one receives its own, in
-        # pieces (planner.runtime.boundary_pieces); the larger of the two bounds the boundary
-        wide = (
-            hidden_bytes
-            if ctx.next_mbs <= ctx.mbs
-            else flops.block_input_bytes(model, ctx.next_mbs, ctx.seq, ctx.dtype)
-        )
-        p2p_b = boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, cal)
+def _p2p_s(ctx: StageContext, model: ModelSpec, hidden_bytes: float) -> float:
+    """The boundary to the next stage (0 on the last): with stages of different dp a leader sends its
+    slice and the next one receives its own, in pieces (planner.runtime.boundary_pieces); the larger
+    of the two bounds the boundary."""
+    if ctx.next_link is None:
+        return 0.0
+    wide = hidden_bytes if ctx.next_mbs <= ctx.mbs else flops.block_input_bytes(model, ctx.next_mbs, ctx.seq, ctx.dtype)
+    return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib)
 
-    # the runtime's overlap of each term (planner.cost.overlap): TP all-reduces and boundary p2p
-    # keep what it does not hide; CPU ranks hide nothing (no side streams)
-    rt = ctx.runtime.on_cpu() if ctx.kind == "cpu" else ctx.runtime
-    if rt.tp_overlap:
-        tp_a, tp_b = (1 - rt.tp_overlap) * tp_a, (1 - rt.tp_overlap) * tp_b
-    if rt.p2p_overlap:
-        p2p_b *= 1 - rt.p2p_overlap
-    zero3_a = zero3_b = 0.0
-    e0 = e1 = g0 = g1 = 0.0
-    d = ctx.dp
-    if d > 1:
-        bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
-        # (latency s, s per byte of the whole buffer) of each collective over the d replicas: ring
-        # formulas on the ring's bus bandwidth (devices.cross_node_link: k NIC shares per node), the
-        # all-reduce at NCCL's lower ring/tree latency, or the op's own measured fit when calibrated
-        ag_lat, ag_per_byte = (d - 1) * lat, (d - 1) / d / bw
-        rs_lat, rs_per_byte = ag_lat, ag_per_byte
-        ar_lat, ar_per_byte = F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw
-        if cal is not None:
-            for op in ("all_gather", "reduce_scatter", "all_reduce"):
-                f = cal.fit(op)
-                if f is not None:
-                    pair = f.coeffs(d)
-                    if op == "all_gather":
-                        ag_lat, ag_per_byte = pair
-                    elif op == "reduce_scatter":
-                        rs_lat, rs_per_byte = pair
-                    else:
-                        ar_lat, ar_per_byte = pair
-        # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
-        # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head
-        fs = cal.fsdp if cal is not None else None
-        fs_a = fs.op_s(flops.layer_tensors("block", model), params_a * e) if fs is not None else 0.0
-        fs_b = 0.0
-        if fs is not None:
-            fs_b = sum(
-                fs.op_s(
-                    flops.layer_tensors(r.key.layer_kind, model),
-                    flops.layer_params(r.key.layer_kind, model, ctx.tp) * e,
-                )
-                for r in rows_const
-            )
-        # what the runtime hides of each dp term, behind which compute (planner.cost.overlap); a
-        # calibrated runtime's measured overlap replaces its fractions
-        dpt = OV.dp_terms(
-            rt,
-            ctx.sharding,
-            OV.Collective(ag_lat, ag_per_byte),
-            OV.Collective(rs_lat, rs_per_byte),
-            OV.Collective(ar_lat, ar_per_byte),
-            (params_a * e, slow_blk * fwd_block, bwd_a),
-            [
-                (flops.layer_params(r.key.layer_kind, model, ctx.tp) * e, slow * r.forward_s, slow * r.backward_s)
-                for r in rows_const
-            ],
-            (fs_a, fs_b),
-            cal.grad_sync_overlap if cal is not None else None,
-            OV.megatron_bucket_params(d) * e,
-        )
-        zero3_a, zero3_b, e0, e1, g0, g1 = dpt.zero3_a, dpt.zero3_b, dpt.e0, dpt.e1, dpt.g0, dpt.g1
-        if ctx.sharding == "none" and rt.grad_buckets_packed:
-            # GradSumSync's bucket copies run after the backward, in line with the all-reduces
-            g1 += F.grad_pack_s(packed("block", params_a), ctx.memory_bandwidth_bytes_per_s)
-            g0 += F.grad_pack_s(packed_b, ctx.memory_bandwidth_bytes_per_s)
+
+def _dp_collectives(ctx: StageContext) -> tuple[OV.Collective, OV.Collective, OV.Collective]:
+    """(all-gather, reduce-scatter, all-reduce) over the stage's d replicas, each as (latency s, s per
+    byte of the whole buffer): ring formulas on the ring's bus bandwidth (devices.cross_node_link: k
+    NIC shares per node), the all-reduce at NCCL's lower ring/tree latency, or the op's own measured
+    fit when calibrated."""
+    d, dl, cal = ctx.dp, ctx.dp_link, ctx.calib
+    bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
+    ag = OV.Collective((d - 1) * lat, (d - 1) / d / bw)
+    ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
+    if cal is None:
+        return ag, ag, ar
+    fits = [cal.fit(op) for op in ("all_gather", "reduce_scatter", "all_reduce")]
+    ring = (ag, ag, ar)
+    return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
+
+
+def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
+    """The stage's exposed data-parallel time (planner.cost.overlap.dp_terms: what the runtime hides
+    of each term, behind which compute; a calibrated runtime's measured overlap replaces its
+    fractions), plus, unsharded, GradSumSync's bucket copies after the backward."""
+    if ctx.dp <= 1:
+        return OV.DpTerms()
+    e, cal = DTYPE_BYTES[ctx.dtype], ctx.calib
+    params_a = lt.num_params_per_block
+    # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
+    # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head
+    fs = cal.fsdp if cal is not None else None
+    fs_a = fs.op_s(lt.block_tensors, params_a * e) if fs is not None else 0.0
+    fs_b = 0.0
+    if fs is not None:
+        fs_b = sum(fs.op_s(t, p * e) for t, p in zip(lt.const_tensors, lt.const_params, strict=True))
+    consts = [
+        (p * e, lt.slow * r.forward_s, lt.slow * r.backward_s)
+        for r, p in zip(lt.rows_const, lt.const_params, strict=True)
+    ]
+    dpt = OV.dp_terms(
+        rt,
+        ctx.sharding,
+        *_dp_collectives(ctx),
+        (params_a * e, lt.slow_blk * lt.fwd_block_s, lt.backward_s_per_block),
+        consts,
+        (fs_a, fs_b),
+        cal.grad_sync_overlap if cal is not None else None,
+        OV.megatron_bucket_params(ctx.dp) * e,
+    )
+    if ctx.sharding == "none" and rt.grad_buckets_packed:
+        # GradSumSync's bucket copies run after the backward, in line with the all-reduces
+        bw = ctx.memory_bandwidth_bytes_per_s
+        g1 = dpt.g1 + F.grad_pack_s(lt.packed_bytes_per_block, bw)
+        g0 = dpt.g0 + F.grad_pack_s(lt.packed_bytes_fixed, bw)
+        dpt = OV.DpTerms(dpt.zero3_a, dpt.zero3_b, dpt.e0, dpt.e1, g0, g1)
+    return dpt
+
+
+def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
+    """(per block, fixed) seconds of the optimizer step over the stage's parameters, sharded by ZeRO:
+    the measured step per parameter when calibrated (parameters are DTensors under TP and under
+    FSDP2's ZeRO, worker.parallel, plain otherwise), else Adam's bytes over memory bandwidth."""
+    cal, d = ctx.calib, ctx.dp
     shard = d if ctx.sharding != "none" else 1
-    # parameters are DTensors under TP and under FSDP2's ZeRO (worker.parallel), plain otherwise
+    params = (lt.num_params_per_block, lt.num_params_fixed)
     adam_s = None
     if cal is not None:
         if ctx.sharding != "none" and d > 1:
@@ -346,49 +394,72 @@ def stage_coeffs(
             adam_s = cal.adam_dtensor_s_per_param
         adam_s = adam_s or cal.adam_s_per_param
     if adam_s:
-        # the measured optimizer step per parameter; ranks that stepped at once when it was measured
-        # held their lockstep already (planner.measure.calibrate)
+        # ranks that stepped at once when it was measured held their lockstep already
         adam_slow = cal.slowdown(real_group=cal.adam_num_ranks > 1)  # type: ignore[union-attr]
-        o1, o0 = (adam_slow * adam_s * n / shard for n in (params_a, params_b))
-    else:
-        adam_b = (
-            cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM
-        )
-        o1 = F.adam_step_s(params_a / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
-        o0 = F.adam_step_s(params_b / shard, ctx.memory_bandwidth_bytes_per_s, adam_b)
+        o1, o0 = (adam_slow * adam_s * n / shard for n in params)
+        return o1, o0
+    adam_b = cal.adam_bytes_per_param if cal is not None and cal.adam_bytes_per_param else F.ADAM_BYTES_MOVED_PER_PARAM
+    bw = ctx.memory_bandwidth_bytes_per_s
+    return F.adam_step_s(params[0] / shard, bw, adam_b), F.adam_step_s(params[1] / shard, bw, adam_b)
 
+
+def _state_bytes(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
+    """(per block, fixed) bytes of weights, gradients and optimizer states under the stage's ZeRO
+    sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes)."""
+    d = ctx.dp
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
-    state_a = params_a * bpp
-    state_b = params_b * bpp
+    state_a = lt.num_params_per_block * bpp
+    state_b = lt.num_params_fixed * bpp
     if ctx.sharding == "zero3" and d > 1:
-        largest = max([params_a] + [float(flops.layer_params(r.key.layer_kind, model, ctx.tp)) for r in rows_const])
-        state_b += M.zero3_working_bytes(largest, params_a, ctx.dtype)
-    act_a = lt.act_a
-    mem_a = state_a + ctx.inflight * act_a
-    mem_b = state_b + ctx.inflight * act_b
+        largest = max([lt.num_params_per_block] + [float(p) for p in lt.const_params])
+        state_b += M.zero3_working_bytes(largest, lt.num_params_per_block, ctx.dtype)
+    return state_a, state_b
+
+
+def stage_coeffs(
+    ctx: StageContext, model: ModelSpec, profiles: ProfileTable, local: LocalTerms | None = None
+) -> StageCoeffs:
+    """Coefficients of one stage (see the module docstring); every term cites its formula in `formulas`.
+    `local`: `local_terms(ctx, …)` when the caller has it already (equal for contexts that share its key).
+    Steps: the local terms, the boundary p2p, what the runtime overlaps of TP and p2p, the dp terms,
+    the optimizer step, the state bytes."""
+    lt = local if local is not None else local_terms(ctx, model, profiles)
+    p2p_b = _p2p_s(ctx, model, lt.hidden_bytes)
+    # the runtime's overlap of each term (planner.cost.overlap): TP all-reduces and boundary p2p
+    # keep what it does not hide; CPU ranks hide nothing (no side streams)
+    rt = ctx.runtime.on_cpu() if ctx.kind == "cpu" else ctx.runtime
+    tp_a, tp_b = lt.tp_comm_s_per_block, lt.tp_comm_s_fixed
+    if rt.tp_overlap:
+        tp_a, tp_b = (1 - rt.tp_overlap) * tp_a, (1 - rt.tp_overlap) * tp_b
+    if rt.p2p_overlap:
+        p2p_b *= 1 - rt.p2p_overlap
+    dpt = _dp_terms(ctx, lt, rt)
+    o1, o0 = _optimizer_s(ctx, lt)
+    state_a, state_b = _state_bytes(ctx, lt)
+    act_a, act_b = lt.activation_bytes_per_block, lt.activation_bytes_fixed
     return StageCoeffs(
-        compute_a=compute_a,
-        compute_b=compute_b,
-        tp_a=tp_a,
-        tp_b=tp_b,
-        zero3_a=zero3_a,
-        zero3_b=zero3_b,
-        p2p_b=p2p_b,
-        bwd_a=bwd_a,
-        bwd_b=bwd_b,
-        e0=e0,
-        e1=e1,
-        g0=g0,
-        g1=g1,
-        o0=o0,
-        o1=o1,
-        params_a=params_a,
-        params_b=params_b,
-        state_a=state_a,
-        state_b=state_b,
-        act_a=act_a,
-        act_b=act_b,
-        mem_a=mem_a,
-        mem_b=mem_b,
-        workspace_bytes=workspace,
+        compute_s_per_block=lt.compute_s_per_block,
+        compute_s_fixed=lt.compute_s_fixed,
+        tp_comm_s_per_block=tp_a,
+        tp_comm_s_fixed=tp_b,
+        dp_comm_s_per_block=dpt.zero3_a,
+        dp_comm_s_fixed=dpt.zero3_b,
+        p2p_s_fixed=p2p_b,
+        backward_s_per_block=lt.backward_s_per_block,
+        backward_s_fixed=lt.backward_s_fixed,
+        grad_sync_s_fixed=dpt.e0,
+        grad_sync_s_per_block=dpt.e1,
+        drain_s_fixed=dpt.g0,
+        drain_s_per_block=dpt.g1,
+        optimizer_s_fixed=o0,
+        optimizer_s_per_block=o1,
+        num_params_per_block=lt.num_params_per_block,
+        num_params_fixed=lt.num_params_fixed,
+        state_bytes_per_block=state_a,
+        state_bytes_fixed=state_b,
+        activation_bytes_per_block=act_a,
+        activation_bytes_fixed=act_b,
+        memory_bytes_per_block=state_a + ctx.inflight * act_a,
+        memory_bytes_fixed=state_b + ctx.inflight * act_b,
+        workspace_bytes=lt.workspace_bytes,
     )

@@ -12,6 +12,7 @@ lookups and numpy fills whatever its stage count (a 64-stage pipeline is as chea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,6 +46,8 @@ class Pricer:
         self.inflight_memo: dict[tuple, np.ndarray] = {}
         self.row_memo: dict[int, tuple[float, ...]] = {}  # by id: every StageCoeffs lives in a memo here
         self.layout_memo: dict[tuple, Layout] = {}
+        self.segment_memo: dict[tuple, SegmentRows] = {}
+        self.room_memo: dict[tuple, np.ndarray] = {}
         self.dplink_memo: dict[tuple, Link] = {}
         # links by id (an int hashes in nanoseconds, a Link dataclass in microseconds); every link
         # keyed so is kept here, so its id is never reused by another object
@@ -112,6 +115,21 @@ class Pricer:
             co = self.ctx_memo[key] = stage_coeffs(ctx, self.model, self.profiles, lt)
         return co
 
+    def local(self, cls: int, tp: int, mbs: int, recompute: bool, first: bool, last: bool, pp: int) -> LocalTerms:
+        """`local_terms` of a stage of class `cls` (what its dp, sharding and ring leave alone), memoised
+        on the key `stage` shares them under."""
+        lkey = (cls, tp, mbs, recompute, first, last, (2 if pp > 1 else 1) if last else 1)
+        lt = self.local_memo.get(lkey)
+        if lt is None:
+            ctx = StageContext(
+                kind=self.kinds[cls], dtype=self.dtype, mbs=mbs, seq=self.seq, tp=tp, recompute=recompute,
+                first=first, last=last, pp=min(pp, 2) if last else 1, sharding="none", dp=1, inflight=0.0,
+                memory_bandwidth_bytes_per_s=self.memory_bw[cls], tp_link=self.intra[cls],
+                dp_link=self.intra[cls], next_link=None, next_tp=tp, calib=self.calib,
+            )  # fmt: skip
+            lt = self.local_memo[lkey] = local_terms(ctx, self.model, self.profiles)
+        return lt
+
     def link_id(self, link: Link) -> int:
         """id(link) as a memo key: kept alive here, so no other object can take the id."""
         lid = id(link)
@@ -136,10 +154,73 @@ class Pricer:
         r = self.row_memo.get(id(co))
         if r is None:
             r = self.row_memo[id(co)] = (
-                co.a, co.b, co.e0, co.e1, co.g0 + co.o0, co.g1 + co.o1,
-                co.state_a, co.act_a, co.state_b, co.act_b, co.workspace_bytes,
-            )  # fmt: skip
+                co.time_s_per_block,
+                co.time_s_fixed,
+                co.grad_sync_s_fixed,
+                co.grad_sync_s_per_block,
+                co.drain_s_fixed + co.optimizer_s_fixed,
+                co.drain_s_per_block + co.optimizer_s_per_block,
+                co.state_bytes_per_block,
+                co.activation_bytes_per_block,
+                co.state_bytes_fixed,
+                co.activation_bytes_fixed,
+                co.workspace_bytes,
+            )
         return r
+
+    def segment_rows(
+        self, sg: SegmentSpec, mbs: int, recompute: bool, sharding: str, dp: int, first: bool, last: bool, pp: int
+    ) -> SegmentRows:
+        """`row` of each stage of segment `sg` and its coefficients, memoised: a segment's stages share
+        one context but at the pipeline's ends (`first`/`last`: the segment holds that end), and a
+        pipeline reads only whether pp > 1, so one entry serves every pipeline holding the segment
+        at the same place (~5,000 pipelines a search, far fewer distinct segments)."""
+        key = (sg.cls, sg.tp, sg.stages, id(sg.dplink) if dp > 1 else 0, mbs, recompute, sharding, dp, first, last,
+               pp > 1)  # fmt: skip
+        out = self.segment_memo.get(key)
+        if out is None:
+            args, rest = (sg.cls, sg.tp, mbs, recompute), (pp, sharding, dp, sg.dplink)
+            mid = self.stage(*args, False, False, *rest)
+            cos = [mid] * sg.stages
+            if first:
+                cos[0] = self.stage(*args, True, pp == 1, *rest)
+            if last and pp > 1:
+                cos[-1] = self.stage(*args, False, True, *rest)
+            # three distinct rows at most (mid, first, last), gathered per stage
+            where = np.zeros(sg.stages, dtype=np.int64)
+            if first:
+                where[0] = 1
+            if last and pp > 1:
+                where[-1] = 2
+            rows = np.array([self.row(mid), self.row(cos[0]), self.row(cos[-1])])[where]
+            out = self.segment_memo[key] = SegmentRows(rows, cos)
+            if dp > 1:
+                self.link_id(sg.dplink)  # the key holds its id: keep it alive
+        return out
+
+    def pipeline_rows(
+        self, segs: list[SegmentSpec], mbs: int, recompute: bool, sharding: str, dp: int
+    ) -> tuple[np.ndarray, list[StageCoeffs]]:
+        """`segment_rows` of every segment of a pipeline, stacked: [pp, 11] rows and pp coefficients."""
+        pp = sum(sg.stages for sg in segs)
+        n = len(segs)
+        parts = [
+            self.segment_rows(sg, mbs, recompute, sharding, dp, j == 0, j == n - 1, pp) for j, sg in enumerate(segs)
+        ]
+        if n == 1:
+            return parts[0].rows, parts[0].coeffs
+        return np.concatenate([x.rows for x in parts]), [co for x in parts for co in x.coeffs]
+
+    def room_bytes(self, segs: list[SegmentSpec]) -> np.ndarray:
+        """Per stage, (capacity + 1 − reserve) / (1 + fragmentation): the bytes an allocation may
+        take before its peak's floor exceeds the device (pipeline_arrays' memory test solved for it)."""
+        key = tuple((sg.cls, sg.stages) for sg in segs)
+        out = self.room_memo.get(key)
+        if out is None:
+            frag = 1 + F.FRAGMENTATION_FRACTION
+            per = [(self.capacity_bytes[sg.cls] + 1 - self.reserve_bytes[sg.cls]) / frag for sg in segs]
+            out = self.room_memo[key] = np.repeat(per, [sg.stages for sg in segs])
+        return out
 
     def layout(self, mbs: int, segs: list[SegmentSpec], num_layers: int) -> Layout:
         """What a pipeline's arrays share across shardings and recompute settings: p2p per stage, the
@@ -215,6 +296,13 @@ class Layout:
     ns: np.ndarray
 
 
+class SegmentRows(NamedTuple):
+    """A segment's stages as `Pricer.row` rows ([stages, 11]) and their coefficients."""
+
+    rows: np.ndarray
+    coeffs: list[StageCoeffs]
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentSpec:
     """`stages` consecutive pipeline stages on one class, each `width` devices wide (replicas × tp)."""
@@ -286,24 +374,7 @@ def pipeline_arrays(
     """Arrays for the inner solver (every stage with or without full recompute; `mix_prefix` combines
     the two) plus each stage's base coefficients (no p2p, no activations)."""
     pp = sum(sg.stages for sg in segs)
-    distinct: list[StageCoeffs] = []
-    idx: list[int] = []
-    start = 0
-    for sg in segs:
-        args = (sg.cls, sg.tp, mbs, recompute)
-        rest = (pp, sharding, dp, sg.dplink)
-        distinct.append(pr.stage(*args, False, False, *rest))
-        row = [len(distinct) - 1] * sg.stages
-        if start == 0:
-            distinct.append(pr.stage(*args, True, pp == 1, *rest))
-            row[0] = len(distinct) - 1
-        if start + sg.stages == pp and pp > 1:
-            distinct.append(pr.stage(*args, False, True, *rest))
-            row[-1] = len(distinct) - 1
-        idx += row
-        start += sg.stages
-    # one row of the fields the arrays need per distinct stage context, gathered per stage
-    v = np.array([pr.row(co) for co in distinct])[idx]
+    v, coeffs = pr.pipeline_rows(segs, mbs, recompute, sharding, dp)
     fixed = pr.layout(mbs, segs, num_layers)
     k = pr.inflight(schedule, pp, m)
     mem_a = v[:, 6] + k * v[:, 7]
@@ -313,7 +384,7 @@ def pipeline_arrays(
     ) + fixed.reserve[:, None]
     mem_ok = np.floor(peak) <= fixed.cap[:, None]
     arrays = StageArrays(v[:, 0], v[:, 1] + fixed.p2p, v[:, 2], v[:, 3], v[:, 4], v[:, 5], mem_ok)
-    return arrays, [distinct[i] for i in idx]
+    return arrays, coeffs
 
 
 def mix_prefix(none: StageArrays, full: StageArrays, k: int) -> StageArrays:

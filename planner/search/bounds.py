@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from planner.cost import formulas as F
+from planner.cost import overlap as OV
 from planner.cost.overlap import MAX_HIDE_FRACTION
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
@@ -88,6 +89,7 @@ class Bounds:
         self._dom: dict[tuple[int, int, int], bool] = {}
         # keyed on Pricer.link_id(dplink)
         self._slope: dict[tuple, float] = {}
+        self._local: dict[tuple, tuple[np.ndarray, float]] = {}
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -171,7 +173,9 @@ class Bounds:
             ends.append((False, False))
         pr = self.pr
         return min(
-            pr.stage(sg.cls, sg.tp, mbs, r, f, la, pp, sharding, dp, sg.dplink).a for r in self.recs for f, la in ends
+            pr.stage(sg.cls, sg.tp, mbs, r, f, la, pp, sharding, dp, sg.dplink).time_s_per_block
+            for r in self.recs
+            for f, la in ends
         )
 
     def pipeline(self, segs: list[SegmentSpec], m: int, w: float, mbs: int, sharding: str, dp: int) -> float:
@@ -193,45 +197,137 @@ class Bounds:
         pr, L = self.pr, self.L
         pp = sum(sg.stages for sg in segs)
         nmax = max(1, L - pp + 1)
-        frag = 1 + F.FRAGMENTATION_FRACTION
-        rows: list[tuple[float, ...]] = []
-        plan: list[tuple[SegmentSpec, list[tuple[bool, bool]]]] = []
-        start = 0
-        for sg in segs:
-            # the stages of a segment share one context but at the pipeline's ends
-            ends = [(False, False)] * sg.stages
-            if start == 0:
-                ends[0] = (True, pp == 1)
-            if start + sg.stages == pp and pp > 1:
-                ends[-1] = (False, True)
-            vals = {}
-            for end in set(ends):
-                lo = pr.stage(sg.cls, sg.tp, mbs, self.recs[-1], *end, pp, sharding, dp, sg.dplink)
-                avail = (pr.capacity_bytes[sg.cls] + 1 - pr.reserve_bytes[sg.cls]) / frag - lo.workspace_bytes
-                vals[end] = (lo.state_a, lo.act_a, lo.state_b, lo.act_b, avail)
-            rows += [vals[e] for e in ends]
-            plan.append((sg, ends))
-            start += sg.stages
-        v = np.array(rows)
+        # the stages of a segment share one context but at the pipeline's ends (Pricer.segment_rows)
+        lo = pr.pipeline_rows(segs, mbs, self.recs[-1], sharding, dp)[0]
         k = pr.inflight(schedule, pp, m)
-        mem_a, mem_b = v[:, 0] + k * v[:, 1], v[:, 2] + k * v[:, 3]
-        room = v[:, 4] - mem_b
+        mem_a, mem_b = lo[:, 6] + k * lo[:, 7], lo[:, 8] + k * lo[:, 9]
+        room = (pr.room_bytes(segs) - lo[:, 10]) - mem_b
         # floor(peak(n)) ≤ capacity ⟺ n < room / mem_a; + 1 absorbs the rounding of this formula
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fill = np.clip(np.floor(room / mem_a) + 1, 0, nmax)
-        cap = np.where(mem_a <= 0, nmax, fill).astype(np.int64).tolist()
+        free = mem_a > 0  # a stage whose allocation does not grow with n takes up to nmax blocks
+        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
+        cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
             return math.inf  # as capped_row answers, before pricing the other recompute contexts
-        a: list[float] = []
-        b: list[float] = []
-        for sg, ends in plan:
-            ab = {}
-            for end in set(ends):
-                cos = [pr.stage(sg.cls, sg.tp, mbs, r, *end, pp, sharding, dp, sg.dplink) for r in self.recs]
-                ab[end] = (min(co.a for co in cos), min(co.b for co in cos))
-            a += [ab[e][0] for e in ends]
-            b += [ab[e][1] for e in ends]
+        if len(self.recs) > 1:
+            hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
+            a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
+        else:
+            a, b = lo[:, 0].tolist(), lo[:, 1].tolist()
         return capped_row(a, b, cap, L, 1.0, m - 1.0)
+
+    def optimistic(
+        self,
+        segs: list[SegmentSpec],
+        m: int,
+        mbs: int,
+        schedule: str | None,
+        shardings: list[str],
+        dp: int,
+        ws: list[float],
+    ) -> tuple[float, list[float]]:
+        """Lower bounds for every sharding of a pipeline shape × micro-batch size at once, before any
+        stage's data-parallel terms are priced: (the `schedule`'s `capped_pipeline`, +inf when no
+        sharding's memory holds L blocks; `pipeline` at each weight w of `ws`).
+
+        Per stage, from its local terms only (Pricer.local): a ≥ the block's compute + exposed TP
+        time and b ≥ the ends' (every sharding adds dp time ≥ 0 and p2p ≥ 0 to them), and its
+        state bytes at the smallest bytes per parameter of `shardings` (ZeRO-3's working buffers
+        ≥ 0 dropped), so every cap is at least the one `capped_pipeline` computes for any sharding;
+        `capped_row` and the pipeline bound grow with a and b and shrink with the caps. A calibration
+        with FSDP overheads can make a constant dp term negative: then (0, 0, …), which cuts nothing."""
+        if self.calib is not None and self.calib.fsdp is not None:
+            return 0.0, [0.0] * len(ws)
+        pp = sum(sg.stages for sg in segs)
+        n = len(segs)
+        parts = [self._local_rows(sg, mbs, j == 0, j == n - 1, pp) for j, sg in enumerate(segs)]
+        rows = parts[0][0] if n == 1 else np.concatenate([r for r, _ in parts])
+        slopes = [x for _, x in parts]
+        L = self.L
+        pipes = [
+            w * L * min(slopes) + (m - w) * L / sum(sg.stages / x for sg, x in zip(segs, slopes, strict=True))
+            for w in ws
+        ]
+        if schedule is None:
+            return math.inf, pipes
+        bpp = min(F.state_bytes_per_param(self.dtype, s, dp) for s in shardings)
+        k = self.pr.inflight(schedule, pp, m)
+        mem_a, mem_b = rows[:, 2] * bpp + k * rows[:, 4], rows[:, 3] * bpp + k * rows[:, 5]
+        room = (self.pr.room_bytes(segs) - rows[:, 6]) - mem_b
+        nmax = max(1, L - pp + 1)
+        free = mem_a > 0
+        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
+        cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+        if min(cap) < 1 or sum(cap) < L:
+            return math.inf, pipes
+        return capped_row(rows[:, 0].tolist(), rows[:, 1].tolist(), cap, L, 1.0, m - 1.0), pipes
+
+    def optimistic_replicas(
+        self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, shardings: list[str], dp: int
+    ) -> float:
+        """A lower bound for every sharding and recompute prefix of a kind-pure replica shape × mbs,
+        before any dp context is priced: `capped_replica_bound` with each stage's a and b from its
+        local terms (as `optimistic`), each cap the largest of its recompute settings at one
+        micro-batch in flight and the smallest bytes per parameter of `shardings`, tails (≥ 0)
+        dropped. +inf when no split fits every class even so."""
+        if self.calib is not None and self.calib.fsdp is not None:
+            return 0.0
+        pp, L = segs[0].stages, self.L
+        nmax = max(1, L - pp + 1)
+        bpp = min(F.state_bytes_per_param(self.dtype, s, dp) for s in shardings)
+        a, b, caps = [], [], []
+        for sg in segs:
+            rows, _ = self._local_rows(sg, mbs, True, True, pp)
+            a.append(rows[:, 0])
+            b.append(rows[:, 1])
+            room = self.pr.room_bytes([sg])
+            per_rec = []
+            for r in self.recs:
+                lts = [self.pr.local(sg.cls, sg.tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
+                # one micro-batch in flight: mem = state + activations (formulas.inflight_microbatches ≥ 1)
+                mem_a = np.array([lt.num_params_per_block * bpp + lt.activation_bytes_per_block for lt in lts])
+                mem_b = np.array([lt.num_params_fixed * bpp + lt.activation_bytes_fixed for lt in lts])
+                left = (room - np.array([lt.workspace_bytes for lt in lts])) - mem_b
+                free = mem_a > 0
+                q = np.divide(left, mem_a, out=np.full_like(left, float(nmax)), where=free)
+                per_rec.append(np.where(free, np.clip(np.floor(q) + 1, 0, nmax), nmax))
+            caps.append(np.max(per_rec, axis=0))
+        cap = np.min(caps, axis=0)
+        zero = np.zeros((len(segs), pp))
+        A, B = np.array(a), np.array(b)
+        total, worst, _, ok = capped_parts(A, B, zero, zero, zero, zero, np.broadcast_to(cap, A.shape), L)
+        if not ok.all():
+            return math.inf
+        return pool_bound(list(total), list(worst), counts, total_mb)
+
+    def _local_rows(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[np.ndarray, float]:
+        """Per stage of a segment: [min a, min b over the recompute settings (compute + exposed TP),
+        parameters per block, fixed parameters, kept activation bytes per block and fixed, workspace]
+        at the loosest recompute setting; and the segment's smallest a over its stages and an interior
+        stage (every context `slope` may read), memoised (`optimistic`)."""
+        key = (sg.cls, sg.tp, sg.stages, mbs, first, last, pp > 1)
+        out = self._local.get(key)
+        if out is None:
+            ends = [(False, False)] * sg.stages
+            if first:
+                ends[0] = (True, pp == 1)
+            if last and pp > 1:
+                ends[-1] = (False, True)
+            vals = {e: self._local_row(sg.cls, sg.tp, mbs, *e, pp) for e in {*ends, (False, False)}}
+            slope = min(vals[e][0] for e in vals)
+            out = self._local[key] = (np.array([vals[e] for e in ends]), slope)
+        return out
+
+    def _local_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
+        rt = OV.MESHPLAN.on_cpu() if self.pr.kinds[cls] == "cpu" else OV.MESHPLAN  # as Pricer's contexts
+        keep = 1 - rt.tp_overlap if rt.tp_overlap else 1.0
+        lts = [self.pr.local(cls, tp, mbs, r, first, last, pp) for r in self.recs]
+        # as stage_coeffs books TP: (1 − overlap) of it when the runtime hides some
+        a = min(lt.compute_s_per_block + (keep * lt.tp_comm_s_per_block if rt.tp_overlap else lt.tp_comm_s_per_block)
+                for lt in lts)  # fmt: skip
+        b = min(lt.compute_s_fixed + (keep * lt.tp_comm_s_fixed if rt.tp_overlap else lt.tp_comm_s_fixed) for lt in lts)
+        lo = lts[-1]
+        return (a, b, lo.num_params_per_block, lo.num_params_fixed, lo.activation_bytes_per_block,
+                lo.activation_bytes_fixed, lo.workspace_bytes)  # fmt: skip
 
     def replicas(self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, sharding: str) -> float:
         """pool_bound with S_c ≥ L·a_c and X_c ≥ L·a_c/pp from each class's true slope."""
@@ -284,18 +380,18 @@ def capped_parts(
     K, p = a.shape
     ok = (cap >= 1).all(axis=1) & (cap.sum(axis=1) >= num_layers)
     r = np.arange(K)[:, None]  # row index for gathering along axis 1 (take_along_axis, without its overhead)
-    order = np.argsort(a, axis=1, kind="stable")
+    order = a.argsort(axis=1, kind="stable")
     room = (cap - 1.0)[r, order]
-    take = np.clip((num_layers - p) - (np.cumsum(room, axis=1) - room), 0.0, room)
+    take = np.clip((num_layers - p) - (room.cumsum(axis=1) - room), 0.0, room)
     total = a.sum(axis=1) + b.sum(axis=1) + (a[r, order] * take).sum(axis=1)
     x0 = (a + b).max(axis=1)
     knee = a * cap + b
-    o = np.argsort(knee, axis=1, kind="stable")
+    o = knee.argsort(axis=1, kind="stable")
     t, c, inv, binv = (x[r, o] for x in (knee, cap, 1.0 / a, b / a))
     zero = np.zeros((K, 1))
-    capped = np.concatenate([zero, np.cumsum(c, axis=1)], axis=1)  # [K, p + 1]: Σ cap of the first j
-    inv_left = np.concatenate([np.cumsum(inv[:, ::-1], axis=1)[:, ::-1], zero], axis=1)  # Σ 1/a of the rest
-    binv_left = np.concatenate([np.cumsum(binv[:, ::-1], axis=1)[:, ::-1], zero], axis=1)
+    capped = np.concatenate([zero, c.cumsum(axis=1)], axis=1)  # [K, p + 1]: Σ cap of the first j
+    inv_left = np.concatenate([inv[:, ::-1].cumsum(axis=1)[:, ::-1], zero], axis=1)  # Σ 1/a of the rest
+    binv_left = np.concatenate([binv[:, ::-1].cumsum(axis=1)[:, ::-1], zero], axis=1)
     right = np.concatenate([t, np.full((K, 1), np.inf)], axis=1)  # segment j ends at knee j
     with np.errstate(invalid="ignore"):
         f_right = capped + right * inv_left - binv_left

@@ -2,7 +2,9 @@
 
 The space is a tree: shape × micro-batch size → × sharding → × schedule (× virtual stages) →
 candidates (one recompute prefix each), whose inner problem `inner.solve_split` or
-`replicas.solve_replicas` solves. Every node carries a lower bound on the step time of every
+`replicas.solve_replicas` solves. A shape × micro-batch size node bounds its sharding children
+from the stages' local terms alone (`Bounds.optimistic`, `Bounds.optimistic_replicas`), so a
+sharding that cannot win is pruned before its data-parallel coefficients are priced. Every node carries a lower bound on the step time of every
 candidate below it (`bounds.py`), and the frontier is two heaps on those bounds, candidates and
 nodes. A candidate that can still enter the kept top-k is solved as soon as it exists (a dive:
 good plans come early, so pruning bites and a budget cut keeps them); otherwise the node with the
@@ -79,6 +81,7 @@ class Explorer:
         self.seq_no = 0
         self.expanded: set[Shape] = set()
         self.loosest: dict[tuple, StageArrays | None] = {}
+        self.capped: dict[tuple, float] = {}
         self.seg_memo: dict[Shape, list[SegmentSpec]] = {}
 
     # the kept set and its bound -------------------------------------------------------------------
@@ -149,11 +152,10 @@ class Explorer:
                 self.expanded.add(shape)
                 self.counts.shapes += 1
             total_mb = self.global_batch // mbs
-            for sharding in self.shardings if shape.dp > 1 else ["none"]:
-                if shape.family == "pipeline":
-                    self._pipeline_sharding(shape, mbs, sharding, total_mb, shape_lb)
-                else:
-                    self._replica_sharding(shape, mbs, sharding, total_mb, shape_lb)
+            if shape.family == "pipeline":
+                self._pipeline_shape(shape, mbs, total_mb, shape_lb)
+                return
+            self._replica_shape(shape, mbs, total_mb, shape_lb)
 
         return run
 
@@ -170,26 +172,60 @@ class Explorer:
         pp = shape.pp
         return self.interleaved and pp >= 2 and total_mb % shape.dp == 0 and (total_mb // shape.dp) % pp == 0
 
-    def _pipeline_sharding(self, shape: Shape, mbs: int, sharding: str, total_mb: int, shape_lb: float) -> None:
-        """Two nodes: the 1F1B (or GPipe) candidates, bounded under memory caps, and the interleaved ones."""
+    def _pipeline_shape(self, shape: Shape, mbs: int, total_mb: int, shape_lb: float) -> None:
+        """Per sharding, a node for the 1F1B (or GPipe) candidates and one per interleaved v, bounded
+        first from the stages' local terms alone (Bounds.optimistic: no dp context priced), so a
+        sharding that cannot win costs no coefficients; a node refines its bound when expanded."""
         segs = self.segments(shape)
         m, dp = math.ceil(total_mb / shape.dp), shape.dp
-        if self.primary is not None:
-            capped = self.bounds.capped_pipeline(segs, m, mbs, self.primary, sharding, dp)
-            if math.isinf(capped):
-                # not even full recompute fits (its caps are below these): no prefix, and interleaved holds more
-                self.counts.infeasible += 1
-                if self.space.recompute:
-                    return
-            else:
-                lb = max(shape_lb, capped, self.bounds.pipeline(segs, m, 1.0, mbs, sharding, dp))
-                self.push(lb, lambda: self._primary(shape, segs, mbs, sharding, total_mb))
+        shardings = self.shardings if dp > 1 else ["none"]
         vs = [v for v in self.space.virtual_stages if v >= 2 and self.L >= shape.pp * v]
-        if not vs or not self._interleaved_ok(shape, total_mb):
+        vs = vs if vs and self._interleaved_ok(shape, total_mb) else []
+        prim, inter = self.bounds.optimistic(segs, m, mbs, self.primary, shardings, dp, [1.0 / v for v in vs])
+        if self.primary is not None and math.isinf(prim):
+            # no sharding's full recompute fits (Bounds.optimistic's caps are above capped_pipeline's)
+            self.counts.infeasible += len(shardings)
+            if self.space.recompute:
+                return  # no prefix fits, and interleaved holds more
+        for sharding in shardings:
+            if self.primary is not None and not math.isinf(prim):
+                self.push(max(shape_lb, prim), lambda s=sharding: self._primary_node(shape, segs, mbs, s, m, shape_lb))
+            for v, lb in zip(vs, inter, strict=True):
+                run = lambda s=sharding, v=v: self._interleaved_node(shape, segs, mbs, s, total_mb, shape_lb, v)  # noqa: E731
+                self.push(max(shape_lb, lb), run)
+
+    def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
+        """Bounds.capped_pipeline of a shape × mbs × sharding, memoised (its primary and interleaved
+        nodes both read it)."""
+        key = (shape, mbs, sharding)
+        out = self.capped.get(key)
+        if out is None:
+            assert self.primary is not None
+            out = self.capped[key] = self.bounds.capped_pipeline(segs, m, mbs, self.primary, sharding, shape.dp)
+        return out
+
+    def _primary_node(self, shape: Shape, segs, mbs: int, sharding: str, m: int, shape_lb: float) -> None:
+        """The 1F1B (or GPipe) candidates of a sharding, bounded under their memory caps."""
+        capped = self._capped(shape, segs, m, mbs, sharding)
+        if math.isinf(capped):
+            self.counts.infeasible += 1  # not even full recompute fits
             return
-        for v in vs:
-            lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, dp))
-            self.push(lb, lambda v=v: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
+        lb = max(shape_lb, capped, self.bounds.pipeline(segs, m, 1.0, mbs, sharding, shape.dp))
+        total_mb = self.global_batch // mbs
+        self.push(lb, lambda: self._primary(shape, segs, mbs, sharding, total_mb))
+
+    def _interleaved_node(self, shape: Shape, segs, mbs: int, sharding: str, total_mb: int, shape_lb: float, v: int):
+        """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
+        (interleaved holds even more)."""
+        m = math.ceil(total_mb / shape.dp)
+        if (
+            self.primary is not None
+            and self.space.recompute
+            and math.isinf(self._capped(shape, segs, m, mbs, sharding))
+        ):
+            return
+        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:
         """The primary schedule's full-recompute arrays, memoised (both of a sharding's nodes read
@@ -271,13 +307,25 @@ class Explorer:
 
     # kind-pure replicas -----------------------------------------------------------------------------
 
-    def _replica_sharding(self, shape: Shape, mbs: int, sharding: str, total_mb: int, shape_lb: float) -> None:
+    def _replica_shape(self, shape: Shape, mbs: int, total_mb: int, shape_lb: float) -> None:
+        """A node per sharding, bounded first from the stages' local terms alone
+        (Bounds.optimistic_replicas), as `_pipeline_shape` does for pipelines."""
         if self.primary is None:
             return
         tp, pp = shape.segments[0].tp, shape.pp
         link = self.pr.intern(cross_node_link([self.pr.classes[c].spec for c, _ in shape.groups]))
         segs = [SegmentSpec(c, tp, pp, n * tp, link) for c, n in shape.groups]
         counts = [n for _, n in shape.groups]
+        shardings = self.shardings if shape.dp > 1 else ["none"]
+        opt = self.bounds.optimistic_replicas(segs, counts, total_mb, mbs, shardings, shape.dp)
+        if math.isinf(opt):
+            self.counts.infeasible += len(shardings)  # no split fits every class, whatever the sharding
+            return
+        for sharding in shardings:
+            run = lambda s=sharding: self._replica_sharding(shape, segs, counts, mbs, s, total_mb, shape_lb)  # noqa: E731
+            self.push(max(shape_lb, opt), run)
+
+    def _replica_sharding(self, shape, segs, counts, mbs: int, sharding: str, total_mb: int, shape_lb: float) -> None:
         lb = max(self.bounds.replicas(segs, counts, total_mb, mbs, sharding), shape_lb)
         self.push(lb, lambda: self._replica_arrays(shape, segs, counts, mbs, sharding, total_mb))
 

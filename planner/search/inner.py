@@ -14,6 +14,7 @@ sampled (16 quantiles + unconstrained) and the result is a near-optimum; tiny in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,9 +30,8 @@ class Split:
     tail_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class StageArrays:
-    """Per-stage coefficients of one candidate (length p each)."""
+class StageArrays(NamedTuple):
+    """Per-stage coefficients of one candidate (length p each; a named tuple: thousands are built)."""
 
     a: np.ndarray
     b: np.ndarray

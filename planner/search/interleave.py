@@ -59,21 +59,21 @@ def interleaved_arrays(
         for e in range(j, entries, pp):
             co = first if e == 0 else (last if e == entries - 1 else mid)
             p2p = p2p_next if e + 1 < entries else 0.0
-            b += co.b + p2p
-            e0 += co.e0
-            z0 += co.g0 + co.o0
-            mem_b += co.state_b + kk * co.act_b
+            b += co.time_s_fixed + p2p
+            e0 += co.grad_sync_s_fixed
+            z0 += co.drain_s_fixed + co.optimizer_s_fixed
+            mem_b += co.state_bytes_fixed + kk * co.activation_bytes_fixed
             ws = max(ws, co.workspace_bytes)
         assert co is not None
-        a, mem_a, shift = co.a, co.state_a + kk * co.act_a, v - 1
+        a, mem_a, shift = co.time_s_per_block, co.state_bytes_per_block + kk * co.activation_bytes_per_block, v - 1
         rows.append(
             (
                 a,
                 b + a * shift,
-                e0 + co.e1 * shift,
-                co.e1,
-                z0 + (co.g1 + co.o1) * shift,
-                co.g1 + co.o1,
+                e0 + co.grad_sync_s_per_block * shift,
+                co.grad_sync_s_per_block,
+                z0 + (co.drain_s_per_block + co.optimizer_s_per_block) * shift,
+                co.drain_s_per_block + co.optimizer_s_per_block,
                 mem_a,
                 mem_b + mem_a * shift,
                 ws,

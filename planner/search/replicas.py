@@ -119,9 +119,9 @@ def solve_replicas(
         tail = 0.0
         for s in range(pp):
             n = split[s]
-            e = max(0.0, crit[s].e0 + crit[s].e1 * n)
-            g = crit[s].g0 + crit[s].g1 * n
-            o = max(base[i][1][s].o0 + base[i][1][s].o1 * n for i, _ in groups)
+            e = max(0.0, crit[s].grad_sync_s_fixed + crit[s].grad_sync_s_per_block * n)
+            g = crit[s].drain_s_fixed + crit[s].drain_s_per_block * n
+            o = max(base[i][1][s].optimizer_s_fixed + base[i][1][s].optimizer_s_per_block * n for i, _ in groups)
             tail = max(tail, e + g + o)
         cost = times[rc] + tail
         if best is None or cost < best[0]:

@@ -81,8 +81,8 @@ def test_tp_blocks_are_timed_on_a_real_tp_group_and_priced_without_a_second_all_
     link = Link(bandwidth_bytes_per_s=1e9, latency_s=1e-4)
     ctx = StageContext("cpu", "fp32", 1, 16, 2, False, True, True, 1, "none", 1, 1.0, 1e10, link, link, None, 2)
     coeffs = stage_coeffs(ctx, PRESETS["tiny"], table)
-    assert coeffs.tp_a == 0 and coeffs.compute_a == block.train_s
-    assert coeffs.tp_b > 0  # embedding and head were timed alone: their all-reduces are still priced
+    assert coeffs.tp_comm_s_per_block == 0 and coeffs.compute_s_per_block == block.train_s
+    assert coeffs.tp_comm_s_fixed > 0  # embedding and head were timed alone: their all-reduces are still priced
 
 
 def test_optimizer_step_per_parameter_is_measured_once_per_layout_on_real_ranks_and_stored(tmp_path):

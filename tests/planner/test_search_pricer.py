@@ -62,14 +62,12 @@ def test_canonical_pp_and_dp_link_leave_the_coefficients_unchanged(model_name, t
                 tp_link=c.intra, dp_link=dplink, next_link=None, next_tp=tp, calib=calib,
             )  # fmt: skip
             pp_k, link_k = stage_key(c.intra, last, pp, dp, dplink)
-            canon = StageContext(
-                **{f: getattr(ctx, f) for f in StageContext.__slots__} | {"pp": pp_k, "dp_link": link_k}
-            )
+            canon = StageContext(**{f: getattr(ctx, f) for f in StageContext._fields} | {"pp": pp_k, "dp_link": link_k})
             direct = stage_coeffs(ctx, model, table)
             assert stage_coeffs(canon, model, table) == direct, ctx
             # the local terms of a context that differs only in dp, sharding, rings, neighbours and
             # in-flight micro-batches, as the Pricer shares them
-            other = StageContext(**{f: getattr(canon, f) for f in StageContext.__slots__} | {
+            other = StageContext(**{f: getattr(canon, f) for f in StageContext._fields} | {
                 "dp": 1, "sharding": "none", "dp_link": c.intra, "inflight": 3.0, "next_link": SLOW_RING,
                 "next_tp": 1, "memory_bandwidth_bytes_per_s": 1e12,
             })  # fmt: skip
