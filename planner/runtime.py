@@ -194,7 +194,12 @@ def launch_problems(
         out.append(LaunchProblem("stages.sharding", "zero3", "unequal batch shares need sharding none/zero1/zero2"))
     # the runtime's block (worker/model.py) is SDPA attention, torch's cross entropy, no dropout;
     # other stacks' memory terms are priced (planner.cost.memory) for plans exported to them
-    stack = {"attention": ("sdpa", plan.attention), "loss": ("torch", plan.loss), "dropout": (False, plan.dropout)}
+    stack = {
+        "attention": ("sdpa", plan.attention),
+        "loss": ("torch", plan.loss),
+        "dropout": (False, plan.dropout),
+        "fp8": (False, plan.fp8),  # fp8 GEMMs need a GPU with fp8 tensor cores (torchao / TE)
+    }
     for name, (runs, asked) in stack.items():
         if asked != runs:
             out.append(LaunchProblem(name, asked, f"the torch runtime runs {name}={runs!r}; export the plan instead"))
