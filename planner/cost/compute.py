@@ -206,17 +206,54 @@ def block_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: De
     return fwd, bwd
 
 
+def loss_logit_traffic_bytes(loss: str, e: int) -> tuple[int, int]:
+    """(forward, backward) bytes each loss kernel reads and writes per logit element (b·s·V/t), the
+    kernels being memory-bound on the logits (a few FLOPs per element); e = the working dtype's
+    bytes. The kernels as flops.loss_logit_bytes describes them:
+
+    - "torch", F.cross_entropy(logits.float()): forward the cast (read e, write 4) and log-softmax
+      (read 4, write 4): e + 12; backward nll's dense fp32 gradient (write 4), log-softmax's backward
+      (read gradient and output 4 + 4, write 4) and the cast's (read 4, write e): e + 20.
+    - "vocab-parallel", Megatron-LM's vocab_parallel_cross_entropy(output.float()) (SC'21-era
+      megatron/mpu/cross_entropy.py): the cast (e + 4), the row max (read 4), subtracting it in place
+      (4 + 4), exp in place (4 + 4), the row sum (read 4) and the in-place division that leaves the
+      softmax for backward (4 + 4): e + 36; backward scales the softmax by the loss gradient in place
+      (4 + 4) and casts back (read 4, write e): e + 12.
+    - "fused", flash-attn's CrossEntropyLoss kernel: forward reads the logits once (online
+      log-sum-exp): e; backward reads them again and writes their gradient: 2e.
+    """
+    if loss == "torch":
+        return e + 12, e + 20
+    if loss == "vocab-parallel":
+        return e + 36, e + 12
+    if loss == "fused":
+        return e, 2 * e
+    raise ValueError(f"unknown loss kernel {loss!r}")
+
+
+def loss_time_delta_s(
+    model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, loss: str
+) -> tuple[float, float]:
+    """(forward, backward) seconds the stack's loss kernel takes beyond the runtime's torch cross
+    entropy, which head_train_s (and so every head profile row) prices: the difference of their
+    logit traffic (loss_logit_traffic_bytes) over the b·s·V/t logits at memory bandwidth."""
+    e = DTYPE_BYTES[dtype]
+    logits = b * s * model.padded_vocab / tp
+    (f0, g0), (f1, g1) = loss_logit_traffic_bytes("torch", e), loss_logit_traffic_bytes(loss, e)
+    return memory_s((f1 - f0) * logits, dev), memory_s((g1 - g0) * logits, dev)
+
+
 def head_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
-    """(forward, backward) of the final norm, the vocab-parallel LM head GEMM and torch's cross
-    entropy on fp32 logits (the runtime's loss, flops.loss_logit_bytes "torch"): the cast reads e
-    and writes 4 bytes a logit, log-softmax reads and writes 4 + 4; backward writes the fp32
-    gradient, log-softmax's backward reads 4 + 4 and writes 4, the cast writes e."""
+    """(forward, backward) of the final norm (read + write e·T·h; backward twice that), the
+    vocab-parallel LM head GEMM and torch's cross entropy on fp32 logits (the runtime's loss:
+    loss_logit_traffic_bytes "torch")."""
     e = DTYPE_BYTES[dtype]
     t_tok, h = b * s, model.hidden
     logits = t_tok * model.padded_vocab / tp
     fwd, bwd = gemm_train_s(t_tok, model.padded_vocab // tp, h, e, dev)
-    fwd += memory_s(2 * e * t_tok * h + (e + 4 + 8) * logits, dev)
-    bwd += memory_s(4 * e * t_tok * h + (4 + 12 + 4 + e) * logits, dev)
+    lf, lb = loss_logit_traffic_bytes("torch", e)
+    fwd += memory_s(2 * e * t_tok * h + lf * logits, dev)
+    bwd += memory_s(4 * e * t_tok * h + lb * logits, dev)
     return fwd, bwd
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from planner.cost import formulas as F
 from planner.cost import memory as M
 from planner.cost import overlap as OV
-from planner.cost.compute import Device, attention_train_s, stack_time_delta_s
+from planner.cost.compute import Device, attention_train_s, loss_time_delta_s, stack_time_delta_s
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
@@ -220,6 +220,10 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
         rows_const.append(head)
         compute_b += slow * head.train_s
         bwd_b += slow * head.backward_s
+        if ctx.device is not None and st.loss != M.RUNTIME.loss:
+            # the stack's loss kernel vs the runtime's, which the head row holds (compute.loss_time_delta_s)
+            lf, lb = loss_time_delta_s(model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, ctx.device, st.loss)
+            compute_b, bwd_b = compute_b + slow * (lf + lb), bwd_b + slow * lb
         tp_b += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
         head_params = flops.layer_params("head", model, ctx.tp)
         if model.tied and ctx.pp > 1:
