@@ -18,7 +18,9 @@ meshplan's own runtime stack instead of its framework's (what the memory terms a
   over pp × vpp stages (vpp → interleaved 1F1B), micro-batch from the row, gradient accumulation =
   global batch / (dp × micro-batch) micro-batches per replica; FSDP FULL_SHARD → zero3, SHARD_GRAD_OP
   → zero2, Megatron (no distributed optimizer in SC'21) → none; recompute full or none; fp16 / bf16
-  (amp_bf16 and pure bf16 alike: both run bf16 matmuls).
+  (amp_bf16 and pure bf16 alike: both run bf16 matmuls); amp_fp8 → bf16 with fp8 linears
+  (`Plan.fp8`: Composer's Transformer Engine autocast), scored as their own family `mpt-fp8`,
+  which bench/fit_kernels.py never fits on (it fits `mpt`).
 - stack (what each framework keeps in memory, planner.cost.memory): llm-foundry's MPT runs flash
   attention (the yamls' attn_impl), no dropout (resid/attn/emb_pdrop 0) and its default
   `loss_fn: fused_crossentropy` (flash-attn's kernel on bf16 logits); Megatron-LM as of SC'21 runs
@@ -100,7 +102,11 @@ class Result:
 
 
 def family_of(row: dict[str, str]) -> str:
-    return "megatron-sc21" if "Narayanan" in row["source"] else "mpt"
+    """megatron-sc21, mpt, or mpt-fp8 (llm-foundry's amp_fp8 rows: their own group, never fitted on,
+    since bench/fit_kernels.py fits the mpt family only)."""
+    if "Narayanan" in row["source"]:
+        return "megatron-sc21"
+    return "mpt-fp8" if row.get("precision") == "amp_fp8" else "mpt"
 
 
 def runtime_of(row: dict[str, str], family: str) -> Runtime:
@@ -108,7 +114,7 @@ def runtime_of(row: dict[str, str], family: str) -> Runtime:
     rows, Composer's torch FSDP for llm-foundry's."""
     if family == "megatron-sc21":
         return MEGATRON_SC21
-    if "FSDP" in row.get("framework", "") or family == "mpt":
+    if "FSDP" in row.get("framework", "") or family.startswith("mpt"):
         return FSDP_COMPOSER
     raise Unsupported(f"framework {row.get('framework')!r}")
 
@@ -129,11 +135,11 @@ def inter_link(row: dict[str, str], family: str) -> str:
 
 
 def dtype_of(precision: str) -> str:
-    if precision == "amp_fp8":
-        raise Unsupported("fp8 linears (Plan.dtype has no fp8)")
+    """The working dtype; amp_fp8 (Composer's Transformer Engine fp8 autocast) is bf16 with fp8
+    linears (Plan.fp8, build_case)."""
     if precision.startswith("fp16"):
         return "fp16"
-    if precision in ("amp_bf16", "bf16"):
+    if precision in ("amp_bf16", "bf16", "amp_fp8"):
         return "bf16"
     raise Unsupported(f"precision {precision!r}")
 
@@ -159,7 +165,7 @@ def recompute_of(row: dict[str, str]) -> str:
 
 
 def measured_step_s(row: dict[str, str], family: str) -> float:
-    if family == "mpt":
+    if family.startswith("mpt"):
         return _int(row, "global_batch") * _int(row, "seq_len") / float(row["tokens_per_sec"])
     return float(row["derived_iteration_time_s"])
 
@@ -172,7 +178,7 @@ def build_case(row: dict[str, str]) -> Case:
     if row.get("heterogeneous", "no") != "no":
         raise Unsupported("heterogeneous cluster")
     dtype = dtype_of(row["precision"])
-    mpt = family == "mpt"
+    mpt = family.startswith("mpt")
     kv = row.get("kv_heads")
     model = ModelSpec(
         name=row["model_name"],
@@ -239,6 +245,7 @@ def build_case(row: dict[str, str]) -> Case:
         attention="flash" if mpt else "eager",
         loss="fused" if mpt else "vocab-parallel",
         dropout=not mpt,
+        fp8=row["precision"] == "amp_fp8",
         stages=stages,
         batch_shares=(gb // dp,) * dp,
     )

@@ -34,6 +34,7 @@ def plan_flow(
     time_budget_s: float = _DEFAULTS.time_budget_s,
     snapshot: str | None = None,
     cpu_dtype: str = ProfileConfig().dtype,
+    fp8: bool = _DEFAULTS.fp8,
 ) -> dict[str, Any]:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
     newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}.
@@ -47,7 +48,9 @@ def plan_flow(
     if inputs.calibration is not None:
         say(f"plan: calibrated to {inputs.calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
-        searched = search_plans(*search_args(model, inputs, global_batch, seq, top_k, time_budget_s), return_state=True)
+        searched = search_plans(
+            *search_args(model, inputs, global_batch, seq, top_k, time_budget_s, fp8), return_state=True
+        )
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")

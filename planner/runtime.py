@@ -194,19 +194,23 @@ def launch_problems(
         out.append(LaunchProblem("stages.sharding", "zero3", "unequal batch shares need sharding none/zero1/zero2"))
     # the runtime's block (worker/model.py) is SDPA attention, torch's cross entropy, no dropout;
     # other stacks' memory terms are priced (planner.cost.memory) for plans exported to them
-    stack = {"attention": ("sdpa", plan.attention), "loss": ("torch", plan.loss), "dropout": (False, plan.dropout)}
+    stack = {
+        "attention": ("sdpa", plan.attention),
+        "loss": ("torch", plan.loss),
+        "dropout": (False, plan.dropout),
+        "fp8": (False, plan.fp8),  # fp8 GEMMs need a GPU with fp8 tensor cores (torchao / TE)
+    }
     for name, (runs, asked) in stack.items():
         if asked != runs:
             out.append(LaunchProblem(name, asked, f"the torch runtime runs {name}={runs!r}; export the plan instead"))
     for i, s in enumerate(plan.stages):
-        if s.sequence_parallel and s.tp > 1:
-            out.append(
-                LaunchProblem(f"stages[{i}].sequence_parallel", True, "the torch runtime has no sequence parallelism")
-            )
-        if s.recompute_every > 1:
+        if s.sequence_parallel and s.tp > 1 and plan.seq_len % s.tp:
+            # worker.parallel.apply_tp shards the sequence dimension in equal slices over tp
             out.append(
                 LaunchProblem(
-                    f"stages[{i}].recompute_every", s.recompute_every, "the torch runtime recomputes every block"
+                    f"stages[{i}].sequence_parallel",
+                    True,
+                    f"sequence parallelism splits seq_len={plan.seq_len} over tp={s.tp}; make tp divide it",
                 )
             )
     if model is not None:

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
-from planner.search import NoFeasiblePlan, SearchResult, search
+from planner.search import NoFeasiblePlan, SearchResult, SearchSpace, search
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from storage import pricing
@@ -46,8 +46,10 @@ def search_plans(
     time_budget_s: float,
     calibration: Calibration | None = None,
     dtype: str = "bf16",
+    fp8: bool = False,
 ) -> SearchResult | NoFeasiblePlan:
-    """planner.search.search with the inputs `prepare_search` read; `meshplan plan` calls this function too."""
+    """planner.search.search with the inputs `prepare_search` read; `meshplan plan` calls this function too.
+    `fp8`: search fp8 linears too (SearchSpace.fp8)."""
     return search(
         model,
         cluster,
@@ -58,6 +60,7 @@ def search_plans(
         top_k=top_k,
         time_budget_s=time_budget_s,
         calibration=calibration,
+        space=SearchSpace(fp8=True) if fp8 else None,
     )
 
 
@@ -69,7 +72,13 @@ def store_plans(db_path: str, result: SearchResult) -> str:
 
 
 def search_args(
-    model: ModelSpec, inputs: PricingInputs, global_batch: int, seq: int, top_k: int, time_budget_s: float
+    model: ModelSpec,
+    inputs: PricingInputs,
+    global_batch: int,
+    seq: int,
+    top_k: int,
+    time_budget_s: float,
+    fp8: bool = False,
 ) -> tuple:
     """`search_plans`' arguments for these inputs: one mapping for plan_flow (which calls the cached
     task) and `meshplan plan` (which calls its function), so both rank alike; seq 0 = the model's."""
@@ -83,4 +92,5 @@ def search_args(
         time_budget_s,
         inputs.calibration,
         inputs.dtype,
+        fp8,
     )

@@ -22,7 +22,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import MeshplanError
@@ -101,43 +108,75 @@ def build_stage_part(spec: ModelSpec, plan: Plan, index: int, seed: int, device:
     return part.to(device)
 
 
-def apply_tp(part: Decoder, spec: ModelSpec, tp_mesh: DeviceMesh) -> None:
+def apply_tp(part: Decoder, spec: ModelSpec, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
     """Megatron-style TP inside each block: column-split q/k/v and w1/w3, row-split wo and w2.
 
-    The block's input and output stay replicated plain tensors, so pipeline p2p and the embedding /
-    head (not split) are unchanged.
+    The part's input and output stay replicated plain tensors, so pipeline p2p and the embedding /
+    head (not split) are unchanged. With `sequence_parallel` (Korthikanti et al. 2022, as torchtitan
+    plans it) the norms run on this rank's s/t slice of the sequence (SequenceParallel), attention
+    and the MLP all-gather their input (PrepareModuleInput Shard(1) → Replicate) and wo / w2
+    reduce-scatter their output back to the slice (RowwiseParallel(output_layouts=Shard(1))), so the
+    residual stream stays sequence-sharded from block to block: the part's first block takes its
+    slice of the replicated input and the last all-gathers its output (`_shard_sequence_between`).
     """
-    styles = {
+    row = {"output_layouts": Shard(1)} if sequence_parallel else {}
+    styles: dict = {
         "attn.wq": ColwiseParallel(),
         "attn.wk": ColwiseParallel(),
         "attn.wv": ColwiseParallel(),
-        "attn.wo": RowwiseParallel(),
+        "attn.wo": RowwiseParallel(**row),
         "mlp.w1": ColwiseParallel(),
-        "mlp.w2": RowwiseParallel(),
+        "mlp.w2": RowwiseParallel(**row),
     }
     if spec.family == "llama":
         styles["mlp.w3"] = ColwiseParallel()
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        styles.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(), "attn": gather, "mlp": gather})
     for block in part.blocks.values():
         parallelize_module(block, tp_mesh, styles)
+    if sequence_parallel and part.blocks:
+        _shard_sequence_between(part, tp_mesh)
+
+
+def _shard_sequence_between(part: Decoder, tp_mesh: DeviceMesh) -> None:
+    """The part's first block takes this rank's sequence slice of its replicated input (backward:
+    the slices' gradients all-gathered), its last block all-gathers the slices of its output
+    (backward: each rank keeps its slice of the replicated gradient)."""
+    blocks = list(part.blocks.values())
+
+    def enter(_module: nn.Module, args: tuple) -> tuple:
+        x = DTensor.from_local(args[0], tp_mesh, [Replicate()], run_check=False)
+        return (x.redistribute(tp_mesh, [Shard(1)]).to_local(), *args[1:])
+
+    def leave(_module: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
+        y = DTensor.from_local(out, tp_mesh, [Shard(1)], run_check=False)
+        return y.redistribute(tp_mesh, [Replicate()]).to_local()
+
+    blocks[0].register_forward_pre_hook(enter)
+    blocks[-1].register_forward_hook(leave)
 
 
 def _checkpointed_forward(forward, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def apply_recompute(part: Decoder, mode: str) -> None:
+def apply_recompute(part: Decoder, mode: str, every: int = 1) -> None:
     """Activation recomputation without renaming parameters (checkpoint wrappers would add a prefix).
 
-    "full" recomputes each block in backward; "selective" only the attention core, softmax(QKᵀ)·V
-    (Megatron's --recompute-granularity selective: the projections' inputs stay saved; the cheapest
-    FLOPs per byte saved; planner.cost.memory prices it). Overriding the instance's `forward` keeps
-    module hooks (FSDP's) running in `__call__` around it.
+    "full" recomputes blocks in backward: with `every` = k, the part's blocks 0, k, 2k, … in order
+    (torchtitan's layer AC frequency; ⌈n/k⌉ of n, at least the n/k planner.cost prices);
+    "selective" only the attention core, softmax(QKᵀ)·V (Megatron's --recompute-granularity
+    selective: the projections' inputs stay saved; the cheapest FLOPs per byte saved;
+    planner.cost.memory prices it). Overriding the instance's `forward` keeps module hooks (FSDP's,
+    sequence parallelism's) running in `__call__` around it.
     """
     if mode == "none":
         return
-    for block in part.blocks.values():
+    for j, block in enumerate(part.blocks.values()):
         if mode == "full":
-            block.forward = partial(_checkpointed_forward, block.forward)
+            if j % every == 0:
+                block.forward = partial(_checkpointed_forward, block.forward)
         else:
             block.attn.core = partial(_checkpointed_forward, block.attn.core)
 

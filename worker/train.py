@@ -113,9 +113,10 @@ def build_parts(
     parts, grad_syncs = [], []
     for vi in layout.virtual_stages:
         part = build_stage_part(spec, plan, vi, opts.seed, device)
+        sp = plan.stages[vi]
         if layout.tp > 1:
-            apply_tp(part, spec, mesh["tp"])
-        apply_recompute(part, plan.stages[vi].recompute)
+            apply_tp(part, spec, mesh["tp"], sp.sequence_parallel)
+        apply_recompute(part, sp.recompute, sp.recompute_every)
         wrapped, sync = apply_dp(part, plan.stages[vi], mesh["dp"])
         parts.append(wrapped)
         grad_syncs += [sync] if sync is not None else []

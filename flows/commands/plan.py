@@ -89,6 +89,7 @@ def plan(
             cfg.search.time_budget_s,
             snapshot,
             cfg.profile.dtype,
+            cfg.search.fp8,
         )
         typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary["feasible"] else 1)
@@ -106,7 +107,7 @@ def plan(
     inputs = pricing_inputs(path, m, cluster, snapshot, cfg.profile.dtype)
     spec, source = inputs.cluster, inputs.profile_source
     s = cfg.search
-    res = search_plans.fn(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s))
+    res = search_plans.fn(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8))
     if isinstance(res, NoFeasiblePlan):
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))

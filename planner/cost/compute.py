@@ -17,7 +17,7 @@ Nothing here is fitted on measured runs; measured profiles, where present, win
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from planner.cost.memory import Stack
@@ -72,6 +72,7 @@ class Device:
     num_sms: int | None = None
     architecture: str | None = None
     kernels: KernelEfficiency = PRIOR
+    peak_fp8_flop_per_s: float | None = None  # dense fp8 tensor-core peak (None: no fp8)
 
     @property
     def gemm_fraction(self) -> float:
@@ -89,22 +90,24 @@ def gemm_quantisation(m: int, n: int, num_sms: int | None) -> float:
     return edge * tiles / (ceil(tiles / num_sms) * num_sms)
 
 
-def gemm_s(m: int, n: int, k: int, e: int, dev: Device, count: int = 1) -> float:
+def gemm_s(m: int, n: int, k: int, e: int, dev: Device, count: int = 1, out_e: int | None = None) -> float:
     """`count` independent (m×k)·(k×n) GEMMs: 2mnk FLOPs each at η = the GEMM fraction × quantisation
-    (a batch quantises as one grid of count × tiles), or reading A and B and writing C once, e bytes
-    an element, at η_mem × bandwidth, whichever is longer."""
+    (a batch quantises as one grid of count × tiles), or reading A and B (e bytes an element) and
+    writing C (out_e bytes, default e) once at η_mem × bandwidth, whichever is longer."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     q = gemm_quantisation(m, n * count, dev.num_sms) if count > 1 else gemm_quantisation(m, n, dev.num_sms)
     t_flops = count * 2.0 * m * n * k / (dev.peak_flop_per_s * dev.gemm_fraction * q)
-    t_bytes = count * e * (m * k + k * n + m * n) / (dev.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
+    c_e = e if out_e is None else out_e
+    t_bytes = count * (e * (m * k + k * n) + c_e * m * n) / (dev.memory_bandwidth_bytes_per_s * MEMORY_EFFICIENCY)
     return max(t_flops, t_bytes)
 
 
-def gemm_train_s(m: int, n: int, k: int, e: int, dev: Device) -> tuple[float, float]:
+def gemm_train_s(m: int, n: int, k: int, e: int, dev: Device, out_e: int | None = None) -> tuple[float, float]:
     """(forward, backward) of a linear layer Y = X·W with X m×k, W k×n: backward is dX = dY·Wᵀ
-    (m×k output, depth n) and dW = Xᵀ·dY (k×n output, depth m)."""
-    return gemm_s(m, n, k, e, dev), gemm_s(m, k, n, e, dev) + gemm_s(k, n, m, e, dev)
+    (m×k output, depth n) and dW = Xᵀ·dY (k×n output, depth m); operands e bytes, outputs out_e."""
+    fwd = gemm_s(m, n, k, e, dev, out_e=out_e)
+    return fwd, gemm_s(m, k, n, e, dev, out_e=out_e) + gemm_s(k, n, m, e, dev, out_e=out_e)
 
 
 def memory_s(num_bytes: float, dev: Device) -> float:
@@ -139,6 +142,48 @@ def attention_train_s(
     return fwd, bwd
 
 
+def block_linear_shapes(model: ModelSpec, b: int, s: int, tp: int) -> list[tuple[int, int, int]]:
+    """(m, n, k) of a block's linear layers on one tp rank, Y(m×n) = X(m×k)·W(k×n), T = b·s tokens:
+    q/k/v (T, (h + 2kv)/t, h), output projection (T, h, h/t), MLP up (T, (mats − 1)·f/t, h) and
+    down (T, h, f/t), mats = 2 for GELU, 3 for SwiGLU."""
+    t_tok, h, f = b * s, model.hidden, model.ffn
+    kv = model.kv_heads * model.head_dim
+    mats = 2 if model.family == "gpt" else 3
+    return [(t_tok, (h + 2 * kv) // tp, h), (t_tok, h, h // tp), (t_tok, (mats - 1) * f // tp, h), (t_tok, h, f // tp)]
+
+
+# Bytes per element of one dynamic-scaling fp8 cast (torchao.float8 tensorwise, torchtitan's
+# default): read the e-byte tensor for its amax, read it again to scale and write 1 byte, then the
+# column-major copy the other GEMM operand order needs (Hopper's fp8 GEMMs take K-major operands
+# only): read 1, write 1. Transformer Engine's delayed scaling fuses the amax into one cast-transpose
+# kernel (e + 2 bytes), so this is the costlier of the two stacks' casts.
+def fp8_cast_bytes_per_element(e: int) -> int:
+    return 2 * e + 1 + 2
+
+
+def fp8_linear_delta_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
+    """(forward, backward) seconds fp8 linears add to a block (negative: a saving), per tp rank.
+
+    Every forward GEMM and both backward GEMMs (dX = dY·Wᵀ, dW = Xᵀ·dY) of the block's linears
+    (block_linear_shapes) run on the fp8 peak at the architecture's GEMM fraction (the bf16
+    figure: an assumption, not fitted), operands 1 byte an element and outputs in the dtype
+    (torch._scaled_mm / TE write bf16), instead of at the dtype's peak; and each linear casts X (m×k) and W (k×n) in forward and dY (m×n) in backward
+    (fp8_cast_bytes_per_element each, memory-bound). Attention, norms, embedding and head keep
+    the dtype (torchtitan's float8 converter and TE convert nn.Linear layers of the blocks only).
+    """
+    assert dev.peak_fp8_flop_per_s is not None, "fp8 linears need a device with an fp8 peak (estimate checks)"
+    e = DTYPE_BYTES[dtype]
+    fp8 = replace(dev, peak_flop_per_s=dev.peak_fp8_flop_per_s)
+    c = fp8_cast_bytes_per_element(e)
+    dfwd = dbwd = 0.0
+    for m_, n_, k_ in block_linear_shapes(model, b, s, tp):
+        f0, g0 = gemm_train_s(m_, n_, k_, e, dev)
+        f1, g1 = gemm_train_s(m_, n_, k_, 1, fp8, out_e=e)
+        dfwd += f1 - f0 + memory_s(c * (m_ * k_ + k_ * n_), dev)
+        dbwd += g1 - g0 + memory_s(c * m_ * n_, dev)
+    return dfwd, dbwd
+
+
 def block_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
     """(forward, backward) of one block on one tp rank as meshplan's runtime runs it (SDPA, no
     dropout, no sequence parallelism): the four projections (three for the MLP under SwiGLU), the
@@ -148,15 +193,8 @@ def block_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: De
     e = DTYPE_BYTES[dtype]
     t_tok, h, f = b * s, model.hidden, model.ffn
     kv = model.kv_heads * model.head_dim
-    mats = 2 if model.family == "gpt" else 3
-    shapes = [
-        (t_tok, (h + 2 * kv) // tp, h),
-        (t_tok, h, h // tp),
-        (t_tok, (mats - 1) * f // tp, h),
-        (t_tok, h, f // tp),
-    ]
     fwd = bwd = 0.0
-    for m_, n_, k_ in shapes:
+    for m_, n_, k_ in block_linear_shapes(model, b, s, tp):
         a, g = gemm_train_s(m_, n_, k_, e, dev)
         fwd, bwd = fwd + a, bwd + g
     a, g = attention_train_s(model, b, s, tp, dtype, dev, "sdpa", False)
@@ -168,17 +206,54 @@ def block_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: De
     return fwd, bwd
 
 
+def loss_logit_traffic_bytes(loss: str, e: int) -> tuple[int, int]:
+    """(forward, backward) bytes each loss kernel reads and writes per logit element (b·s·V/t), the
+    kernels being memory-bound on the logits (a few FLOPs per element); e = the working dtype's
+    bytes. The kernels as flops.loss_logit_bytes describes them:
+
+    - "torch", F.cross_entropy(logits.float()): forward the cast (read e, write 4) and log-softmax
+      (read 4, write 4): e + 12; backward nll's dense fp32 gradient (write 4), log-softmax's backward
+      (read gradient and output 4 + 4, write 4) and the cast's (read 4, write e): e + 20.
+    - "vocab-parallel", Megatron-LM's vocab_parallel_cross_entropy(output.float()) (SC'21-era
+      megatron/mpu/cross_entropy.py): the cast (e + 4), the row max (read 4), subtracting it in place
+      (4 + 4), exp in place (4 + 4), the row sum (read 4) and the in-place division that leaves the
+      softmax for backward (4 + 4): e + 36; backward scales the softmax by the loss gradient in place
+      (4 + 4) and casts back (read 4, write e): e + 12.
+    - "fused", flash-attn's CrossEntropyLoss kernel: forward reads the logits once (online
+      log-sum-exp): e; backward reads them again and writes their gradient: 2e.
+    """
+    if loss == "torch":
+        return e + 12, e + 20
+    if loss == "vocab-parallel":
+        return e + 36, e + 12
+    if loss == "fused":
+        return e, 2 * e
+    raise ValueError(f"unknown loss kernel {loss!r}")
+
+
+def loss_time_delta_s(
+    model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, loss: str
+) -> tuple[float, float]:
+    """(forward, backward) seconds the stack's loss kernel takes beyond the runtime's torch cross
+    entropy, which head_train_s (and so every head profile row) prices: the difference of their
+    logit traffic (loss_logit_traffic_bytes) over the b·s·V/t logits at memory bandwidth."""
+    e = DTYPE_BYTES[dtype]
+    logits = b * s * model.padded_vocab / tp
+    (f0, g0), (f1, g1) = loss_logit_traffic_bytes("torch", e), loss_logit_traffic_bytes(loss, e)
+    return memory_s((f1 - f0) * logits, dev), memory_s((g1 - g0) * logits, dev)
+
+
 def head_train_s(model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device) -> tuple[float, float]:
-    """(forward, backward) of the final norm, the vocab-parallel LM head GEMM and torch's cross
-    entropy on fp32 logits (the runtime's loss, flops.loss_logit_bytes "torch"): the cast reads e
-    and writes 4 bytes a logit, log-softmax reads and writes 4 + 4; backward writes the fp32
-    gradient, log-softmax's backward reads 4 + 4 and writes 4, the cast writes e."""
+    """(forward, backward) of the final norm (read + write e·T·h; backward twice that), the
+    vocab-parallel LM head GEMM and torch's cross entropy on fp32 logits (the runtime's loss:
+    loss_logit_traffic_bytes "torch")."""
     e = DTYPE_BYTES[dtype]
     t_tok, h = b * s, model.hidden
     logits = t_tok * model.padded_vocab / tp
     fwd, bwd = gemm_train_s(t_tok, model.padded_vocab // tp, h, e, dev)
-    fwd += memory_s(2 * e * t_tok * h + (e + 4 + 8) * logits, dev)
-    bwd += memory_s(4 * e * t_tok * h + (4 + 12 + 4 + e) * logits, dev)
+    lf, lb = loss_logit_traffic_bytes("torch", e)
+    fwd += memory_s(2 * e * t_tok * h + lf * logits, dev)
+    bwd += memory_s(4 * e * t_tok * h + lb * logits, dev)
     return fwd, bwd
 
 
@@ -212,10 +287,15 @@ def stack_time_delta_s(
     """(forward, backward) seconds a block on `stack` takes beyond meshplan's runtime block (the
     profile's): the attention core as that kernel runs it (attention_train_s), FlashAttention's
     layout dropping SDPA's output transpose (2·T·h/t elements read + written), dropout on the two
-    hidden outputs (read e, write e and a 1-byte mask: (2e + 1)·T·h each), and sequence parallelism
-    running the norms and residual adds (10·T·h elements) on T/t tokens."""
+    hidden outputs (read e, write e and a 1-byte mask: (2e + 1)·T·h each), sequence parallelism
+    running the norms and residual adds (10·T·h elements) on T/t tokens, and fp8 linears
+    (fp8_linear_delta_s)."""
     if stack == Stack(selective=stack.selective, recompute_every=stack.recompute_every):
         return 0.0, 0.0
+    if stack.fp8:
+        a, g = stack_time_delta_s(model, b, s, tp, dtype, dev, replace(stack, fp8=False))
+        f8, g8 = fp8_linear_delta_s(model, b, s, tp, dtype, dev)
+        return a + f8, g + g8
     e = DTYPE_BYTES[dtype]
     t_tok, h = b * s, model.hidden
     base_f, base_b = attention_train_s(model, b, s, tp, dtype, dev, "sdpa", False)

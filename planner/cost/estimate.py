@@ -52,7 +52,14 @@ def gpu_device(spec: NodeSpec, dtype: str, kernels: KernelEfficiency | None) -> 
     gpu = spec.gpu
     arch = gpu.architecture if gpu else None
     sms = gpu.num_sms if gpu else None
-    return Device(spec.peak_flop_per_s(dtype), spec.memory_bandwidth_bytes_per_s, sms, arch, kernels or DEFAULT_KERNELS)
+    return Device(
+        spec.peak_flop_per_s(dtype),
+        spec.memory_bandwidth_bytes_per_s,
+        sms,
+        arch,
+        kernels or DEFAULT_KERNELS,
+        spec.peak_fp8_flop_per_s,
+    )
 
 
 def stage_stack(plan: Plan, stage: StagePlan) -> Stack:
@@ -64,12 +71,24 @@ def stage_stack(plan: Plan, stage: StagePlan) -> Stack:
         sequence_parallel=stage.sequence_parallel,
         selective=stage.recompute == "selective",
         recompute_every=stage.recompute_every,
+        fp8=plan.fp8,
     )
 
 
 def check_plan_fits_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Model/cluster checks a Plan cannot make alone; each failure names the field."""
     check_plan_against(plan, model.num_layers, cluster.num_devices)
+    if plan.fp8:
+        used = {d for s in plan.stages for d in s.device_ids}
+        groups = {dev.group for dev in cluster.devices() if dev.id in used}
+        no_fp8 = sorted({cluster.nodes[g].device_kind for g in groups if cluster.nodes[g].peak_fp8_flop_per_s is None})
+        if no_fp8:
+            raise MeshplanError(
+                "fp8",
+                True,
+                f"{', '.join(no_fp8)} has no fp8 tensor cores (catalog, or device_peak_fp8_flop_per_s in the "
+                "cluster file); set fp8=false or plan on Hopper / Ada / MI300 devices",
+            )
     for i, s in enumerate(plan.stages):
         if model.num_heads % s.tp:
             raise MeshplanError(f"stages[{i}].tp", s.tp, f"must divide model.num_heads={model.num_heads}")

@@ -21,6 +21,12 @@ sizes score MAPE 5.7 %, bias +2.3 % (prior: 23.7 %, −23.6 %).
 Re-fitted 2026-12-04 after overlap became per runtime (planner.cost.overlap; the MPT rows priced as
 Composer's FSDP, `FSDP_COMPOSER`): 0.697 / 0.554 / 0.321 / 0.182, loss 0.00573, i.e. within 0.001 of
 the figures below, which are kept.
+After the loss kernels' time became priced per stack (planner.cost.compute.loss_time_delta_s: MPT's
+fused cross entropy moves 6 bytes a logit where the runtime's torch loss moves 36), the same fit gives
+0.668 / 0.545 / 0.311 / 0.180 at loss 0.00814, i.e. a worse fit than before (0.0058): the MPT rows
+want more head time than the fused kernel's derived traffic, a gap the old torch-loss time had filled.
+The figures below are kept unchanged (MPT MAPE 7.4 % with them, 7.0 % refitted; Megatron 4.3 % vs
+6.7 % refitted); bench/published.py prints both tables.
 """
 
 from __future__ import annotations

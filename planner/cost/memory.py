@@ -3,8 +3,8 @@
 A layer profile (measured on meshplan's runtime, or `planner.measure.profiles.estimate_layer`)
 describes that runtime's block: torch SDPA (a flash kernel), no dropout, no sequence parallelism,
 recompute none or full, torch's cross entropy on fp32 logits. A plan may describe another stack
-(`Plan.attention`, `Plan.loss`, `Plan.dropout`, `StagePlan.sequence_parallel`, selective recompute,
-`StagePlan.recompute_every`); this module turns the profile's bytes into that stack's bytes by adding
+(`Plan.attention`, `Plan.loss`, `Plan.dropout`, `Plan.fp8`, `StagePlan.sequence_parallel`, selective
+recompute, `StagePlan.recompute_every`); this module turns the profile's bytes into that stack's bytes by adding
 or removing the terms that differ, each derived below from what the kernels keep for backward
 (element counts after Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, Table 2 and §4: a = heads, t = tp, s = seq, b = micro-batch, h = hidden, e = dtype
@@ -34,6 +34,7 @@ class Stack:
     sequence_parallel: bool = False
     selective: bool = False
     recompute_every: int = 1
+    fp8: bool = False
 
 
 RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
@@ -97,7 +98,41 @@ def block_kept_bytes(
         out += hidden_dropout_mask_bytes(m, batch, seq)
     if stack.sequence_parallel and tp > 1:
         out -= replicated_bytes(m, batch, seq, dtype, stack.dropout) * (1 - 1 / tp)
+    if stack.fp8:
+        out += fp8_linear_kept_delta_bytes(m, batch, seq, tp, dtype, stack.sequence_parallel)
     return out
+
+
+def linear_weight_params(m: ModelSpec, tp: int) -> float:
+    """Weights of one block's linear layers on one tp rank: the q/k/v projection h·(h + 2kv), the
+    output projection h·h and the MLP's (mats − 1)·h·f up and f·h down projections (mats = 2 for
+    GPT's GELU MLP, 3 for SwiGLU), over t."""
+    kv = m.kv_heads * m.head_dim
+    mats = 2 if m.family == "gpt" else 3
+    return (m.hidden * (m.hidden + 2 * kv) + m.hidden * m.hidden + mats * m.hidden * m.ffn) / tp
+
+
+def fp8_linear_kept_delta_bytes(
+    m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, sequence_parallel: bool
+) -> float:
+    """What fp8 linears change in a block's kept bytes, per tp rank (negative: a saving).
+
+    Both stacks save each linear's input already cast to fp8 and the fp8 weight for the backward
+    GEMMs (torchao.float8's tensorwise `manual_float8_matmul_with_args_in_float8` saves
+    (input_fp8, weight_fp8_t); Transformer Engine's `_Linear` saves the fp8 input (transposed for
+    wgrad) and `weight_t_fp8`). So the four inputs the projections alone keep drop from e to 1 byte
+    an element: the two norms' outputs (b·s·h each; not needed by the norms' own backward, which
+    reads their input; s/t of them under sequence parallelism, Megatron/TE save the local shard and
+    gather again in backward), the output projection's input (b·s·h/t) and the down projection's
+    input (b·s·f/t: GELU's output, or SwiGLU's product; the activations' backward reads their
+    inputs). Each forward also keeps its fp8 weight copy, 1 byte per linear parameter
+    (linear_weight_params), with every micro-batch in flight.
+    """
+    e = DTYPE_BYTES[dtype]
+    b, s, h = batch, seq, m.hidden
+    norms = 2 * b * s * h / (tp if sequence_parallel and tp > 1 else 1)
+    inputs = norms + b * s * h / tp + b * s * m.ffn / tp
+    return -(e - 1) * inputs + linear_weight_params(m, tp)
 
 
 def recomputed_kept_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from planner.cost import formulas as F
 from planner.cost import memory as M
 from planner.cost import overlap as OV
-from planner.cost.compute import Device, attention_train_s, stack_time_delta_s
+from planner.cost.compute import Device, attention_train_s, loss_time_delta_s, stack_time_delta_s
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
@@ -247,6 +247,10 @@ def _end_terms(
         rows.append(head)
         compute += slow * head.train_s
         bwd += slow * head.backward_s
+        if ctx.device is not None and ctx.stack.loss != M.RUNTIME.loss:
+            # the stack's loss kernel vs the runtime's, which the head row holds (compute.loss_time_delta_s)
+            lf, lb = loss_time_delta_s(model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, ctx.device, ctx.stack.loss)
+            compute, bwd = compute + slow * (lf + lb), bwd + slow * lb
         tp += tp_ar  # vocab-parallel head: one all-reduce of the input gradient
         head_params = flops.layer_params("head", model, ctx.tp)
         if model.tied and ctx.pp > 1:

@@ -53,6 +53,7 @@ def _piece(spec: NodeSpec, dtype: str, compute: float, link: float) -> NodeSpec:
         device_memory_bytes=spec.memory_bytes,
         device_peak_flop_per_s=spec.peak_flop_per_s(dtype) / compute,
         device_memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s / compute,
+        device_peak_fp8_flop_per_s=None if spec.peak_fp8_flop_per_s is None else spec.peak_fp8_flop_per_s / compute,
     )
     return DegradedNodeSpec(**base, kind_name=slow_kind(spec.device_kind, compute))
 

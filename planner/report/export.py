@@ -78,6 +78,10 @@ def to_torchtitan(plan: Plan) -> tuple[str, list[str]]:
         warnings.append("torchtitan's tensor parallel always shards norms over the sequence (sequence parallel)")
     if plan.attention == "eager" or plan.dropout or plan.loss == "vocab-parallel":
         warnings.append("torchtitan runs SDPA attention without dropout; the plan's attention/dropout/loss differ")
+    if plan.fp8:
+        # torchao Float8Linear (tensorwise dynamic scaling) on the blocks' linears; the LM head
+        # ("output") stays in the working dtype, as planner.cost prices it
+        lines += ["", "[model]", 'converters = ["float8"]', "", "[float8]", 'filter_fqns = ["output"]']
     return "\n".join(lines) + "\n", warnings
 
 
@@ -132,6 +136,9 @@ def to_megatron(plan: Plan, model: ModelSpec) -> tuple[str, list[str]]:
         args.append("--sequence-parallel")
     if plan.attention == "flash":
         args.append("--use-flash-attn")
+    if plan.fp8:
+        # Transformer Engine's fp8 GEMMs: E4M3 forward, E5M2 gradients
+        args += ["--transformer-impl transformer_engine", "--fp8-format hybrid"]
     if not plan.dropout:
         args += ["--attention-dropout 0", "--hidden-dropout 0"]
     shard = _sharding(plan)

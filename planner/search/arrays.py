@@ -11,13 +11,16 @@ lookups and numpy fills whatever its stage count (a 64-stage pipeline is as chea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 
 from planner.cost import formulas as F
+from planner.cost.compute import stack_time_delta_s
 from planner.cost.devices import Link, cross_node_link, ring_ranks_per_node
+from planner.cost.estimate import gpu_device
+from planner.cost.memory import RUNTIME, Stack
 from planner.cost.stage import LocalTerms, StageCoeffs, StageContext, boundary_p2p_s, local_terms, stage_coeffs
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -37,6 +40,9 @@ class Pricer:
     dtype: str
     seq: int
     calib: Calibration | None = None  # measured corrections (planner.measure.calibrate), as estimate() takes them
+    # the stack every stage runs (fp8, recompute_every on recomputed stages, sequence parallelism
+    # where tp > 1), as estimate's stage_stack gives it for the plans this search builds
+    stack: Stack = RUNTIME
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
@@ -60,6 +66,8 @@ class Pricer:
         self.intra = [c.intra for c in self.classes]
         self.inter = [c.inter for c in self.classes]
         self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
+        self.devices = [gpu_device(c.spec, self.dtype, None) for c in self.classes]  # as estimate prices them
+        self.stacks = {False: replace(self.stack, sequence_parallel=False), True: self.stack}  # by tp > 1
 
     def coeffs(self, ctx: StageContext) -> StageCoeffs:
         co = self.memo.get(ctx)
@@ -103,6 +111,8 @@ class Pricer:
                 next_link=None,
                 next_tp=tp,
                 calib=self.calib,
+                stack=self.stacks[tp > 1],
+                device=self.devices[cls],
             )
             # the local terms (profile rows, compute, activations) are shared by every dp, sharding and
             # ring of the stage: ~300 distinct local keys against ~5,000 contexts at 1,024 GPUs
@@ -237,6 +247,14 @@ class Pricer:
                 np.arange(1, max(1, num_layers - pp + 1) + 1, dtype=np.float64),
             )
         return out
+
+    def stack_delta_s(self, cls: int, tp: int, mbs: int) -> tuple[float, float]:
+        """(forward, backward) seconds this search's stack adds to a block of class `cls` beyond its
+        profile row (compute.stack_time_delta_s, as local_terms adds it; 0 on measured CPU rows)."""
+        dev = self.devices[cls]
+        if dev is None:
+            return 0.0, 0.0
+        return stack_time_delta_s(self.model, mbs, self.seq, tp, self.dtype, dev, self.stacks[tp > 1])
 
     def hidden_bytes(self, mbs: int) -> float:
         return flops.block_input_bytes(self.model, mbs, self.seq, self.dtype)

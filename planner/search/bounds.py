@@ -106,8 +106,16 @@ class Bounds:
             def slow(r: LayerProfile) -> float:  # as stage_coeffs slows a block row
                 return calib.slowdown(r.tp_comm_included) if calib is not None else 1.0
 
-            # a row timed on a real tp group holds its all-reduces already (stage_coeffs adds none)
-            self._floor[key] = min(slow(r) * r.train_s + (0.0 if r.tp_comm_included else 4 * ar) for r in rows)
+            # a row timed on a real tp group holds its all-reduces already (stage_coeffs adds none);
+            # the stack's kernels (fp8, sequence parallel) change a GPU block's time, a recomputed
+            # block runs the forward's change twice (local_terms); a stage mixing the two rows every
+            # k-th block costs at least the cheaper one
+            df, db = pr.stack_delta_s(cls, tp, mbs)
+            self._floor[key] = min(
+                slow(r) * (r.train_s + df + db + (df if r.key.recompute else 0.0))
+                + (0.0 if r.tp_comm_included else 4 * ar)
+                for r in rows
+            )
         return self._floor[key]
 
     def recompute_dominated(self, shape: Shape, mbs: int) -> bool:
@@ -127,7 +135,8 @@ class Bounds:
                     self.table.lookup(ProfileKey(kind, "block", mbs, self.seq, g.tp, r, self.dtype))
                     for r in (False, True)
                 )
-                d_train, d_bwd = rec.train_s - plain.train_s, rec.backward_s - plain.backward_s
+                df = self.pr.stack_delta_s(g.cls, g.tp, mbs)[0]  # recompute runs the stack's forward again
+                d_train, d_bwd = rec.train_s - plain.train_s + df, rec.backward_s - plain.backward_s + df
                 self._dom[key] = d_train >= 0 and d_train >= MAX_HIDE_FRACTION * d_bwd
             out = out and self._dom[key]
         return out

@@ -20,6 +20,9 @@ class Choice:
     layers: tuple[int, ...]  # per stage entry (pp × virtual_stages of them)
     microbatches: tuple[int, ...]  # per replica
     virtual_stages: int = 1
+    recompute_every: int = 1  # on the recomputed stages (StagePlan.recompute_every)
+    sequence_parallel: bool = False  # on every stage with tp > 1
+    fp8: bool = False  # Plan.fp8
 
 
 def stage_device_ids(classes: list[DeviceClass], shape: Shape) -> list[tuple[int, ...]]:
@@ -71,6 +74,8 @@ def build_plan(
                 dp=shape.dp,
                 recompute="full" if j < choice.recompute_prefix else "none",
                 sharding=choice.sharding,  # type: ignore[arg-type]
+                recompute_every=choice.recompute_every if j < choice.recompute_prefix else 1,
+                sequence_parallel=choice.sequence_parallel and tps[j] > 1,
             )
         )
         start += n
@@ -84,6 +89,7 @@ def build_plan(
         schedule=choice.schedule,
         virtual_stages=choice.virtual_stages,
         dtype=dtype,
+        fp8=choice.fp8,
         stages=tuple(stages),  # type: ignore[arg-type]
         batch_shares=shares,
         provenance=provenance,

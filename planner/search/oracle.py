@@ -2,7 +2,8 @@
 
 It enumerates the search space from first principles — every ordered subset of device classes,
 every tp per class, every dp, stage count, layer split (all compositions of L), batch-share vector
-(all compositions of the micro-batches), schedule, sharding level and recompute prefix — builds
+(all compositions of the micro-batches), schedule, sharding level, recompute prefix, and each stack
+option (sequence parallelism off and on, recompute every k-th block, fp8) — builds
 each Plan and prices it with `planner.cost.estimate`. No bounds, no pruning, no shared solver code:
 only the device placement rule (`build.stage_device_ids`) and the cost model are shared.
 """
@@ -79,6 +80,13 @@ def oracle_shapes(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, dt
                                 yield Shape("replicas", (Segment(subset[0].index, pp, tp),), sum(ns), groups)
 
 
+def _stacks(space: SearchSpace, classes) -> list[tuple[bool, int, bool]]:
+    """(sequence parallel, recompute every k, fp8) options, each value on its own (no dominance)."""
+    sps = (False, True) if space.sequence_parallel and all(c.kind != "cpu" for c in classes) else (False,)
+    fp8s = (False, True) if space.fp8 and all(c.spec.peak_fp8_flop_per_s for c in classes) else (False,)
+    return list(product(sps, sorted({1, *space.recompute_every}), fp8s))
+
+
 def oracle_search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -101,8 +109,10 @@ def oracle_search(
             if global_batch % mbs or global_batch // mbs < shape.dp:
                 continue
             total = global_batch // mbs
-            for sched, shard, k in product(space.schedules, space.shardings, range(shape.pp + 1)):
-                if not space.recompute and k:
+            for sched, shard, k, (sp, every, f8) in product(
+                space.schedules, space.shardings, range(shape.pp + 1), _stacks(space, classes)
+            ):
+                if (not space.recompute and k) or (every > 1 and not k):
                     continue
                 vs = [1]
                 if sched == "interleaved-1f1b":
@@ -114,7 +124,7 @@ def oracle_search(
                         for shares in compositions(total, shape.dp):
                             if v > 1 and any(x % shape.pp for x in shares):
                                 continue  # Megatron's interleaved schedule needs m divisible by pp
-                            choice = Choice(mbs, sched, shard, k, split, shares, v)
+                            choice = Choice(mbs, sched, shard, k, split, shares, v, every, sp, f8)
                             plan = build_plan(
                                 classes,
                                 shape,

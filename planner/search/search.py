@@ -14,11 +14,12 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cost import COST_MODEL_VERSION, estimate
 from planner.cost.completion import ProfileNeed, complete_profiles, table_fingerprint
 from planner.cost.devices import DeviceIndex
+from planner.cost.memory import Stack
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -140,25 +141,43 @@ def search(
         stats.wall_s = time.perf_counter() - t0
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
     table = complete_profiles(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
-    pr = Pricer(model, classes, table, dtype, seq, calibration)
     mbs_opts = [b for b in space.micro_batch_sizes if global_batch % b == 0]
     max_dp = max((global_batch // b for b in mbs_opts), default=0)
     shapes = list(pipeline_shapes(model, classes, space, max_dp)) if "pipeline" in space.families else []
     if "replicas" in space.families:
         shapes += list(replica_shapes(model, classes, space, max_dp))
-    bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
-    ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
+    found: list = []
+    seq_no = 0
+    lefts: list[float] = []
+    variants = stack_variants(space, classes)
+    for v_i, variant in enumerate(variants):
+        # one exact pass per stack variant, seeded with the best plans of the passes before it, so
+        # its bounds prune against them from the start (each pass is exact in its part of the space)
+        pr = Pricer(model, classes, table, dtype, seq, calibration, stack=variant)
+        bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
+        ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
+        ex.found, ex.seq_no = list(found), seq_no
+        if variant.recompute_every > 1:
+            base = ex.prefixes
+            ex.prefixes = lambda pp, base=base: [k for k in base(pp) if k > 0]  # k = 0 was priced already
 
-    def over_budget() -> bool:
-        # anytime: stop at the budget once something was found (a hard stop at 10× the budget)
-        spent = time.perf_counter() - t0
-        return spent > time_budget_s and (bool(ex.found) or spent > 10 * time_budget_s)
+        def over_budget(ex: Explorer = ex) -> bool:
+            # anytime: stop at the budget once something was found (a hard stop at 10× the budget)
+            spent = time.perf_counter() - t0
+            return spent > time_budget_s and (bool(ex.found) or spent > 10 * time_budget_s)
 
-    left_s = ex.run(shapes, over_budget)
-    for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
-        setattr(stats, name, getattr(ex.counts, name))
+        seeded = {id(item[2]) for item in ex.found}
+        left = ex.run(shapes, over_budget)
+        found = [item if id(item[2]) in seeded else _tag(item, variant) for item in ex.found]
+        seq_no = ex.seq_no
+        for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
+            setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))
+        if left is not None:
+            # the budget is spent; later variants are unexplored and nothing bounds them but 0
+            lefts.append(left if v_i == len(variants) - 1 else 0.0)
+            break
+    left_s = min(lefts) if lefts else None
     stats.timed_out = left_s is not None
-    found = ex.found
     _gap(stats, left_s, [f.cost_s for _, _, f in found])
     stats.wall_s = time.perf_counter() - t0
     if not found:
@@ -192,6 +211,26 @@ def search(
         base["uniform"] = uniform_baseline(ranked[0], model, cluster, table, index=idx, calibration=calibration)
     stats.wall_s = time.perf_counter() - t0
     return SearchResult(tuple(ranked), stats, base)
+
+
+def stack_variants(space: SearchSpace, classes: list[DeviceClass]) -> list[Stack]:
+    """The stacks the search prices, one exact pass each: recompute every k-th block (k = 1 first),
+    with fp8 linears too when the space allows them and every class has an fp8 peak; sequence
+    parallelism on (where tp > 1) when the space allows it and no class is CPU ranks, by dominance
+    (SearchSpace)."""
+    fp8s = [False] + ([True] if space.fp8 and all(c.spec.peak_fp8_flop_per_s for c in classes) else [])
+    ks = [1] + sorted({k for k in space.recompute_every if k > 1} if space.recompute else set())
+    sp = space.sequence_parallel and all(c.kind != "cpu" for c in classes)
+    return [Stack(sequence_parallel=sp, recompute_every=k, fp8=f) for f in fp8s for k in ks]
+
+
+def _tag(item: tuple, stack: Stack) -> tuple:
+    """A found entry of the pass over `stack`, its Choice carrying that stack."""
+    f = item[2]
+    choice = replace(
+        f.choice, recompute_every=stack.recompute_every, sequence_parallel=stack.sequence_parallel, fp8=stack.fp8
+    )
+    return (item[0], item[1], replace(f, choice=choice))
 
 
 def _gap(stats: SearchStats, left_s: float | None, costs: list[float]) -> None:

@@ -34,6 +34,16 @@ class SearchSpace:
     max_classes: int = 3
     tps: tuple[int, ...] = (1, 2, 4, 8, 16)
     exhaustive_below: int = 8
+    # sequence parallelism on every GPU stage with tp > 1: it never costs more than plain tp in the
+    # cost model (the all-reduce becomes a reduce-scatter + all-gather of the same bytes; norms,
+    # residuals and their activations shrink to s/t), so on is the dominant value and off need not
+    # be searched. Not on CPU ranks, whose calibration measured the runtime without it
+    sequence_parallel: bool = True
+    # full recompute of one block in every k on the recomputed stages (StagePlan.recompute_every);
+    # 1 = every block. Each k > 1 is one more pass of the exact search, seeded with the best so far
+    recompute_every: tuple[int, ...] = (1, 2)
+    # fp8 linears (Plan.fp8), searched when every device class has an fp8 peak
+    fp8: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,9 @@ class GpuSpec(BaseModel):
     estimated: bool = Field(default=False, description="a figure is not published and was inferred (see notes)")
     notes: str = ""
     num_sms: int | None = Field(default=None, gt=0, description="streaming multiprocessors (GEMM wave quantisation)")
+    peak_fp8_flop_per_s: float | None = Field(
+        default=None, gt=0, description="dense fp8 tensor-core peak (None: the part has no fp8 tensor cores)"
+    )
 
     def peak_flop_per_s(self, dtype: str = "bf16") -> float:
         """Dense peak for a training dtype; bf16 falls back to fp16 on parts without bf16 (V100, T4)."""
@@ -554,7 +557,34 @@ NUM_SMS: dict[str, int] = {
     "Titan-RTX": 72,
 }
 
-CATALOG: dict[str, GpuSpec] = {g.name: g.model_copy(update={"num_sms": NUM_SMS.get(g.name)}) for g in _SPECS}
+# Dense fp8 (E4M3/E5M2) tensor-core peaks in TFLOP/s, the fp8_dense_tflops column of
+# ../shared/data/gpus.csv (each from the product's datasheet named in its row's source: NVIDIA H100
+# datasheet (SXM5 / PCIe / NVL columns, sparse figures halved), H200 product page, GH200 (ml-engineering
+# tables: as H100 SXM), L4 product page / Ada whitepaper, L40S product page, Ada whitepaper Table 2
+# (RTX 4090, fp32 accumulate, the training rate), AMD MI300X product page). Parts not listed have no
+# fp8 tensor cores (Volta, Turing, Ampere: fp8 linears are refused there, planner.cost.estimate) or
+# publish no figure (the H100 HBM2e 96 GB variant).
+FP8_TFLOPS: dict[str, float] = {
+    "H100-SXM5-80GB": 1979,
+    "H100-PCIe-80GB": 1513,
+    "H100-NVL-94GB": 1670,
+    "H200-SXM-141GB": 1979,
+    "GH200-96GB": 1979,
+    "L4": 242.5,
+    "L40S": 733,
+    "RTX-4090": 330.3,
+    "MI300X": 2614.9,
+}
+
+CATALOG: dict[str, GpuSpec] = {
+    g.name: g.model_copy(
+        update={
+            "num_sms": NUM_SMS.get(g.name),
+            "peak_fp8_flop_per_s": FP8_TFLOPS[g.name] * TFLOP if g.name in FP8_TFLOPS else None,
+        }
+    )
+    for g in _SPECS
+}
 
 # Names as torch / nvidia-smi report them, and common short names, mapped to catalog keys.
 ALIASES: dict[str, str] = {

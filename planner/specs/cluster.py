@@ -100,6 +100,9 @@ class NodeSpec(BaseModel):
         default=None, gt=0, description="overrides the catalog (required for cpu)"
     )
     device_memory_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, description="overrides the catalog")
+    device_peak_fp8_flop_per_s: float | None = Field(
+        default=None, gt=0, description="dense fp8 peak (overrides the catalog; fp8 linears need one)"
+    )
     measured: bool = Field(default=False, description="figures come from discovery, not a datasheet")
 
     @field_validator("intra_link", "inter_link", mode="before")
@@ -184,6 +187,14 @@ class NodeSpec(BaseModel):
         gpu = self.gpu
         assert gpu is not None
         return gpu.peak_flop_per_s(dtype)
+
+    @property
+    def peak_fp8_flop_per_s(self) -> float | None:
+        """Dense fp8 peak (None: no fp8 tensor cores, CPU ranks, or an inline device that gives none)."""
+        if self.device_peak_fp8_flop_per_s is not None:
+            return self.device_peak_fp8_flop_per_s
+        gpu = self.gpu
+        return None if gpu is None else gpu.peak_fp8_flop_per_s
 
 
 @dataclass(frozen=True, slots=True)

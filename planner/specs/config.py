@@ -60,6 +60,10 @@ class SearchConfig(_Section):
     seq: int = Field(default=0, ge=0, description="sequence length; 0 = the model's seq_len")
     top_k: int = Field(default=5, gt=0)
     time_budget_s: float = Field(default=SEARCH_BUDGET_S, gt=0, description="plan search budget; the search is anytime")
+    fp8: bool = Field(
+        default=False,
+        description="also search fp8 linears where every device has an fp8 peak (plans to export: the runtime runs dtype)",
+    )
 
 
 class TrainConfig(_Section):

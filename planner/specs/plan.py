@@ -48,7 +48,7 @@ Attention = Literal["sdpa", "flash", "eager"]
 Loss = Literal["torch", "vocab-parallel", "fused"]
 # the Plan fields added after version 1 was frozen: left out of the fingerprint at their default,
 # so a plan written before them keeps its id
-_LATER_DEFAULTS = {"attention": "sdpa", "loss": "torch", "dropout": False}
+_LATER_DEFAULTS = {"attention": "sdpa", "loss": "torch", "dropout": False, "fp8": False}
 _LATER_STAGE_DEFAULTS = {"sequence_parallel": False, "recompute_every": 1}
 
 
@@ -150,6 +150,11 @@ class Plan(BaseModel):
     attention: Attention = "sdpa"
     loss: Loss = "torch"
     dropout: bool = Field(default=False, description="hidden and attention dropout on (masks kept for backward)")
+    fp8: bool = Field(
+        default=False,
+        description="the blocks' linear layers run fp8 GEMMs (torchao Float8 tensorwise / Transformer Engine); "
+        "master weights, attention, embedding, head and the other activations stay in dtype",
+    )
     stages: tuple[StagePlan, ...] = Field(min_length=1)
     batch_shares: tuple[int, ...] = Field(min_length=1, description="samples per step per replica")
     predicted: CostBreakdown | None = None
@@ -192,6 +197,10 @@ class Plan(BaseModel):
                     share,
                     f"must be a positive multiple of micro_batch_size={self.micro_batch_size}",
                 )
+        if self.fp8 and self.dtype == "fp32":
+            raise MeshplanError(
+                "fp8", True, "fp8 linears run under bf16/fp16 mixed precision (torchao, Transformer Engine); set dtype"
+            )
         self._check_devices()
         return self
 

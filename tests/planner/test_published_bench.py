@@ -56,7 +56,7 @@ def test_megatron_row_becomes_interleaved_3d_plan_in_megatron_rank_order():
     assert case.cluster.num_devices == 1024
 
 
-def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_is_listed_not_dropped():
+def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_rows_are_their_own_family():
     row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
     row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
     row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
@@ -64,8 +64,8 @@ def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_is_listed_not_dro
     assert case.measured_s == pytest.approx(32 * 2048 / 4096)
     assert case.plan.num_microbatches() == 2 and case.plan.stages[0].sharding == "zero3"
     assert not case.model.has_learned_positions  # ALiBi
-    with pytest.raises(bench.Unsupported, match="fp8"):
-        bench.build_case(dict(row, precision="amp_fp8"))
+    fp8 = bench.build_case(dict(row, precision="amp_fp8", gpu="H100-SXM5-80GB", interconnect=""))
+    assert fp8.plan.fp8 and fp8.plan.dtype == "bf16" and fp8.family == "mpt-fp8"  # never in the fitted family
 
 
 def test_each_framework_maps_to_the_stack_it_ran_and_megatron_rows_fit():
