@@ -81,6 +81,7 @@ def window_tps(steps: list[dict], first: int, last: int) -> float:
 def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     """Train the same plan twice with rank SLOW_RANK slowed `factor`× from FROM_STEP: re-planning on, then off."""
     from flows.train import train_flow
+    from planner.specs.faults import FaultSpec
 
     db, plan = str(tmp / "m.duckdb"), tmp / "plan.json"
     plan.write_text(json.dumps(PLAN))
@@ -102,9 +103,7 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
             lr=0.05,
             replan=replan,
             replan_config=CFG,
-            slow_rank=SLOW_RANK,
-            slow_factor=factor,
-            slow_from_step=FROM_STEP,
+            faults=FaultSpec(slow_rank=SLOW_RANK, slow_factor=factor, slow_from_step=FROM_STEP),
         )
         out[replan] = {**res, "wall_s": time.perf_counter() - t0, "steps": _steps(db, run_id)}
     on, off = out[True], out[False]

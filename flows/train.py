@@ -24,6 +24,7 @@ from flows.replan import decisions_markdown, load_cluster, monitor_config
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
 from planner.errors import MeshplanError
+from planner.specs.faults import NO_FAULTS, FaultSpec
 from planner.specs.model import get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from storage.pricing import machine_calibration
@@ -102,12 +103,7 @@ def train_flow(
     replan_config: dict[str, Any] | None = None,
     cluster_path: str | None = None,
     poll_s: float = 0.5,
-    slow_rank: int = -1,
-    slow_factor: float = 1.0,
-    slow_from_step: int = 0,
-    slow_link_rank: int = -1,
-    slow_link_s_per_mib: float = 0.0,
-    slow_link_from_step: int = 0,
+    faults: FaultSpec = NO_FAULTS,
     show_progress: bool = False,
     control_from_version: int | None = None,
 ) -> dict[str, Any]:
@@ -116,7 +112,7 @@ def train_flow(
     `replan=True` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
     `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
     relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
-    `slow_*` inject faults (worker/faults.py). `show_progress` shows steps done / total, loss, step
+    `faults` are injected into the ranks (planner/specs/faults.py). `show_progress` shows steps done / total, loss, step
     time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal, else a
     line on stdout every few steps. `control_from_version`: control.json messages up to this version
     are not this launch's (default: every message already in the run folder).
@@ -158,12 +154,7 @@ def train_flow(
         checkpoint_every=checkpoint_every,
         resume=resume,
         collective_timeout_s=collective_timeout_s,
-        slow_rank=slow_rank,
-        slow_factor=slow_factor,
-        slow_from_step=slow_from_step,
-        slow_link_rank=slow_link_rank,
-        slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_link_from_step,
+        faults=faults,
         # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
         # ended it for a resize) is not this launch's order; a caller that read the job's state
         # passes the version it had seen before, so a newer order is obeyed (flows/job.py)

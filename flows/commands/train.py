@@ -40,6 +40,10 @@ def train(
     slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
     slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
     slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
+    slow_link_s_per_msg: Annotated[float, typer.Option("--slow-link-s-per-msg", help="extra s per message")] = 0.0,
+    slow_link_from_step: Annotated[
+        int, typer.Option("--slow-link-from-step", help="fault injection: first step with slow sends")
+    ] = 0,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -74,9 +78,22 @@ def train(
         return
 
     from flows.train import train_flow
+    from planner.specs.faults import FaultSpec
+    from planner.validation import parse
 
-    if slow_factor < 1.0:
-        raise MeshplanError("--slow-factor", slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
+    faults = parse(
+        FaultSpec,
+        {
+            "slow_rank": slow_rank,
+            "slow_factor": slow_factor,
+            "slow_from_step": slow_from_step,
+            "link_rank": slow_link_rank,
+            "link_s_per_mib": slow_link_s_per_mib,
+            "link_s_per_msg": slow_link_s_per_msg,
+            "link_from_step": slow_link_from_step,
+        },
+        "fault injection",
+    )
     t, path, r = cfg.train, db_path(cfg), cfg.replan
     replan_config = {
         "threshold": r.threshold,
@@ -112,12 +129,7 @@ def train(
         replan_config=replan_config,
         cluster_path=str(cluster) if cluster else None,
         poll_s=r.poll_s,
-        slow_rank=slow_rank,
-        slow_factor=slow_factor,
-        slow_from_step=slow_from_step,
-        slow_link_rank=slow_link_rank,
-        slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_from_step,
+        faults=faults,
         show_progress=not as_json,
     )
     if as_json:

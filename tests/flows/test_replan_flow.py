@@ -19,6 +19,7 @@ import pytest
 from flows.replan import replan_flow
 from flows.train import train_flow
 from launcher.control import control_path
+from planner.specs.faults import FaultSpec
 from storage.db import query
 from storage.replan import load_decisions
 from tests.worker.test_train_dist import assert_matches_reference
@@ -83,7 +84,7 @@ def slowed(tmp_path_factory):
     # 2x fault as 2.49x. A fault the test can state exactly, not a wider tolerance.
     tmp = tmp_path_factory.mktemp("slowed")
     db, plan = str(tmp / "m.duckdb"), _dp_plan(tmp, dp=DP)
-    fault = {"slow_rank": SLOW_RANK, "slow_factor": FACTOR, "slow_from_step": FROM_STEP}
+    fault = {"faults": FaultSpec(slow_rank=SLOW_RANK, slow_factor=FACTOR, slow_from_step=FROM_STEP)}
     on = _train(db, plan, "replan-on", tmp, STEPS, True, nproc=DP, **fault)
     off = _train(db, plan, "replan-off", tmp, STEPS, False, nproc=DP, **fault)
     return db, on, off
@@ -224,9 +225,7 @@ def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_
         tmp_path,
         steps,
         True,
-        slow_rank=2,
-        slow_factor=10.0,
-        slow_from_step=10,
+        faults=FaultSpec(slow_rank=2, slow_factor=10.0, slow_from_step=10),
         checkpoint_every=20,
         lr=LONG_LR,
     )

@@ -19,6 +19,7 @@ import duckdb
 import pytest
 
 from flows.train import train_flow
+from planner.specs.faults import FaultSpec
 from planner.specs.plan import parse_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
@@ -95,9 +96,9 @@ def test_no_secret_reaches_the_database_run_folders_or_prefect(tmp_path, monkeyp
     )
     ok = train_flow(run_id="secret-ok", **common)
     assert ok["status"] == "completed"
-    monkeypatch.setenv("MESHPLAN_FAULT", "1:1")  # rank 1 SIGKILLs itself at step 1: the failure path
+    crash = FaultSpec(kill_rank=1, kill_step=1)  # rank 1 SIGKILLs itself at step 1: the failure path
     with pytest.raises(Exception, match="torchrun exited"):
-        train_flow(run_id="secret-crash", **common)
+        train_flow(run_id="secret-crash", faults=crash, **common)
 
     stores = {
         "database": _database_text(db).encode(),
