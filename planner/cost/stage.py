@@ -24,6 +24,7 @@ from planner.cost import overlap as OV
 from planner.cost.compute import Device, attention_train_s, stack_time_delta_s
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
+from planner.measure.ops import BenchOp
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.specs import flops
 from planner.specs.flops import DTYPE_BYTES, LayerKind
@@ -162,7 +163,7 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
     # lockstep already)
     slow = cal.slowdown() if cal is not None else 1.0
     slow_blk = cal.slowdown(real_group=blk.tp_comm_included) if cal is not None else 1.0
-    ar_fit = cal.fit("all_reduce") if cal is not None else None
+    ar_fit = cal.fit(BenchOp.ALL_REDUCE) if cal is not None else None
     if ar_fit is not None:
         tp_ar = ar_fit.time_s(hidden_bytes, ctx.tp)
     else:
@@ -291,13 +292,13 @@ def stage_coeffs(
         rs_lat, rs_per_byte = ag_lat, ag_per_byte
         ar_lat, ar_per_byte = F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw
         if cal is not None:
-            for op in ("all_gather", "reduce_scatter", "all_reduce"):
+            for op in (BenchOp.ALL_GATHER, BenchOp.REDUCE_SCATTER, BenchOp.ALL_REDUCE):
                 f = cal.fit(op)
                 if f is not None:
                     pair = f.coeffs(d)
-                    if op == "all_gather":
+                    if op == BenchOp.ALL_GATHER:
                         ag_lat, ag_per_byte = pair
-                    elif op == "reduce_scatter":
+                    elif op == BenchOp.REDUCE_SCATTER:
                         rs_lat, rs_per_byte = pair
                     else:
                         ar_lat, ar_per_byte = pair
