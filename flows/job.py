@@ -27,15 +27,18 @@ from typing import Any
 
 from prefect import flow
 
+from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
-from planner.specs.config import SEARCH_BUDGET_S
+from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
+from planner.validation import parse
 from storage.jobs import get_job, set_job_run, transition
 from tasks.schedule import checkpoint_step, plan_for_allocation
 
-# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`)
+# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
+# fields, and poll_s (its replan_config's telemetry poll)
 TRAIN_KEYS = ("data", "optimizer", "lr", "seed", "checkpoint_every", "poll_s", "collective_timeout_s")
 
 
@@ -50,7 +53,16 @@ def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(train) - set(TRAIN_KEYS))
     if unknown:
         raise MeshplanError(f"job {job_id} train options", unknown, f"known options: {', '.join(TRAIN_KEYS)}")
+    parse(TrainRequest, _options(train), f"job {job_id} train options")  # bad values fail the job here, once
     return train
+
+
+def _options(train: dict[str, Any]) -> dict[str, Any]:
+    """A job's train options as TrainRequest fields (poll_s is its replan_config's)."""
+    options = {k: v for k, v in train.items() if k != "poll_s"}
+    if "poll_s" in train:
+        options["replan_config"] = ReplanConfig(poll_s=train["poll_s"])
+    return options
 
 
 @flow(name="job", log_prints=True)
@@ -126,20 +138,10 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
+        request = _request(train, plan_path, plan.num_devices, row, run_dir, timeout_s, seen)
         error = None
         try:
-            train_flow(
-                db_path=db_path,
-                plan_path=str(plan_path),
-                steps=int(row["iterations"]),
-                nproc_per_node=plan.num_devices,
-                run_id=job_id,
-                runs_dir=str(run_dir.parent),
-                resume="auto",
-                timeout_s=timeout_s,
-                control_from_version=seen,
-                **train,
-            )
+            train_flow(db_path, request, job_id)
         except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         ex = read_exit(run_dir)
@@ -172,6 +174,32 @@ def _run(
             break
         if state == "running":
             transition(db_path, job_id, "resizing", f"{error}; resuming from the latest checkpoint (step {end})", alloc)
+
+
+def _request(
+    train: dict[str, Any],
+    plan_path: Path,
+    num_devices: int,
+    row: dict[str, Any],
+    run_dir: Path,
+    timeout_s: float,
+    seen: int,
+) -> TrainRequest:
+    """This launch's TrainRequest: the job's submitted options (checked by _train_options) on this segment's plan."""
+    return parse(
+        TrainRequest,
+        {
+            **_options(train),
+            "plan_path": str(plan_path),
+            "steps": int(row["iterations"]),
+            "nproc_per_node": num_devices,
+            "runs_dir": str(run_dir.parent),
+            "resume": "auto",
+            "timeout_s": timeout_s,
+            "control_from_version": seen,
+        },
+        f"job {row['job_id']} train options",
+    )
 
 
 def _fail(db_path: str, job_id: str, reason: str) -> None:

@@ -90,8 +90,8 @@ def plan(
             snapshot,
             cfg.profile.dtype,
         )
-        typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
-        raise typer.Exit(0 if summary["feasible"] else 1)
+        typer.echo(summary.model_dump_json(indent=2) if as_json else f"plan flow: {summary}")
+        raise typer.Exit(0 if summary.feasible else 1)
 
     from planner.errors import MeshplanError
     from planner.report.ranking import ranking_rows
