@@ -27,6 +27,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.outcomes import JobOutcome, JobSegment
 from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
@@ -74,8 +75,8 @@ def job_flow(
     timeout_s: float = 900.0,
     max_failures: int = 1,
     time_budget_s: float = SEARCH_BUDGET_S,
-) -> dict[str, Any]:
-    """Run the job to its end; returns {job_id, state, run_dir, segments: [{allocation, plan, from_step, to_step, exit}]}."""
+) -> JobOutcome:
+    """Run the job to its end; returns its JobOutcome (flows/outcomes.py): one segment per launch."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
     try:
@@ -86,7 +87,7 @@ def job_flow(
     run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
-    segments: list[dict[str, Any]] = []
+    segments: list[JobSegment] = []
     try:
         _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
     except (KeyboardInterrupt, SystemExit):  # the runner was stopped: its ranks are down (run_logged)
@@ -95,7 +96,7 @@ def job_flow(
             transition(db_path, job_id, "queued", f"runner stopped; re-admission resumes from step {step}")
         raise
     final = get_job(db_path, job_id)["state"]
-    return {"job_id": job_id, "state": final, "run_dir": str(run_dir), "segments": segments}
+    return JobOutcome(job_id=job_id, state=final, run_dir=str(run_dir), segments=segments)
 
 
 def _run(
@@ -104,7 +105,7 @@ def _run(
     spec: ClusterSpec,
     run_dir: Path,
     train: dict[str, Any],
-    segments: list[dict[str, Any]],
+    segments: list[JobSegment],
     timeout_s: float,
     max_failures: int,
     time_budget_s: float,
@@ -147,15 +148,15 @@ def _run(
         ex = read_exit(run_dir)
         end = checkpoint_step(run_dir)
         segments.append(
-            {
-                "allocation": alloc,
-                "plan_fingerprint": plan.fingerprint(),
-                "from_step": start,
-                "to_step": end,
-                "exit": "error" if error else ("requested" if ex else "done"),
-            }
+            JobSegment(
+                allocation=alloc,
+                plan_fingerprint=plan.fingerprint(),
+                from_step=start,
+                to_step=end,
+                exit="error" if error else ("requested" if ex else "done"),
+            )
         )
-        print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1]['exit']})")
+        print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1].exit})")
         if error is None and ex is None:
             state = get_job(db_path, job_id)["state"]
             if state == "resizing":  # the order came after the last step: there is nothing left to move

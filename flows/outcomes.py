@@ -58,3 +58,32 @@ class ReplanOutcome(_Outcome):
     acted: bool  # a live run's control file was written
     decision_id: int | None = None  # its row in replan_decisions, None when nothing was detected
     detections: list[dict[str, Any]] = []
+
+
+class JobSegment(_Outcome):
+    """One launch of an elastic job (flows/job.py): on which allocation, which steps, how it ended."""
+
+    allocation: str  # as the scheduler wrote it, e.g. "4xcpu/1"
+    plan_fingerprint: str
+    from_step: int  # the checkpoint it resumed from
+    to_step: int  # the latest checkpoint when it exited
+    exit: Literal["done", "requested", "error"]  # trained to the end | asked to exit (resize, stop) | died
+
+
+class JobOutcome(_Outcome):
+    """job_flow: one queued job's elastic life."""
+
+    job_id: str
+    state: str  # the job's state at the end: finished, failed, cancelled, or queued when stopped
+    run_dir: str
+    segments: list[JobSegment]
+
+
+class SchedulerOutcome(_Outcome):
+    """scheduler_flow: one round of the multi-job scheduler."""
+
+    actions: list[tuple[str, str, str]]  # (job_id, start | grow | shrink | ..., allocation)
+    rejections: list[tuple[str, str]]  # (job_id, reason)
+    waiting: list[str]  # job ids left in the queue
+    applied: list[dict[str, Any]]  # tasks.schedule.apply_round's record per job (runner_pid when started)
+    requeued: list[str]  # running jobs whose runner was gone, back in the queue

@@ -9,7 +9,7 @@ import pytest
 from prefect.serializers import JSONSerializer, PickleSerializer
 from prefect.utilities.callables import parameter_schema
 
-from flows.outcomes import PlanOutcome, ReplanOutcome, TrainOutcome
+from flows.outcomes import JobOutcome, JobSegment, PlanOutcome, ReplanOutcome, SchedulerOutcome, TrainOutcome
 from flows.requests import TrainRequest
 from flows.train import train_flow
 from planner.errors import MeshplanError
@@ -57,6 +57,19 @@ def test_requests_and_outcomes_survive_prefects_serialisers(serializer):
         ),
         PlanOutcome(feasible=False, cached=True, reasons=["too big"]),
         ReplanOutcome(run_id="r", detected=True, action="keep", reason="x", acted=False, decision_id=4),
+        JobOutcome(
+            job_id="a",
+            state="finished",
+            run_dir="/tmp/a",
+            segments=[JobSegment(allocation="4xcpu/1", plan_fingerprint="f", from_step=0, to_step=5, exit="done")],
+        ),
+        SchedulerOutcome(
+            actions=[("a", "start", "4xcpu/1")],
+            rejections=[("b", "too big")],
+            waiting=[],
+            applied=[{"job_id": "a", "action": "start", "runner_pid": 7}],
+            requeued=[],
+        ),
     ]
     for v in values:
         back = serializer.loads(serializer.dumps(v))
