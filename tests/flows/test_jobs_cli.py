@@ -1,5 +1,6 @@
 """`meshplan submit / jobs / cancel` in real CLI processes against one state folder."""
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,22 @@ def test_submit_list_cancel(tmp_path) -> None:
     assert p.returncode == 1 and "cannot go to cancelled from cancelled" in p.stderr
     p = _meshplan(tmp_path, "submit", "--model", "gpt9", "--global-batch", "8", "--iterations", "1")
     assert p.returncode == 1 and "did you mean" in p.stderr
+
+
+def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:
+    from storage.jobs import submit_job, transition
+
+    db = tmp_path / "meshplan.duckdb"
+    submit_job(db, "tiny", 8, 10, job_id="a", seq=32, train={"lr": 0.1})
+    transition(db, "a", "running", "admitted by the test", "4xcpu/2")
+    p = _meshplan(tmp_path, "jobs", "--json")
+    assert p.returncode == 0, p.stderr
+    (job,) = json.loads(p.stdout)
+    assert (job["job_id"], job["state"], job["train"]) == ("a", "running", {"lr": 0.1})
+    assert (job["num_devices"], job["device_kind"], job["num_nodes"]) == (4, "cpu", 2)
+    assert job["base_num_devices"] is None  # admitted by hand, not by the scheduler
+    p = _meshplan(tmp_path, "jobs", "--events", "--json")
+    assert [(e["to_state"], e["num_devices"]) for e in json.loads(p.stdout)] == [("queued", None), ("running", 4)]
 
 
 def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:
