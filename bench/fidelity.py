@@ -47,13 +47,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner.cost import estimate  # noqa: E402
 from planner.measure.calibrate import (  # noqa: E402
-    COLLECTIVE_OPS,
-    CONCURRENCY_OPS,
-    FSDP_OPS,
     Calibration,
     cpu_calibration,
     pipeline_overhead_from,
 )
+from planner.measure.ops import COLLECTIVE_OPS, CONCURRENCY_OPS, FSDP_OPS, BenchOp  # noqa: E402
 from planner.measure.profiles import ProfileTable  # noqa: E402
 from planner.measure.targets import profile_keys  # noqa: E402
 from planner.specs import flops  # noqa: E402
@@ -219,7 +217,9 @@ def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> 
     rounds = [
         json.loads(path.read_text())["measurements"] for path in state.glob(f"discover-{num_ranks}-*/snapshot.json")
     ]
-    timed = [pipeline_overhead_from(ms, link) for ms in rounds if any(m["op"] == "pipeline_microbatch" for m in ms)]
+    timed = [
+        pipeline_overhead_from(ms, link) for ms in rounds if any(m["op"] == BenchOp.PIPELINE_MICROBATCH for m in ms)
+    ]
     return keep(timed) if timed else 0.0
 
 
@@ -472,7 +472,7 @@ def main() -> None:
                 adam.get("fsdp"),
                 int(adam.get("num_ranks", 1)),
             )
-            ar = calibs[n].fit("all_reduce")
+            ar = calibs[n].fit(BenchOp.ALL_REDUCE)
             line += f"; contention {calibs[n].compute_slowdown:.2f}, lockstep {calibs[n].lockstep_slowdown:.2f}"
             line += f", pipelining {pipe * 1e3:.2f} ms/micro-batch"
             fs = calibs[n].fsdp

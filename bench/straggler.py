@@ -80,7 +80,9 @@ def window_tps(steps: list[dict], first: int, last: int) -> float:
 
 def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     """Train the same plan twice with rank SLOW_RANK slowed `factor`× from FROM_STEP: re-planning on, then off."""
+    from flows.requests import TrainRequest
     from flows.train import train_flow
+    from planner.specs.faults import FaultSpec
 
     db, plan = str(tmp / "m.duckdb"), tmp / "plan.json"
     plan.write_text(json.dumps(PLAN))
@@ -88,12 +90,10 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     for replan in (True, False):
         run_id = f"f{factor}-{'replan' if replan else 'keep'}"
         t0 = time.perf_counter()
-        res = train_flow(
-            db_path=db,
+        request = TrainRequest(
             plan_path=str(plan),
             steps=steps,
             nproc_per_node=4,
-            run_id=run_id,
             runs_dir=str(tmp / "runs"),
             checkpoint_every=1000,
             timeout_s=900,
@@ -102,10 +102,9 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
             lr=0.05,
             replan=replan,
             replan_config=CFG,
-            slow_rank=SLOW_RANK,
-            slow_factor=factor,
-            slow_from_step=FROM_STEP,
+            faults=FaultSpec(slow_rank=SLOW_RANK, slow_factor=factor, slow_from_step=FROM_STEP),
         )
+        res = train_flow(db, request, run_id).model_dump()
         out[replan] = {**res, "wall_s": time.perf_counter() - t0, "steps": _steps(db, run_id)}
     on, off = out[True], out[False]
     acted = [d for d in on["decisions"] if d["acted"]]

@@ -27,15 +27,19 @@ from typing import Any
 
 from prefect import flow
 
+from flows.outcomes import JobOutcome, JobSegment
+from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
-from planner.specs.config import SEARCH_BUDGET_S
+from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
+from planner.validation import parse
 from storage.jobs import get_job, set_job_run, transition
 from tasks.schedule import checkpoint_step, plan_for_allocation
 
-# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`)
+# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
+# fields, and poll_s (its replan_config's telemetry poll)
 TRAIN_KEYS = ("data", "optimizer", "lr", "seed", "checkpoint_every", "poll_s", "collective_timeout_s")
 
 
@@ -50,7 +54,16 @@ def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(train) - set(TRAIN_KEYS))
     if unknown:
         raise MeshplanError(f"job {job_id} train options", unknown, f"known options: {', '.join(TRAIN_KEYS)}")
+    parse(TrainRequest, _options(train), f"job {job_id} train options")  # bad values fail the job here, once
     return train
+
+
+def _options(train: dict[str, Any]) -> dict[str, Any]:
+    """A job's train options as TrainRequest fields (poll_s is its replan_config's)."""
+    options = {k: v for k, v in train.items() if k != "poll_s"}
+    if "poll_s" in train:
+        options["replan_config"] = ReplanConfig(poll_s=train["poll_s"])
+    return options
 
 
 @flow(name="job", log_prints=True)
@@ -62,8 +75,8 @@ def job_flow(
     timeout_s: float = 900.0,
     max_failures: int = 1,
     time_budget_s: float = SEARCH_BUDGET_S,
-) -> dict[str, Any]:
-    """Run the job to its end; returns {job_id, state, run_dir, segments: [{allocation, plan, from_step, to_step, exit}]}."""
+) -> JobOutcome:
+    """Run the job to its end; returns its JobOutcome (flows/outcomes.py): one segment per launch."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
     try:
@@ -74,7 +87,7 @@ def job_flow(
     run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
-    segments: list[dict[str, Any]] = []
+    segments: list[JobSegment] = []
     try:
         _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
     except (KeyboardInterrupt, SystemExit):  # the runner was stopped: its ranks are down (run_logged)
@@ -83,7 +96,7 @@ def job_flow(
             transition(db_path, job_id, "queued", f"runner stopped; re-admission resumes from step {step}")
         raise
     final = get_job(db_path, job_id)["state"]
-    return {"job_id": job_id, "state": final, "run_dir": str(run_dir), "segments": segments}
+    return JobOutcome(job_id=job_id, state=final, run_dir=str(run_dir), segments=segments)
 
 
 def _run(
@@ -92,7 +105,7 @@ def _run(
     spec: ClusterSpec,
     run_dir: Path,
     train: dict[str, Any],
-    segments: list[dict[str, Any]],
+    segments: list[JobSegment],
     timeout_s: float,
     max_failures: int,
     time_budget_s: float,
@@ -126,34 +139,24 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
+        request = _request(train, plan_path, plan.num_devices, row, run_dir, timeout_s, seen)
         error = None
         try:
-            train_flow(
-                db_path=db_path,
-                plan_path=str(plan_path),
-                steps=int(row["iterations"]),
-                nproc_per_node=plan.num_devices,
-                run_id=job_id,
-                runs_dir=str(run_dir.parent),
-                resume="auto",
-                timeout_s=timeout_s,
-                control_from_version=seen,
-                **train,
-            )
+            train_flow(db_path, request, job_id)
         except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         ex = read_exit(run_dir)
         end = checkpoint_step(run_dir)
         segments.append(
-            {
-                "allocation": alloc,
-                "plan_fingerprint": plan.fingerprint(),
-                "from_step": start,
-                "to_step": end,
-                "exit": "error" if error else ("requested" if ex else "done"),
-            }
+            JobSegment(
+                allocation=alloc,
+                plan_fingerprint=plan.fingerprint(),
+                from_step=start,
+                to_step=end,
+                exit="error" if error else ("requested" if ex else "done"),
+            )
         )
-        print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1]['exit']})")
+        print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1].exit})")
         if error is None and ex is None:
             state = get_job(db_path, job_id)["state"]
             if state == "resizing":  # the order came after the last step: there is nothing left to move
@@ -172,6 +175,32 @@ def _run(
             break
         if state == "running":
             transition(db_path, job_id, "resizing", f"{error}; resuming from the latest checkpoint (step {end})", alloc)
+
+
+def _request(
+    train: dict[str, Any],
+    plan_path: Path,
+    num_devices: int,
+    row: dict[str, Any],
+    run_dir: Path,
+    timeout_s: float,
+    seen: int,
+) -> TrainRequest:
+    """This launch's TrainRequest: the job's submitted options (checked by _train_options) on this segment's plan."""
+    return parse(
+        TrainRequest,
+        {
+            **_options(train),
+            "plan_path": str(plan_path),
+            "steps": int(row["iterations"]),
+            "nproc_per_node": num_devices,
+            "runs_dir": str(run_dir.parent),
+            "resume": "auto",
+            "timeout_s": timeout_s,
+            "control_from_version": seen,
+        },
+        f"job {row['job_id']} train options",
+    )
 
 
 def _fail(db_path: str, job_id: str, reason: str) -> None:

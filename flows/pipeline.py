@@ -17,6 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.discover import discover_flow
 from flows.plan import plan_flow
 from flows.profile import profile_flow
+from flows.requests import TrainRequest
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.config import RunConfig
@@ -62,36 +63,28 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
         time_budget_s=s.time_budget_s,
         cpu_dtype=p.dtype,
     )
-    if not planned["feasible"]:
-        raise MeshplanError("model", config.model, "no plan fits this machine: " + "; ".join(planned["reasons"]))
+    if not planned.feasible:
+        raise MeshplanError("model", config.model, "no plan fits this machine: " + "; ".join(planned.reasons))
     _say(
-        f"plan: best {planned['best']} predicted {planned['step_time_s'] * 1e3:.1f} ms/step"
-        f"{' (cached search)' if planned['cached'] else ''}"
+        f"plan: best {planned.best_plan_id} predicted {planned.step_time_s * 1e3:.1f} ms/step"
+        f"{' (cached search)' if planned.cached else ''}"
     )
-    run = train_flow(
-        db_path=db_path,
-        plan_id=planned["best"],
-        steps=t.steps,
-        nproc_per_node=planned["num_devices"],
-        data=t.data,
+    request = TrainRequest(
+        **{k: v for k, v in t.model_dump().items() if k != "nproc_per_node"},
+        plan_id=planned.best_plan_id,
+        nproc_per_node=planned.num_devices,
         model=config.model,
-        lr=t.lr,
-        optimizer=t.optimizer,
-        seed=t.seed,
-        checkpoint_every=t.checkpoint_every,
-        max_restarts=t.max_restarts,
         runs_dir=runs_dir,
-        timeout_s=t.timeout_s,
-        collective_timeout_s=t.collective_timeout_s,
         show_progress=show_progress,
     )
+    run = train_flow(db_path, request)
     summary = {
         "snapshot": hw,
         "profile": {k: prof[k] for k in ("measured", "reused", "estimated")},
-        "plan": planned,
-        "run": {k: v for k, v in run.items() if k != "losses"},
-        "first_loss": run["losses"][0] if run["losses"] else None,
-        "last_loss": run["losses"][-1] if run["losses"] else None,
+        "plan": planned.model_dump(mode="json"),
+        "run": run.model_dump(mode="json", exclude={"losses"}),
+        "first_loss": run.losses[0] if run.losses else None,
+        "last_loss": run.losses[-1] if run.losses else None,
     }
     create_markdown_artifact(
         key="pipeline-summary",
@@ -118,7 +111,7 @@ def summary_markdown(summary: dict[str, Any], db_path: str) -> str:
             "|---|---|",
             f"| discover | snapshot `{hw['fingerprint']}` ({'reused' if hw['reused'] else 'measured'}), {hw['num_devices']} devices |",
             f"| profile | {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated |",
-            f"| plan | `{plan['best']}`{' (cached)' if plan['cached'] else ''}, predicted {predicted:.4f} s/step |",
+            f"| plan | `{plan['best_plan_id']}`{' (cached)' if plan['cached'] else ''}, predicted {predicted:.4f} s/step |",
             f"| train | run `{run['run_id']}` {run['status']}, measured {measured} s/step (prediction error {err}) |",
             f"| loss | {summary['first_loss']} → {summary['last_loss']} |",
             "",

@@ -7,11 +7,10 @@ artifact (best plan's bottleneck and memory per stage).
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.outcomes import PlanOutcome
 from launcher.progress import say, working
 from planner.report.ranking import markdown_report, ranking_rows
 from planner.report.timeline import schedule_picture
@@ -35,9 +34,9 @@ def plan_flow(
     snapshot: str | None = None,
     cpu_dtype: str = ProfileConfig().dtype,
     fp8: bool = _DEFAULTS.fp8,
-) -> dict[str, Any]:
+) -> PlanOutcome:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
-    newest probe of this machine); returns {feasible, search_key, best, reasons, step_time_s}.
+    newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
 
     Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs, as for
     `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` on CPU ranks, and a
@@ -66,18 +65,17 @@ def plan_flow(
         report += "\n\n" + schedule_picture(result.best, model, cluster, profiles)
     create_markdown_artifact(key="plan-report", markdown=report, description=title)
     if isinstance(result, NoFeasiblePlan):
-        return {"feasible": False, "reasons": list(result.reasons), "search_key": None, "best": None, "cached": cached}
+        return PlanOutcome(feasible=False, reasons=list(result.reasons), cached=cached)
     key = store_plans(db_path, result)
     create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
-    return {
-        "feasible": True,
-        "search_key": key,
-        "best": result.best.fingerprint(),
-        "reasons": [],
-        "step_time_s": result.best.predicted.step_time_s,
-        "cached": cached,
-        "num_devices": result.best.num_devices,
-        "candidates": result.stats.candidates,
-        "complete": result.stats.complete,
-        "gap_fraction": result.stats.gap_fraction,
-    }
+    return PlanOutcome(
+        feasible=True,
+        cached=cached,
+        search_key=key,
+        best_plan_id=result.best.fingerprint(),
+        step_time_s=result.best.predicted.step_time_s,
+        num_devices=result.best.num_devices,
+        num_candidates=result.stats.candidates,
+        complete=result.stats.complete,
+        gap_fraction=result.stats.gap_fraction,
+    )

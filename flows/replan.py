@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.outcomes import ReplanOutcome
 from launcher.control import write_control
 from planner.errors import MeshplanError
 from planner.replan.degrade import cpu_cluster
@@ -115,8 +116,8 @@ def replan_flow(
     margin_s: float = 1.0,
     min_gain: float = 0.05,
     cooldown_steps: int = 5,
-) -> dict[str, Any]:
-    """Decide for a stored run; returns {run_id, detected, action, reason, acted, decision_id}."""
+) -> ReplanOutcome:
+    """Decide for a stored run; returns its ReplanOutcome (flows/outcomes.py)."""
     run = load_run(db_path, run_id)
     if run is None:
         raise MeshplanError("--run-id", run_id, "no such run in the database; list runs with `meshplan db`")
@@ -139,14 +140,7 @@ def replan_flow(
             key="replan-report", markdown=decisions_markdown(run_id, []), description=f"re-planning for run {run_id}"
         )
         print(f"run {run_id}: no straggler detected in {len(rows)} telemetry rows")
-        return {
-            "run_id": run_id,
-            "detected": False,
-            "action": "keep",
-            "reason": "no straggler",
-            "acted": False,
-            "decision_id": None,
-        }
+        return ReplanOutcome(run_id=run_id, detected=False, action="keep", reason="no straggler", acted=False)
     rec = dec.record("replan_flow")
     chosen = dec.result.chosen_plan
     if act and live and chosen is not None and dec.result.decision.chosen.action == "rebalance":
@@ -157,12 +151,12 @@ def replan_flow(
         key="replan-report", markdown=decisions_markdown(run_id, [rec]), description=f"re-planning for run {run_id}"
     )
     print(f"run {run_id}: {rec['chosen_action']} — {rec['reason']}")
-    return {
-        "run_id": run_id,
-        "detected": True,
-        "action": rec["chosen_action"],
-        "reason": rec["reason"],
-        "acted": rec["acted"],
-        "decision_id": decision_id,
-        "detections": json.loads(json.dumps(rec["detections"])),
-    }
+    return ReplanOutcome(
+        run_id=run_id,
+        detected=True,
+        action=rec["chosen_action"],
+        reason=rec["reason"],
+        acted=rec["acted"],
+        decision_id=decision_id,
+        detections=json.loads(json.dumps(rec["detections"])),
+    )

@@ -12,11 +12,11 @@ Before deciding, a running job whose runner process is gone is put back in the q
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
 from planner.schedule import PlannerSpeed, Policy, TableSpeed
 from planner.schedule.trace import parse_lookup
@@ -43,8 +43,8 @@ def scheduler_flow(
     launch: bool = True,
     runs_dir: str | None = None,
     timeout_s: float = 900.0,
-) -> dict[str, Any]:
-    """One round. `speed_table`: measured iteration times (sim_lookup.csv format) instead of the planner's
+) -> SchedulerOutcome:
+    """One round (its SchedulerOutcome: flows/outcomes.py). `speed_table`: measured iteration times (sim_lookup.csv format) instead of the planner's
     prices; `policy_options`: Policy's fields (relaunch_s, min_gain_s, ...); `runs_dir`: where the
     jobs' run folders go (default: `runs/` next to the database)."""
     spec = parse_cluster_toml(_read(cluster_path, "--cluster"), cluster_path)
@@ -75,10 +75,10 @@ def scheduler_flow(
     lines += [f"| {j} | requeue | - | - | - | its runner is gone: resumes from its checkpoint |" for j in requeued]
     lines += ["", f"waiting: {', '.join(d.waiting) or 'none'}; planner searches this round: {d.speed_queries}"]
     create_markdown_artifact("\n".join(lines), key="scheduler-round", description="one scheduling round")
-    return {
-        "actions": [(a.job_id, a.kind, alloc_text(a.placement.alloc)) for a in d.actions],
-        "rejections": [(r.job_id, r.reason) for r in d.rejections],
-        "waiting": list(d.waiting),
-        "applied": done,
-        "requeued": requeued,
-    }
+    return SchedulerOutcome(
+        actions=[(a.job_id, a.kind, alloc_text(a.placement.alloc)) for a in d.actions],
+        rejections=[(r.job_id, r.reason) for r in d.rejections],
+        waiting=list(d.waiting),
+        applied=done,
+        requeued=requeued,
+    )

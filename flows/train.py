@@ -20,7 +20,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.outcomes import TrainOutcome
 from flows.replan import decisions_markdown, load_cluster, monitor_config
+from flows.requests import TrainRequest
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
 from planner.errors import MeshplanError
@@ -77,105 +79,72 @@ def report_markdown(run_id: str, plan: Plan, summary: list[dict[str, Any]], stat
 
 
 @flow(name="train", log_prints=True)
-def train_flow(
-    db_path: str,
-    plan_path: str | None = None,
-    plan_id: str | None = None,
-    steps: int = 20,
-    nproc_per_node: int = 2,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str = "127.0.0.1:29500",
-    data: str = "text",
-    model: str = "",
-    lr: float = 3e-3,
-    optimizer: str = "adamw",
-    seed: int = 0,
-    checkpoint_every: int = 10,
-    resume: str = "auto",
-    max_restarts: int = 0,
-    run_id: str | None = None,
-    runs_dir: str | None = None,
-    timeout_s: float = 900.0,
-    collective_timeout_s: float = 300.0,
-    replan: bool = False,
-    replan_config: dict[str, Any] | None = None,
-    cluster_path: str | None = None,
-    poll_s: float = 0.5,
-    slow_rank: int = -1,
-    slow_factor: float = 1.0,
-    slow_from_step: int = 0,
-    slow_link_rank: int = -1,
-    slow_link_s_per_mib: float = 0.0,
-    slow_link_from_step: int = 0,
-    show_progress: bool = False,
-    control_from_version: int | None = None,
-) -> dict[str, Any]:
-    """Train under a plan; returns {run_id, run_dir, status, rows, measured/predicted step time, losses}.
+def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -> TrainOutcome:
+    """Train under a plan (`request`: flows/requests.py); `run_id` names the run folder (reuse one to
+    resume its checkpoint; None = the plan's fingerprint and the time).
 
-    `replan=True` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
+    `request.replan` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
     `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
-    relayout by checkpoint → relaunch). `replan_config` holds flows.replan.monitor_config's fields;
-    `slow_*` inject faults (worker/faults.py). `show_progress` shows steps done / total, loss, step
-    time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal, else a
-    line on stdout every few steps. `control_from_version`: control.json messages up to this version
-    are not this launch's (default: every message already in the run folder).
+    relayout by checkpoint → relaunch), with `request.replan_config`'s settings. `request.faults` are
+    injected into the ranks (planner/specs/faults.py). `show_progress` shows steps done / total, loss,
+    step time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal,
+    else a line on stdout every few steps. `control_from_version`: control.json messages up to this
+    version are not this launch's (default: every message already in the run folder).
     """
-    if (plan_path is None) == (plan_id is None):
+    r = request
+    if (r.plan_path is None) == (r.plan_id is None):
         raise MeshplanError(
-            "--plan/--plan-id", plan_path or plan_id, "give exactly one: a plan file or a stored plan id"
+            "--plan/--plan-id", r.plan_path or r.plan_id, "give exactly one: a plan file or a stored plan id"
         )
-    plan = _read_plan(plan_path) if plan_path else load_stored_plan(db_path, plan_id)
-    check_plan_against(plan, get_model(model or plan.model).num_layers, plan.num_devices)  # fail before launching
-    if nproc_per_node * nnodes != plan.num_devices:
+    plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
+    check_plan_against(plan, get_model(r.model or plan.model).num_layers, plan.num_devices)  # fail before launching
+    if r.nproc_per_node * r.nnodes != plan.num_devices:
         raise MeshplanError(
             "--nproc-per-node",
-            nproc_per_node,
+            r.nproc_per_node,
             f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
         )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs"
+    run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
     run_dir = run_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.json").write_text(plan.to_json())
 
-    record_run(db_path, run_id, plan, steps, str(run_dir))
+    record_run(db_path, run_id, plan, r.steps, str(run_dir))
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
         run_id=run_id,
-        steps=steps,
-        nproc_per_node=nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        max_restarts=max_restarts,
-        model=model,
-        data=data,
-        lr=lr,
-        optimizer=optimizer,
-        seed=seed,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        collective_timeout_s=collective_timeout_s,
-        slow_rank=slow_rank,
-        slow_factor=slow_factor,
-        slow_from_step=slow_from_step,
-        slow_link_rank=slow_link_rank,
-        slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_link_from_step,
+        steps=r.steps,
+        nproc_per_node=r.nproc_per_node,
+        nnodes=r.nnodes,
+        node_rank=r.node_rank,
+        rdzv_endpoint=r.rdzv_endpoint,
+        max_restarts=r.max_restarts,
+        model=r.model,
+        data=r.data,
+        lr=r.lr,
+        optimizer=r.optimizer,
+        seed=r.seed,
+        checkpoint_every=r.checkpoint_every,
+        resume=r.resume,
+        collective_timeout_s=r.collective_timeout_s,
+        faults=r.faults,
         # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
         # ended it for a resize) is not this launch's order; a caller that read the job's state
         # passes the version it had seen before, so a newer order is obeyed (flows/job.py)
         control_from_version=(read_control(run_dir) or {}).get("version", 0)
-        if control_from_version is None
-        else control_from_version,
+        if r.control_from_version is None
+        else r.control_from_version,
     )
-    if replan:
-        if nnodes != 1:
-            raise MeshplanError("--replan", nnodes, "live re-planning supervises one node's torchrun; use --no-replan")
-        cluster, synthetic = load_cluster(cluster_path, plan.num_devices)
-        spec = get_model(model or plan.model)
+    poll_s = r.replan_config.poll_s
+    if r.replan:
+        if r.nnodes != 1:
+            raise MeshplanError(
+                "--replan", r.nnodes, "live re-planning supervises one node's torchrun; use --no-replan"
+            )
+        cluster, synthetic = load_cluster(r.cluster_path, plan.num_devices)
+        spec = get_model(r.model or plan.model)
         # decisions price this machine's CPU ranks with discovery's corrections, as the search does
         calibration = machine_calibration(db_path, spec) if synthetic else None
         state = supervise_training(
@@ -186,21 +155,21 @@ def train_flow(
             spec,
             cluster,
             None,
-            monitor_config(**(replan_config or {})),
-            timeout_s,
+            monitor_config(**r.replan_config.model_dump(exclude={"poll_s"})),
+            r.timeout_s,
             True,
             poll_s,
             synthetic,
-            show_progress,
+            r.show_progress,
             calibration,
             return_state=True,
         )
     else:
-        state = launch_training(launch, timeout_s, show_progress, poll_s, return_state=True)
-    supervised = state.result(raise_on_failure=False) if replan and state.is_completed() else None
+        state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, return_state=True)
+    supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
     job_failed = supervised is not None and supervised["returncode"] != 0
     if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():
-        record_run(db_path, run_id, supervised["plan"], steps, str(run_dir))  # the plan it finished on
+        record_run(db_path, run_id, supervised["plan"], r.steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
     status = "completed" if state.is_completed() and not job_failed else "failed"
     message = f"torchrun exited {supervised['returncode']}" if job_failed else str(state.message)[:2000]
@@ -223,16 +192,16 @@ def train_flow(
         state.result()  # re-raises the launch error: the flow run fails with it
     measured = measured_step_time_s(summary)
     print(f"run {run_id}: {len(summary)} steps, measured step {measured}, telemetry rows {rows}")
-    return {
-        "run_id": run_id,
-        "run_dir": str(run_dir),
-        "status": status,
-        "rows": rows,
-        "measured_step_time_s": measured,
-        "predicted_step_time_s": plan.predicted.step_time_s if plan.predicted is not None else None,
-        "losses": [r["loss"] for r in summary],
-        "decisions": supervised["decisions"] if supervised else [],
-        "final_detections": supervised["final_detections"] if supervised else [],
-        "segments": supervised["segments"] if supervised else [],
-        "final_plan": supervised["plan"].to_json() if supervised else plan.to_json(),
-    }
+    return TrainOutcome(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        status=status,
+        num_telemetry_rows=rows,
+        measured_step_time_s=measured,
+        predicted_step_time_s=plan.predicted.step_time_s if plan.predicted is not None else None,
+        losses=[row["loss"] for row in summary],
+        decisions=supervised["decisions"] if supervised else [],
+        final_detections=supervised["final_detections"] if supervised else [],
+        segments=supervised["segments"] if supervised else [],
+        final_plan_json=supervised["plan"].to_json() if supervised else plan.to_json(),
+    )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import MeshplanError
+from planner.specs.faults import NO_FAULTS, FaultSpec
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,7 @@ class Launch:
     checkpoint_every: int = 0
     resume: str = "auto"
     collective_timeout_s: float = 300.0
-    # fault injection (worker/faults.py) and the control channel (launcher/control.py)
-    slow_rank: int = -1
-    slow_factor: float = 1.0
-    slow_from_step: int = 0
-    slow_link_rank: int = -1
-    slow_link_s_per_mib: float = 0.0
-    slow_link_s_per_msg: float = 0.0
-    slow_link_from_step: int = 0
+    faults: FaultSpec = NO_FAULTS  # fault injection, passed whole as `--faults JSON` (worker/faults.py)
     control_from_version: int = 0
 
 
@@ -116,26 +110,8 @@ def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
         cmd += ["--model", launch.model]
     if launch.model_json:
         cmd += ["--model-json", launch.model_json]
-    if launch.slow_rank >= 0 and launch.slow_factor > 1.0:
-        cmd += [
-            "--slow-rank",
-            str(launch.slow_rank),
-            "--slow-factor",
-            repr(launch.slow_factor),
-            "--slow-from-step",
-            str(launch.slow_from_step),
-        ]
-    if launch.slow_link_rank >= 0:
-        cmd += [
-            "--slow-link-rank",
-            str(launch.slow_link_rank),
-            "--slow-link-s-per-mib",
-            repr(launch.slow_link_s_per_mib),
-            "--slow-link-s-per-msg",
-            repr(launch.slow_link_s_per_msg),
-            "--slow-link-from-step",
-            str(launch.slow_link_from_step),
-        ]
+    if launch.faults.any_on:
+        cmd += ["--faults", launch.faults.to_arg()]
     if launch.control_from_version:
         cmd += ["--control-from-version", str(launch.control_from_version)]
     return cmd

@@ -84,7 +84,7 @@ class Supervisor:
             segment = {
                 "plan_fingerprint": monitor.plan.fingerprint(),
                 "world_size": monitor.world_size,
-                "slow_rank": launch.slow_rank,
+                "slow_rank": launch.faults.slow_rank,
                 "launch_s": None,
             }
             pending: tuple[Plan, dict[int, int], int] | None = None
@@ -134,8 +134,7 @@ class Supervisor:
                 nproc_per_node=new_plan.num_devices,
                 control_from_version=version,
                 resume="auto",
-                slow_rank=mapping.get(launch.slow_rank, -1),
-                slow_link_rank=mapping.get(launch.slow_link_rank, -1),
+                faults=launch.faults.relabelled(mapping),
             )
             cluster = cpu_cluster(new_plan.num_devices) if self.synthetic_cluster else self.cluster
             monitor = ReplanMonitor(

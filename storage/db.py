@@ -20,10 +20,6 @@ class StoreLockedError(RuntimeError):
     """Another process kept the DuckDB file locked for longer than the wait allowed."""
 
 
-def default_db_path(state_dir: str | Path = ".meshplan") -> Path:
-    return Path(state_dir) / "meshplan.duckdb"
-
-
 def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + wait_s
     delay = 0.01

@@ -15,6 +15,7 @@ import polars as pl
 from planner.measure.profiles import ProfileTable
 from planner.specs.plan import Plan, parse_plan_json
 from storage.db import connect
+from storage.profiles import load_profile_table
 
 _COLUMNS = (
     "plan_fingerprint, search_key, model, cluster, model_fingerprint, cluster_fingerprint, profile_fingerprint, "
@@ -122,14 +123,10 @@ def best_plan(db_path: str | Path, key: str) -> Plan:
 
 
 def load_profiles_or_empty(db_path: str | Path, model) -> tuple[ProfileTable, str]:
-    """The model's stored profiles and where they came from; no database, no profile store (the
-    profiling stage not installed or not run) or an empty table all mean "estimates only"."""
+    """The model's stored profiles and where they came from; no database, no profiles table (the
+    profiling stage not run) or an empty table all mean "estimates only"."""
     if not Path(db_path).exists():
         return ProfileTable(), "estimates only (no database)"
-    try:
-        from storage.profiles import load_profile_table
-    except ImportError:
-        return ProfileTable(), "estimates only (no profile store)"
     try:
         table = load_profile_table(db_path, model)
     except duckdb.CatalogException:

@@ -20,16 +20,13 @@ from launcher.launch import Launch, log_tail, run_logged, torchrun_command
 from launcher.progress import StepProgress
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
+from storage.plans import load_plan
 from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def load_stored_plan(db_path: str, plan_id: str) -> Plan:
     """A plan saved by the search stage (storage.plans, table `plans`)."""
-    try:
-        from storage.plans import load_plan
-    except ImportError:
-        raise MeshplanError("--plan-id", plan_id, "this install has no plan store yet; pass --plan plan.json") from None
     try:
         plan = load_plan(db_path, plan_id)
     except LookupError:

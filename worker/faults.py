@@ -1,6 +1,9 @@
-"""Fault injection for straggler experiments: a slow device and a slow link, from a chosen step.
+"""Fault injection: a slow device and a slow link from a chosen step, and a crashed rank.
 
-- Compute (`--slow-rank R --slow-factor F --slow-from-step S`): each call of rank R's pipeline
+What to inject is one `planner.specs.faults.FaultSpec`, passed to every rank as `--faults JSON`
+(worker/options.py); this module acts on it in the rank that it names.
+
+- Compute (`slow_rank` R, `slow_factor` F, `slow_from_step` S): each call of rank R's pipeline
   stage compute entry points (forward_one_chunk / backward_one_chunk / backward_weight_one_chunk,
   the same points ComputeTimer measures: one call = one micro-batch) is timed and then padded
   with a sleep so that, call by call, it lasts F × that entry point's *mean* healthy duration
@@ -19,36 +22,28 @@
   padded) less so, and F relative to its peers shrinks. With no healthy call seen (S = 0) it
   falls back to (F − 1) × the call's own time.
   A sleep, not a busy loop: a slow GPU does not take CPU from its neighbours.
-- Link (`--slow-link-rank R --slow-link-s-per-mib X [--slow-link-s-per-msg Y]`, from
-  `--slow-link-from-step`): before rank R sends, it waits X seconds per MiB sent plus Y per message
+- Link (`link_rank` R, `link_s_per_mib` X, `link_s_per_msg` Y, from `link_from_step`): before rank R sends, it waits X seconds per MiB sent plus Y per message
   — on pipeline p2p sends (pipelining's `_batch_p2p`, through which every schedule sends) and on
   the data-parallel gradient all-reduce of sharding "none" (GradSumSync). FSDP's own collectives are
   not delayed. The wait lands outside compute chunks, so it shows up as comm_wait_s.
-- MESHPLAN_FAULT="<rank>:<step>" (a SIGKILL, for restart tests) is unchanged, in worker/train.py.
+- Crash (`kill_rank` R, `kill_step` S): rank R SIGKILLs itself at the start of step S in torchrun's
+  first attempt only, like a lost GPU, so the restart + resume path runs (restart tests).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
 import torch.distributed as dist
 
+from planner.specs.faults import FaultSpec
+
 MIB = float(1 << 20)
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    slow_rank: int = -1
-    slow_factor: float = 1.0
-    slow_from_step: int = 0
-    link_rank: int = -1
-    link_s_per_mib: float = 0.0
-    link_s_per_msg: float = 0.0
-    link_from_step: int = 0
 
 
 class Faults:
@@ -59,10 +54,16 @@ class Faults:
         self.step = 0
         self._healthy: dict[tuple[int, str], list[float]] = {}
         self._owed: dict[tuple[int, str], float] = {}  # padding owed per entry point (< 0: overran, credited)
-        self.compute_on = rank == spec.slow_rank and spec.slow_factor > 1.0
-        self.link_on = rank == spec.link_rank and (spec.link_s_per_mib > 0 or spec.link_s_per_msg > 0)
+        self.compute_on = spec.compute_on and rank == spec.slow_rank
+        self.link_on = spec.link_on and rank == spec.link_rank
+        self.kill_on = spec.kill_on and rank == spec.kill_rank
         if self.link_on:
             self._patch_p2p()
+
+    def maybe_kill(self, step: int, attempt: int) -> None:
+        """SIGKILL this rank at the start of `kill_step` in the first attempt (a crash, not an exit)."""
+        if self.kill_on and attempt == 0 and step == self.spec.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _slow_now(self) -> bool:
         return self.compute_on and self.step >= self.spec.slow_from_step

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.measure.ops import BenchOp
 from worker.probe import GPU_MIN_MATMUL, cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
 from worker.telemetry import sync_device
 
@@ -51,7 +52,7 @@ def _pairs(world: int) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
-def _collectives(world: int) -> dict[str, Callable[[torch.Tensor], Callable[[], object]]]:
+def _collectives(world: int) -> dict[BenchOp, Callable[[torch.Tensor], Callable[[], object]]]:
     """op name → (buffer → a call that runs it once). Newer torch renames the *_tensor variants."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -67,7 +68,7 @@ def _collectives(world: int) -> dict[str, Callable[[torch.Tensor], Callable[[], 
         shard = torch.empty(buf.numel() // world, dtype=buf.dtype, device=buf.device)
         return lambda: scatter(shard, buf)
 
-    return {"all_reduce": all_reduce, "all_gather": all_gather, "reduce_scatter": reduce_scatter}
+    return {BenchOp.ALL_REDUCE: all_reduce, BenchOp.ALL_GATHER: all_gather, BenchOp.REDUCE_SCATTER: reduce_scatter}
 
 
 def _buffer(nbytes: int, world: int, device: str) -> torch.Tensor:
@@ -117,7 +118,9 @@ def bench_pairs(sizes: list[int], repeats: int, device: str) -> list[dict]:
 
             t = median_time_s(ping_pong, device, repeats=repeats, inner=_inner_iters(nbytes)) / 2
             if rank == a:
-                rows.append({"op": "send_recv", "message_bytes": buf.numel() * 4, "time_s": t, "src": a, "dst": b})
+                rows.append(
+                    {"op": BenchOp.SEND_RECV, "message_bytes": buf.numel() * 4, "time_s": t, "src": a, "dst": b}
+                )
     dist.barrier()
     return rows
 
@@ -157,7 +160,13 @@ def bench_pipeline(repeats: int, device: str) -> list[dict]:
         t = median_time_s(step, device, repeats=repeats, inner=1)
         if rank == 0:  # per micro-batch: the cost model prices the step as m × (stage 0's τ) here
             rows.append(
-                {"op": "pipeline_microbatch", "message_bytes": PIPE_HIDDEN * 4, "time_s": t / m, "src": 0, "dst": 1}
+                {
+                    "op": BenchOp.PIPELINE_MICROBATCH,
+                    "message_bytes": PIPE_HIDDEN * 4,
+                    "time_s": t / m,
+                    "src": 0,
+                    "dst": 1,
+                }
             )
     dist.barrier()
     return rows
@@ -215,10 +224,12 @@ def bench_fsdp(repeats: int, device: str) -> list[dict]:
             per_module[tensors, width] = max(0.0, times[1] - times[0]) / FSDP_MODULES
         if rank == 0:
             for width in FSDP_WIDTHS:
-                rows.append({"op": "fsdp_module", "message_bytes": width * width * 4, "time_s": per_module[1, width]})
+                rows.append(
+                    {"op": BenchOp.FSDP_MODULE, "message_bytes": width * width * 4, "time_s": per_module[1, width]}
+                )
             small = FSDP_WIDTHS[0]
             extra = max(0.0, per_module[FSDP_TENSORS, small] - per_module[1, small]) / (FSDP_TENSORS - 1)
-            rows.append({"op": "fsdp_tensor", "message_bytes": small * small * 4, "time_s": extra})
+            rows.append({"op": BenchOp.FSDP_TENSOR, "message_bytes": small * small * 4, "time_s": extra})
             for row in rows:
                 row.update(src=0, dst=1)
     dist.barrier()
@@ -287,9 +298,9 @@ def bench_concurrency(device: str, matmul_size: int, rounds: int) -> list[dict]:
         if rank == 0:
             free = statistics.median(statistics.median(f[r] for f in every) for r in range(rounds))
             for op, t in (
-                ("compute_alone", statistics.median(times["alone"])),
-                ("compute_free", free),
-                ("compute_lockstep", max(0.0, statistics.median(times["lockstep"]))),
+                (BenchOp.COMPUTE_ALONE, statistics.median(times["alone"])),
+                (BenchOp.COMPUTE_FREE, free),
+                (BenchOp.COMPUTE_LOCKSTEP, max(0.0, statistics.median(times["lockstep"]))),
             ):
                 rows.append({"op": op, "message_bytes": 0, "time_s": t, "num_ranks": k})
     dist.barrier()

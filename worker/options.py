@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from planner.errors import MeshplanError
-from worker.faults import FaultSpec
+from planner.specs.faults import NO_FAULTS, FaultSpec
 
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -31,7 +31,7 @@ class TrainOptions:
     resume: str  # "auto" (latest in run_dir), "none", or a checkpoint folder (may come from another plan)
     timeout_s: float  # collective / store timeout
     dtype: str  # "auto": the plan's dtype on CUDA, fp32 on CPU
-    faults: FaultSpec = FaultSpec()  # injected straggler faults (worker/faults.py)
+    faults: FaultSpec = NO_FAULTS  # injected faults (planner/specs/faults.py, acted on in worker/faults.py)
     control_from_version: int = 0  # control.json versions <= this were applied before (a relaunch)
 
 
@@ -51,14 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="auto")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
-    f = p.add_argument_group("fault injection (worker/faults.py)")
-    f.add_argument("--slow-rank", type=int, default=-1, help="rank whose compute is stretched")
-    f.add_argument("--slow-factor", type=float, default=1.0, help="compute time multiplier (> 1)")
-    f.add_argument("--slow-from-step", type=int, default=0)
-    f.add_argument("--slow-link-rank", type=int, default=-1, help="rank whose sends are delayed")
-    f.add_argument("--slow-link-s-per-mib", type=float, default=0.0, help="extra seconds per MiB sent")
-    f.add_argument("--slow-link-s-per-msg", type=float, default=0.0, help="extra seconds per message sent")
-    f.add_argument("--slow-link-from-step", type=int, default=0)
+    p.add_argument("--faults", default="", help="FaultSpec JSON (planner/specs/faults.py); empty = none")
     p.add_argument("--control-from-version", type=int, default=0, help="ignore control.json versions up to this")
     return p
 
@@ -67,19 +60,7 @@ def parse_options(argv: list[str] | None = None) -> TrainOptions:
     a = parser().parse_args(argv)
     if a.steps <= 0:
         raise MeshplanError("--steps", a.steps, "train for at least one step")
-    if a.slow_factor < 1.0:
-        raise MeshplanError("--slow-factor", a.slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
-    if a.slow_link_s_per_mib < 0 or a.slow_link_s_per_msg < 0:
-        raise MeshplanError("--slow-link-s-per-mib", a.slow_link_s_per_mib, "delays are >= 0 seconds")
-    faults = FaultSpec(
-        a.slow_rank,
-        a.slow_factor,
-        a.slow_from_step,
-        a.slow_link_rank,
-        a.slow_link_s_per_mib,
-        a.slow_link_s_per_msg,
-        a.slow_link_from_step,
-    )
+    faults = FaultSpec.from_arg(a.faults)
     return TrainOptions(
         plan=a.plan,
         run_dir=a.run_dir,

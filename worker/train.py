@@ -20,7 +20,7 @@ Re-planning while running (launcher/control.py): at every step boundary rank 0 r
 batch shares (the schedule is rebuilt for the new micro-batch counts; the mbs / global-batch loss
 weight is unchanged, so the update stays exact), or checkpoint-and-exit for a relayout. Telemetry
 rows carry the control version in force and, on the switch step, the action. Injected faults
-(slow compute, slow sends) come from worker/faults.py.
+(slow compute, slow sends, a crash: one `--faults` FaultSpec) come from worker/faults.py.
 
 Init: gloo on CPU, NCCL on GPU (device LOCAL_RANK). The process group's store is the agent's store
 under a per-restart prefix, so `--max-restarts` re-rendezvous does not read a dead attempt's keys
@@ -33,7 +33,6 @@ Resuming trusts only a checkpoint that passes its digests (worker/checkpoint_che
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -236,7 +235,7 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
     version = opts.control_from_version
     for step in range(start, opts.steps):
         watchdog.beat(f"step {step}")
-        _maybe_inject_fault(step, rank, attempt)
+        faults.maybe_kill(step, attempt)
         faults.step = step
         msg = poll_control(opts, rank, step, version)
         switch = None
@@ -312,14 +311,6 @@ def _checkpoint_exit(
         write_json_atomic(
             exit_path(opts.run_dir), {"step": step, "version": version, "checkpoint_s": time.perf_counter() - t0}
         )
-
-
-def _maybe_inject_fault(step: int, rank: int, attempt: int) -> None:
-    """Fault injection for restart tests: MESHPLAN_FAULT="<rank>:<step>" SIGKILLs that rank at that
-    step in the first attempt only, like a crashed GPU, so torchrun's restart + resume path runs."""
-    spec = os.environ.get("MESHPLAN_FAULT", "")
-    if spec and attempt == 0 and spec == f"{rank}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> None:

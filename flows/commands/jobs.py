@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -70,12 +71,16 @@ def job_train_options(given: dict) -> dict:
 def jobs(
     state: Annotated[str | None, typer.Option("--state", help="only jobs in this state")] = None,
     events: Annotated[bool, typer.Option("--events", help="print every state transition")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
     """List the queue's jobs (and their transitions)."""
     from storage.jobs import job_events, list_jobs
 
     db = db_path(load_settings())
     frame = job_events(db) if events else list_jobs(db, state)
+    if as_json:
+        typer.echo(json.dumps([_job_doc(r) for r in frame.to_dicts()], indent=2, default=str))
+        return
     if frame.height == 0:
         typer.echo("no jobs")
         return
@@ -86,6 +91,24 @@ def jobs(
     )
     for row in frame.select(cols).iter_rows():
         typer.echo("  ".join("-" if v is None else str(v) for v in row))
+
+
+def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
+    """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
+    from tasks.schedule import parse_alloc
+
+    doc = {k: v for k, v in row.items() if k != "train_json"}
+    if "train_json" in row:
+        doc["train"] = json.loads(row["train_json"] or "{}")
+    for key in ("allocation", "base_allocation"):
+        if key not in row:
+            continue
+        a = parse_alloc(row[key]) if row[key] else None
+        prefix = key.removesuffix("allocation")
+        doc[f"{prefix}num_devices"] = a.count if a else None
+        doc[f"{prefix}device_kind"] = a.kind if a else None
+        doc[f"{prefix}num_nodes"] = a.num_nodes if a else None
+    return doc
 
 
 @app.command()

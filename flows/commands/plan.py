@@ -91,8 +91,8 @@ def plan(
             cfg.profile.dtype,
             cfg.search.fp8,
         )
-        typer.echo(json.dumps(summary, indent=2) if as_json else f"plan flow: {summary}")
-        raise typer.Exit(0 if summary["feasible"] else 1)
+        typer.echo(summary.model_dump_json(indent=2) if as_json else f"plan flow: {summary}")
+        raise typer.Exit(0 if summary.feasible else 1)
 
     from planner.errors import MeshplanError
     from planner.report.ranking import ranking_rows

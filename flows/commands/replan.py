@@ -7,7 +7,6 @@ this state folder and fails with one line pointing there otherwise. It runs unti
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated
@@ -61,17 +60,17 @@ def replan(
         **_replan_kwargs(cfg),
     )
     if as_json:
-        typer.echo(json.dumps(out, indent=2, default=str))
+        typer.echo(out.model_dump_json(indent=2))
         return
-    if not out["detected"]:
+    if not out.detected:
         typer.echo(f"run {run_id}: no straggler detected — keep the plan")
         return
-    for d in out["detections"]:
+    for d in out.detections:
         typer.echo(
             f"rank {d['rank']}: {d['kind']} {d['factor']:.2f}× slower since step {d['since_step']}"
             f" (detected at step {d['detected_at_step']})"
         )
-    typer.echo(f"decision: {out['action']}{' (acted)' if out['acted'] else ''} — {out['reason']}")
+    typer.echo(f"decision: {out.action}{' (acted)' if out.acted else ''} — {out.reason}")
 
 
 @app.command()

@@ -40,7 +40,7 @@ def run(
     t.add_row("profile", f"{prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
     t.add_row(
         "plan",
-        f"{plan['best']}{' (cached search)' if plan['cached'] else ''}: "
+        f"{plan['best_plan_id']}{' (cached search)' if plan['cached'] else ''}: "
         f"predicted {plan['step_time_s'] * 1e3:.1f} ms/step",
     )
     measured = run_.get("measured_step_time_s")
@@ -54,6 +54,6 @@ def run(
     Console().print(t)
     print(
         f"database: {path}\nrun folder: {run_['run_dir']}\nplan: meshplan --state-dir {cfg.state.dir} "
-        f"db \"select * from plans where fingerprint = '{plan['best']}'\"\n"
+        f"db \"select * from plans where fingerprint = '{plan['best_plan_id']}'\"\n"
         f"UI: meshplan --state-dir {cfg.state.dir} ui   (then run again to see it there)"
     )

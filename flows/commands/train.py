@@ -40,6 +40,10 @@ def train(
     slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
     slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
     slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
+    slow_link_s_per_msg: Annotated[float, typer.Option("--slow-link-s-per-msg", help="extra s per message")] = 0.0,
+    slow_link_from_step: Annotated[
+        int, typer.Option("--slow-link-from-step", help="fault injection: first step with slow sends")
+    ] = 0,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -73,68 +77,59 @@ def train(
         _dry_run(cfg, plan, plan_id, steps, run_id, as_json)
         return
 
+    from flows.requests import TrainRequest
     from flows.train import train_flow
+    from planner.specs.faults import FaultSpec
+    from planner.validation import parse
 
-    if slow_factor < 1.0:
-        raise MeshplanError("--slow-factor", slow_factor, "a slowdown factor is >= 1 (2 = twice as slow)")
-    t, path, r = cfg.train, db_path(cfg), cfg.replan
-    replan_config = {
-        "threshold": r.threshold,
-        "persistence_steps": r.persistence_steps,
-        "window": r.window,
-        "margin_s": r.margin_s,
-        "min_gain": r.min_gain,
-        "cooldown_steps": r.cooldown_steps,
-        "search_budget_s": r.search_budget_s,
-        "relayout": r.relayout,
-    }
-    out = train_flow(
-        db_path=str(path),
-        plan_path=str(plan) if plan else None,
-        plan_id=plan_id,
-        steps=t.steps,
-        nproc_per_node=t.nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=t.rdzv_endpoint,
-        data=t.data,
-        lr=t.lr,
-        optimizer=t.optimizer,
-        seed=t.seed,
-        checkpoint_every=t.checkpoint_every,
-        resume=resume,
-        max_restarts=t.max_restarts,
-        run_id=run_id,
-        runs_dir=str(Path(cfg.state.dir) / "runs"),
-        timeout_s=t.timeout_s,
-        collective_timeout_s=t.collective_timeout_s,
-        replan=nnodes == 1 if replan is None else replan,
-        replan_config=replan_config,
-        cluster_path=str(cluster) if cluster else None,
-        poll_s=r.poll_s,
-        slow_rank=slow_rank,
-        slow_factor=slow_factor,
-        slow_from_step=slow_from_step,
-        slow_link_rank=slow_link_rank,
-        slow_link_s_per_mib=slow_link_s_per_mib,
-        slow_link_from_step=slow_from_step,
-        show_progress=not as_json,
+    faults = parse(
+        FaultSpec,
+        {
+            "slow_rank": slow_rank,
+            "slow_factor": slow_factor,
+            "slow_from_step": slow_from_step,
+            "link_rank": slow_link_rank,
+            "link_s_per_mib": slow_link_s_per_mib,
+            "link_s_per_msg": slow_link_s_per_msg,
+            "link_from_step": slow_link_from_step,
+        },
+        "fault injection",
     )
+    t = cfg.train
+    request = parse(
+        TrainRequest,
+        {
+            **t.model_dump(),
+            "plan_path": str(plan) if plan else None,
+            "plan_id": plan_id,
+            "nnodes": nnodes,
+            "node_rank": node_rank,
+            "resume": resume,
+            "runs_dir": str(Path(cfg.state.dir) / "runs"),
+            "replan": nnodes == 1 if replan is None else replan,
+            "replan_config": cfg.replan,
+            "cluster_path": str(cluster) if cluster else None,
+            "faults": faults,
+            "show_progress": not as_json,
+        },
+        "train",
+    )
+    out = train_flow(str(db_path(cfg)), request, run_id)
     if as_json:
-        typer.echo(json.dumps(out, indent=2, default=str))
+        typer.echo(out.model_dump_json(indent=2))
         return
-    measured, predicted = out["measured_step_time_s"], out["predicted_step_time_s"]
-    typer.echo(f"run {out['run_id']} {out['status']}: {len(out['losses'])} steps in {out['run_dir']}")
+    measured, predicted = out.measured_step_time_s, out.predicted_step_time_s
+    typer.echo(f"run {out.run_id} {out.status}: {len(out.losses)} steps in {out.run_dir}")
     if measured is not None:
         typer.echo(
             f"step time measured {measured * 1e3:.1f} ms"
             + (f", predicted {predicted * 1e3:.1f} ms" if predicted else "")
         )
-    for d in out["decisions"]:
+    for d in out.decisions:
         typer.echo(
             f"re-plan at step {d['step']}: {d['chosen_action']}{' (switched)' if d['acted'] else ''} — {d['reason']}"
         )
-    losses = [v for v in out["losses"] if v is not None]
+    losses = [v for v in out.losses if v is not None]
     if losses:
         typer.echo(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 

@@ -30,6 +30,7 @@ from planner.cost import overlap as OV
 from planner.cost.compute import Device, attention_train_s, loss_time_delta_s, stack_time_delta_s
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
+from planner.measure.ops import BenchOp
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.specs import flops
 from planner.specs.flops import DTYPE_BYTES, LayerKind
@@ -189,7 +190,7 @@ def _packed_bytes(kind: LayerKind, params: float, model: ModelSpec, tp: int, e: 
 
 def _tp_allreduce_s(ctx: StageContext, hidden_bytes: float) -> float:
     """One all-reduce of a block's output over the tp group: the calibrated fit, else the ring."""
-    ar_fit = ctx.calib.fit("all_reduce") if ctx.calib is not None else None
+    ar_fit = ctx.calib.fit(BenchOp.ALL_REDUCE) if ctx.calib is not None else None
     if ar_fit is not None:
         return ar_fit.time_s(hidden_bytes, ctx.tp)
     tl = ctx.tp_link
@@ -340,7 +341,7 @@ def _dp_collectives(ctx: StageContext) -> tuple[OV.Collective, OV.Collective, OV
     ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
     if cal is None:
         return ag, ag, ar
-    fits = [cal.fit(op) for op in ("all_gather", "reduce_scatter", "all_reduce")]
+    fits = [cal.fit(op) for op in (BenchOp.ALL_GATHER, BenchOp.REDUCE_SCATTER, BenchOp.ALL_REDUCE)]
     ring = (ag, ag, ar)
     return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
 

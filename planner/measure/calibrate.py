@@ -77,18 +77,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.errors import MeshplanError
+from planner.measure.ops import COLLECTIVE_OPS, CONCURRENCY_OPS, BenchOp
 
 if TYPE_CHECKING:
     from planner.specs.cluster import LinkSpec
 
 # Bytes one parameter moves in torch's single-tensor (CPU) AdamW step; derivation in the module docstring.
 ADAM_BYTES_PER_PARAM_CPU_LOOP = 80.0
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-# discovery's FSDP2 bench rows (worker.netbench.bench_fsdp): per module at two sizes, per further tensor
-FSDP_OPS = ("fsdp_module", "fsdp_tensor")
-# discovery's concurrency bench rows (worker.netbench.bench_concurrency): per-chunk compute of one
-# rank alone, of the ranks together running free, and in lockstep
-CONCURRENCY_OPS = ("compute_alone", "compute_free", "compute_lockstep")
 # parameter layouts the optimizer step is timed on (worker.layer_bench.adamw_s_per_param): plain,
 # tensor-parallel DTensors, FSDP2-sharded DTensors
 OPTIMIZER_LAYOUTS = ("plain", "tp", "fsdp")
@@ -155,7 +150,7 @@ class Calibration:
     lockstep_slowdown: float = 1.0  # ranks that meet after every chunk of work vs running free
     source: str = ""
 
-    def fit(self, op: str) -> CollectiveFit | None:
+    def fit(self, op: BenchOp) -> CollectiveFit | None:
         return dict(self.collectives).get(op)
 
     def slowdown(self, real_group: bool = False) -> float:
@@ -189,7 +184,7 @@ def pipeline_overhead_from(measurements: Iterable[Mapping], link: LinkSpec) -> f
     """`pipeline_overhead_s` from one discovery snapshot's measurement rows: the median time of its
     `pipeline_microbatch` rows on the node's intra-node link; 0 when it has none (one rank, or a
     snapshot from before the pipeline bench)."""
-    pts = [m for m in measurements if m["op"] == "pipeline_microbatch"]
+    pts = [m for m in measurements if m["op"] == BenchOp.PIPELINE_MICROBATCH]
     if not pts:
         return 0.0
     t = statistics.median(m["time_s"] for m in pts)
@@ -203,11 +198,12 @@ def measured_slowdowns(measurements: Iterable[Mapping]) -> tuple[float | None, f
     is None without an `compute_alone` row (the caller falls back on the matmul probe's rates);
     lockstep is 1 without its rows (one rank, or an older snapshot)."""
     t = {m["op"]: float(m["time_s"]) for m in measurements if m["op"] in CONCURRENCY_OPS}
-    free = t.get("compute_free", 0.0)
+    alone, lock = BenchOp.COMPUTE_ALONE, BenchOp.COMPUTE_LOCKSTEP
+    free = t.get(BenchOp.COMPUTE_FREE, 0.0)
     if free <= 0:
         return None, 1.0
-    contention = max(1.0, free / t["compute_alone"]) if t.get("compute_alone", 0.0) > 0 else None
-    lockstep = max(1.0, t["compute_lockstep"] / free) if "compute_lockstep" in t else 1.0
+    contention = max(1.0, free / t[alone]) if t.get(alone, 0.0) > 0 else None
+    lockstep = max(1.0, t[lock] / free) if lock in t else 1.0
     return contention, lockstep
 
 
@@ -217,10 +213,10 @@ def fsdp_overhead_from(measurements: Iterable[Mapping], fits: Mapping[str, Colle
     bench's 2 ranks that `fits` already price; None when the snapshot has no such rows (one rank, or
     a snapshot from before the FSDP bench)."""
     rows = list(measurements)
-    mods = sorted((float(m["message_bytes"]), float(m["time_s"])) for m in rows if m["op"] == "fsdp_module")
+    mods = sorted((float(m["message_bytes"]), float(m["time_s"])) for m in rows if m["op"] == BenchOp.FSDP_MODULE)
     if len({b for b, _ in mods}) < 2:
         return None
-    ag, rs = fits.get("all_gather"), fits.get("reduce_scatter")
+    ag, rs = fits.get(BenchOp.ALL_GATHER), fits.get(BenchOp.REDUCE_SCATTER)
 
     def residual(nbytes: float, t: float) -> float:
         priced = 2 * ag.time_s(nbytes, 2) if ag is not None else 0.0
@@ -229,7 +225,7 @@ def fsdp_overhead_from(measurements: Iterable[Mapping], fits: Mapping[str, Colle
     (b1, t1), (b2, t2) = mods[0], mods[-1]
     r1, r2 = residual(b1, t1), residual(b2, t2)
     per_byte = max(0.0, (r2 - r1) / (b2 - b1))
-    tensors = [float(m["time_s"]) for m in rows if m["op"] == "fsdp_tensor"]
+    tensors = [float(m["time_s"]) for m in rows if m["op"] == BenchOp.FSDP_TENSOR]
     return FsdpOverhead(max(0.0, r1 - per_byte * b1), per_byte, statistics.median(tensors) if tensors else 0.0)
 
 
@@ -240,7 +236,7 @@ def collective_fits(
     out = {}
     for f in fits:
         if f["op"] in COLLECTIVE_OPS and f["link_class"] == link_class:
-            out[f["op"]] = CollectiveFit(float(f["alpha_s"]), float(f["beta_s_per_byte"]), num_ranks)
+            out[BenchOp(f["op"])] = CollectiveFit(float(f["alpha_s"]), float(f["beta_s_per_byte"]), num_ranks)
     return out
 
 

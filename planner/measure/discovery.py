@@ -22,7 +22,7 @@ from typing import Any
 
 from planner.errors import MeshplanError
 from planner.measure.alphabeta import AlphaBeta, fit_alpha_beta
-from planner.measure.calibrate import CONCURRENCY_OPS, FSDP_OPS
+from planner.measure.ops import OVERHEAD_OPS, BenchOp
 from planner.specs.catalog import lookup
 from planner.specs.cluster import ClusterSpec, LinkSpec, NodeSpec
 
@@ -89,11 +89,6 @@ def snapshot_fingerprint(snapshot: dict[str, Any]) -> str:
     return hardware_fingerprint(snapshot_identity(snapshot))
 
 
-# Runtime overheads the netbench times (pipelining schedule, FSDP2 per module and tensor, compute
-# alone, together and in lockstep): inputs of planner.measure.calibrate, not transfers, so never α–β fitted.
-OVERHEAD_OPS = frozenset({"pipeline_microbatch", *FSDP_OPS, *CONCURRENCY_OPS})
-
-
 def fit_snapshot(snapshot: dict[str, Any]) -> list[OpFit]:
     """One α–β fit per (op, link class) with at least two distinct message sizes (transfers only)."""
     points: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
@@ -129,8 +124,8 @@ def _links(snapshot: dict[str, Any], fits: list[OpFit], cpu: bool) -> tuple[Link
     kinds = {INTRA: f"{backend}-loopback" if cpu else f"{backend}-intra-node", INTER: f"{backend}-inter-node"}
     found: dict[str, LinkSpec] = {}
     for f in fits:
-        if f.op == "send_recv":
-            pts = [m for m in snapshot["measurements"] if m["op"] == "send_recv" and m["link_class"] == f.link_class]
+        if f.op == BenchOp.SEND_RECV:
+            pts = [m for m in snapshot["measurements"] if m["op"] == f.op and m["link_class"] == f.link_class]
             found[f.link_class] = _link_from_fit(kinds[f.link_class], f, pts)
     if not found:
         # One rank: nothing crosses a wire; the device's own copy bandwidth bounds any transfer.

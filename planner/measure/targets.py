@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from planner.errors import MeshplanError
+from planner.measure.ops import BenchOp
 from planner.measure.profiles import (
     DEFAULT_EFFICIENCY,
     CommFit,
@@ -155,5 +156,5 @@ def comm_fits_from_snapshot(cluster: ClusterSpec, fits: Iterable[dict]) -> list[
     measured_kinds = {k for k, _ in out}
     for kind, (alpha, beta) in sorted(stated.items()):
         if kind not in measured_kinds:
-            out[(kind, "send_recv")] = CommFit(kind, "send_recv", alpha, beta, False)
+            out[(kind, BenchOp.SEND_RECV)] = CommFit(kind, BenchOp.SEND_RECV, alpha, beta, False)
     return sorted(out.values(), key=lambda c: (c.link_kind, c.op))

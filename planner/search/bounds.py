@@ -26,6 +26,7 @@ from planner.cost import formulas as F
 from planner.cost import overlap as OV
 from planner.cost.overlap import MAX_HIDE_FRACTION
 from planner.measure.calibrate import Calibration
+from planner.measure.ops import BenchOp
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.search.arrays import Pricer, SegmentSpec
 from planner.search.inner import StageArrays
@@ -96,7 +97,7 @@ class Bounds:
         key = (cls, tp, mbs)
         if key not in self._floor:
             c, calib, pr = self.pr.classes[cls], self.calib, self.pr
-            fit = calib.fit("all_reduce") if calib is not None else None
+            fit = calib.fit(BenchOp.ALL_REDUCE) if calib is not None else None
             if fit is not None:  # as stage_coeffs prices them
                 ar = fit.time_s(pr.hidden_bytes(mbs), tp)
             else:

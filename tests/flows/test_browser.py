@@ -9,13 +9,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+
+from tests.support.served import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 MESHPLAN = [sys.executable, "-m", "flows.cli"]
@@ -33,12 +34,6 @@ FLAGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _chromium(tmp_path, *args: str) -> str:
     profile = tmp_path / f"chromium-{time.monotonic_ns()}"
     out = subprocess.run(
@@ -52,7 +47,7 @@ def _chromium(tmp_path, *args: str) -> str:
 def test_flow_run_page_shows_the_plan_artifact_in_a_real_browser(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    port = _free_port()
+    port = free_port()
     ui = subprocess.Popen(
         [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
         env=env,

@@ -52,7 +52,7 @@ def test_job_shrunk_to_two_ranks_and_grown_back_continues_its_curve_and_matches_
     submit_job(db, "tiny", 8, STEPS, job_id="a", seq=32, train=TRAIN)
     transition(db, "a", "running", "admitted by the test", "4xcpu/1")
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(job_flow(db, "a", CLUSTER, str(runs), 600.0)))
+    runner = threading.Thread(target=lambda: out.update(job=job_flow(db, "a", CLUSTER, str(runs), 600.0)))
     runner.start()
     run_dir = runs / "a"
     try:
@@ -65,17 +65,17 @@ def test_job_shrunk_to_two_ranks_and_grown_back_continues_its_curve_and_matches_
         request_resize(db, "a", str(run_dir), "4xcpu/1", "test: grow")
     finally:
         runner.join(timeout=600)
-    assert out["state"] == "finished", out
-    segs = out["segments"]
-    assert [s["allocation"] for s in segs] == ["4xcpu/1", "2xcpu/1", "4xcpu/1"]
-    assert [s["exit"] for s in segs] == ["requested", "requested", "done"]
+    assert out["job"].state == "finished", out
+    segs = out["job"].segments
+    assert [s.allocation for s in segs] == ["4xcpu/1", "2xcpu/1", "4xcpu/1"]
+    assert [s.exit for s in segs] == ["requested", "requested", "done"]
     # the steps are contiguous: each launch starts where the previous one's exit checkpoint ended
-    assert segs[0]["from_step"] == 0 and segs[-1]["to_step"] == STEPS
-    assert all(a["to_step"] == b["from_step"] for a, b in zip(segs, segs[1:], strict=False))
+    assert segs[0].from_step == 0 and segs[-1].to_step == STEPS
+    assert all(a.to_step == b.from_step for a, b in zip(segs, segs[1:], strict=False))
     rows = rank0_rows(run_dir)
     assert [r["step"] for r in rows] == list(range(STEPS)), "rank 0 trained every step once, in order"
     widths = [r["dp"] for r in rows]
-    cut1, cut2 = segs[0]["to_step"], segs[1]["to_step"]
+    cut1, cut2 = segs[0].to_step, segs[1].to_step
     assert widths == [4] * cut1 + [2] * (cut2 - cut1) + [4] * (STEPS - cut2)
     assert all(r["loss"] is not None and r["loss"] == r["loss"] for r in rows)
     events = job_events(db, "a").to_dicts()
@@ -113,7 +113,7 @@ def test_job_that_loses_a_rank_falls_back_to_its_latest_checkpoint_and_finishes_
     submit_job(db, "tiny", 8, steps, job_id="c", seq=32, train={**TRAIN, "checkpoint_every": 10})
     transition(db, "c", "running", "admitted by the test", "4xcpu/1")
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(job_flow(db, "c", CLUSTER, str(runs), 600.0)))
+    runner = threading.Thread(target=lambda: out.update(job=job_flow(db, "c", CLUSTER, str(runs), 600.0)))
     runner.start()
     run_dir = runs / "c"
     try:
@@ -123,14 +123,14 @@ def test_job_that_loses_a_rank_falls_back_to_its_latest_checkpoint_and_finishes_
         os.kill(pid, signal.SIGKILL)
     finally:
         runner.join(timeout=600)
-    assert out["state"] == "finished", out
-    lost, resumed = out["segments"]
-    assert lost["exit"] == "error" and resumed["exit"] == "done"
-    assert resumed["from_step"] % 10 == 0 and 10 <= resumed["from_step"] <= lost["to_step"]
+    assert out["job"].state == "finished", out
+    lost, resumed = out["job"].segments
+    assert lost.exit == "error" and resumed.exit == "done"
+    assert resumed.from_step % 10 == 0 and 10 <= resumed.from_step <= lost.to_step
     steps_seen = [r["step"] for r in rank0_rows(run_dir)]
     drops = [i for i in range(1, len(steps_seen)) if steps_seen[i] <= steps_seen[i - 1]]
-    cut = drops[-1] if drops else resumed["from_step"]  # the relaunch's first row
-    assert steps_seen[cut:] == list(range(resumed["from_step"], steps)), "resumed exactly at the checkpoint"
+    cut = drops[-1] if drops else resumed.from_step  # the relaunch's first row
+    assert steps_seen[cut:] == list(range(resumed.from_step, steps)), "resumed exactly at the checkpoint"
     assert sorted(set(steps_seen[:cut])) == list(range(len(set(steps_seen[:cut])))), "before the loss: in order"
     events = job_events(db, "c").to_dicts()
     assert [e["to_state"] for e in events] == ["queued", "running", "resizing", "running", "finished"]

@@ -1,5 +1,6 @@
 """`meshplan submit / jobs / cancel` in real CLI processes against one state folder."""
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,22 @@ def test_submit_records_the_training_options_the_runner_uses(tmp_path) -> None:
     p = _meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
     assert p.returncode == 1 and "--optimizer" in p.stderr and "adamw" in p.stderr, p.stderr
     assert _meshplan(tmp_path, "jobs").stdout.split()[0] == "b"  # the refused ones were never queued
+
+
+def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:
+    from storage.jobs import submit_job, transition
+
+    db = tmp_path / "meshplan.duckdb"
+    submit_job(db, "tiny", 8, 10, job_id="a", seq=32, train={"lr": 0.1})
+    transition(db, "a", "running", "admitted by the test", "4xcpu/2")
+    p = _meshplan(tmp_path, "jobs", "--json")
+    assert p.returncode == 0, p.stderr
+    (job,) = json.loads(p.stdout)
+    assert (job["job_id"], job["state"], job["train"]) == ("a", "running", {"lr": 0.1})
+    assert (job["num_devices"], job["device_kind"], job["num_nodes"]) == (4, "cpu", 2)
+    assert job["base_num_devices"] is None  # admitted by hand, not by the scheduler
+    p = _meshplan(tmp_path, "jobs", "--events", "--json")
+    assert [(e["to_state"], e["num_devices"]) for e in json.loads(p.stdout)] == [("queued", None), ("running", 4)]
 
 
 def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:

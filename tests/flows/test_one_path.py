@@ -69,9 +69,9 @@ def test_plan_cli_and_plan_flow_return_the_same_ranking(tmp_path):
 
     flow_db = str(tmp_path / "flow.duckdb")  # its own file: the flow's rows are its own, not the CLI's
     out = plan_flow(flow_db, "gpt2-small", str(cluster), global_batch=16)
-    assert out["feasible"] and out["complete"]
-    assert out["search_key"] == doc["search_key"]
-    flow_ranking = stored_ranking(flow_db, out["search_key"])
+    assert out.feasible and out.complete
+    assert out.search_key == doc["search_key"]
+    flow_ranking = stored_ranking(flow_db, out.search_key)
     assert [f for f, _ in flow_ranking] == [f for f, _ in cli_ranking]
     assert [t for _, t in flow_ranking] == pytest.approx([t for _, t in cli_ranking], rel=1e-12)
     # and the CLI's own stored rows agree with what it printed

@@ -37,7 +37,7 @@ def test_second_run_skips_discovery_profiling_and_search_but_trains_again(tmp_pa
     assert not first["snapshot"]["reused"] and first["profile"]["measured"] > 0 and not first["plan"]["cached"]
     assert second["snapshot"]["reused"] and second["snapshot"]["fingerprint"] == first["snapshot"]["fingerprint"]
     assert second["profile"]["measured"] == 0 and second["profile"]["reused"] == first["profile"]["measured"]
-    assert second["plan"]["cached"] and second["plan"]["best"] == first["plan"]["best"]
+    assert second["plan"]["cached"] and second["plan"]["best_plan_id"] == first["plan"]["best_plan_id"]
     assert first["run"]["status"] == second["run"]["status"] == "completed"
     assert first["run"]["run_id"] != second["run"]["run_id"]  # training really ran twice
     assert second["last_loss"] < second["first_loss"]

@@ -46,27 +46,27 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
         return_state=True,
     )
     out = state.result()
-    assert out["feasible"]
-    frame = plans_frame(db, out["search_key"])
+    assert out.feasible
+    frame = plans_frame(db, out.search_key)
     assert frame.filter(frame["baseline"] == "").height >= 1
-    assert best_plan(db, out["search_key"]).fingerprint() == out["best"]
+    assert best_plan(db, out.search_key).fingerprint() == out.best_plan_id
     run_id = state.state_details.flow_run_id
     assert len(_artifacts("plan-ranking", run_id)) == 1 and len(_artifacts("plan-report", run_id)) == 1
     shown = capsys.readouterr().out  # the search's progress lines (plain: pytest's stdout is no terminal)
-    assert "plan: searching gpt2-small on" in shown and f"plan: {out['candidates']} candidates priced" in shown
+    assert "plan: searching gpt2-small on" in shown and f"plan: {out.num_candidates} candidates priced" in shown
     again = plan_flow(
         db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3, time_budget_s=5.0
     )
-    assert again["best"] == out["best"]
+    assert again.best_plan_id == out.best_plan_id
     assert "search result reused from the cache" in capsys.readouterr().out
-    assert plans_frame(db, out["search_key"]).height == frame.height
+    assert plans_frame(db, out.search_key).height == frame.height
 
 
 def test_plan_flow_reports_an_infeasible_model(tmp_path):
     from flows.plan import plan_flow
 
     out = plan_flow(str(tmp_path / "m.duckdb"), "gpt3-175b", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=8)
-    assert not out["feasible"] and "gpt3-175b needs" in out["reasons"][0]
+    assert not out.feasible and "gpt3-175b needs" in out.reasons[0]
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(disco
     snap = {"fingerprint": fingerprint}
     model = get_model("tiny")
     out = plan_flow(db, "tiny", global_batch=4, seq=32, snapshot=snap["fingerprint"])
-    assert out["feasible"] and "plan: calibrated to discovery" in capsys.readouterr().out
+    assert out.feasible and "plan: calibrated to discovery" in capsys.readouterr().out
     calib = load_calibration.fn(db, model, snap["fingerprint"])
     adam = load_optimizer_profile(db, model, "cpu")
     assert calib is not None and (
@@ -153,12 +153,12 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(disco
     from worker.probe import num_cores
 
     assert stored.cores_per_node == calib.num_cores == num_cores()
-    plan, cluster = best_plan(db, out["search_key"]), load_snapshot(db, snap["fingerprint"]).cluster
+    plan, cluster = best_plan(db, out.search_key), load_snapshot(db, snap["fingerprint"]).cluster
     # CPU ranks train in fp32, the dtype profiled: the plan is priced on measured rows, none estimated
     assert plan.dtype == "fp32" and not any("estimated" in n for n in plan.predicted.notes), plan.predicted.notes
     table = load_profile_table(db, model)
     calibrated = estimate(plan, model, cluster, table, calibration=calib).step_time_s
-    assert out["step_time_s"] == pytest.approx(calibrated, rel=1e-9)
+    assert out.step_time_s == pytest.approx(calibrated, rel=1e-9)
     assert calibrated != pytest.approx(estimate(plan, model, cluster, table).step_time_s, rel=1e-3)
 
 
@@ -185,9 +185,9 @@ def test_meshplan_plan_and_estimate_price_a_discovered_cpu_machine_as_plan_flow_
     doc = json.loads(p.stdout)
     assert doc["dtype"] == "fp32" and doc["calibration"]["source"].startswith("discovery: 2 ranks")
     assert doc["calibration"]["collectives"]["all_reduce"]["num_ranks"] == 2
-    assert doc["stats"]["complete"] and out["complete"]
+    assert doc["stats"]["complete"] and out.complete
     cli_ranking = [(q.fingerprint(), q.predicted.step_time_s) for q in (parse_plan(d) for d in doc["plans"])]
-    frame = plans_frame(db, out["search_key"])
+    frame = plans_frame(db, out.search_key)
     stored = sorted(frame.filter(frame["baseline"] == "").iter_rows(named=True), key=lambda r: r["rank"])
     assert [(r["plan_fingerprint"], r["step_time_s"]) for r in stored] == cli_ranking
     # no --cluster: this machine's newest probe, priced with its calibration as the search priced it
@@ -196,4 +196,4 @@ def test_meshplan_plan_and_estimate_price_a_discovered_cpu_machine_as_plan_flow_
     est = json.loads(e.stdout)
     assert est["calibration"] == doc["calibration"]
     assert any(n.startswith("calibrated: discovery") for n in est["notes"]), est["notes"]
-    assert est["plan"] == out["best"] and est["step_time_s"] == pytest.approx(out["step_time_s"], rel=1e-9)
+    assert est["plan"] == out.best_plan_id and est["step_time_s"] == pytest.approx(out.step_time_s, rel=1e-9)

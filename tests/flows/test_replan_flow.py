@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from flows.outcomes import TrainOutcome
 from flows.replan import replan_flow
+from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import control_path
+from planner.specs.faults import FaultSpec
 from storage.db import query
 from storage.replan import load_decisions
 from tests.worker.test_train_dist import assert_matches_reference
@@ -59,13 +62,11 @@ def _dp_plan(tmp: Path, share: int = SHARE, dp: int = 4) -> str:
     return str(path)
 
 
-def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool, **kw) -> dict:
-    return train_flow(
-        db_path=db,
+def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool, **kw) -> TrainOutcome:
+    request = TrainRequest(
         plan_path=plan,
         steps=steps,
         nproc_per_node=kw.pop("nproc", 4),
-        run_id=run_id,
         runs_dir=str(tmp / "runs"),
         checkpoint_every=kw.pop("checkpoint_every", 1000),
         timeout_s=600,
@@ -73,6 +74,7 @@ def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool,
         replan_config=CFG,
         **{**SGD, **kw},
     )
+    return train_flow(db, request, run_id)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def slowed(tmp_path_factory):
     # 2x fault as 2.49x. A fault the test can state exactly, not a wider tolerance.
     tmp = tmp_path_factory.mktemp("slowed")
     db, plan = str(tmp / "m.duckdb"), _dp_plan(tmp, dp=DP)
-    fault = {"slow_rank": SLOW_RANK, "slow_factor": FACTOR, "slow_from_step": FROM_STEP}
+    fault = {"faults": FaultSpec(slow_rank=SLOW_RANK, slow_factor=FACTOR, slow_from_step=FROM_STEP)}
     on = _train(db, plan, "replan-on", tmp, STEPS, True, nproc=DP, **fault)
     off = _train(db, plan, "replan-off", tmp, STEPS, False, nproc=DP, **fault)
     return db, on, off
@@ -110,13 +112,13 @@ def tokens_per_s(rows: list[dict], first: int, last: int) -> float:
 
 def test_slow_rank_is_detected_fast_with_its_factor_and_rebalanced(slowed):
     db, on, _ = slowed
-    first = on["decisions"][0]
+    first = on.decisions[0]
     (det,) = first["detections"]
     assert (det["rank"], det["kind"]) == (SLOW_RANK, "compute")
     assert FROM_STEP <= det["detected_at_step"] <= FROM_STEP + DETECT_WITHIN
     # the estimate the monitor holds over the run's slowed steps (per-sample, so the rebalance does
     # not disturb it); the one it decided on rests on ≥ 5 steps and is within ±25 % on this box
-    (final,) = [d for d in on["final_detections"] if d["rank"] == SLOW_RANK]
+    (final,) = [d for d in on.final_detections if d["rank"] == SLOW_RANK]
     assert final["kind"] == "compute" and final["factor"] == pytest.approx(FACTOR, rel=0.15)
     assert det["factor"] == pytest.approx(FACTOR, rel=0.25) and det["num_steps"] >= 5
     assert first["chosen_action"] == "rebalance" and first["acted"]
@@ -130,7 +132,7 @@ def test_slow_rank_is_detected_fast_with_its_factor_and_rebalanced(slowed):
     assert stored["chosen_action"].to_list()[0] == "rebalance" and stored["acted"].to_list()[0]
     plans = [json.loads(p)["batch_shares"] for p in stored["new_plan_json"].to_list() if p]
     assert len(plans) == len({tuple(p) for p in plans}) and plans[-1] != [SHARE] * DP, f"flapping: {plans}"
-    assert json.loads(control_path(on["run_dir"]).read_text())["batch_shares"] == plans[-1]
+    assert json.loads(control_path(on.run_dir).read_text())["batch_shares"] == plans[-1]
 
 
 def test_throughput_after_the_switch_is_measured_over_the_same_steps_in_both_runs(slowed):
@@ -158,19 +160,19 @@ def test_throughput_after_the_switch_is_measured_over_the_same_steps_in_both_run
         f"{after_on:.0f}, keep {after_off:.0f}: raw {after_on / after_off:.2f}x, drift-corrected {gain:.2f}x"
     )
     assert not any(r["switch_action"] for r in rows_off)
-    assert not off["decisions"] and not Path(control_path(off["run_dir"])).exists()
+    assert not off.decisions and not Path(control_path(off.run_dir)).exists()
 
 
 def test_live_rebalance_keeps_the_update_exact(slowed):
     _, on, _ = slowed
-    assert_matches_reference(Path(on["run_dir"]), "tiny", STEPS, lr=SGD["lr"], atol=ATOL)
+    assert_matches_reference(Path(on.run_dir), "tiny", STEPS, lr=SGD["lr"], atol=ATOL)
 
 
 def test_replan_flow_decides_from_stored_telemetry_and_records_it(slowed):
     db, _, off = slowed
     out = replan_flow(db_path=db, run_id="replan-off", threshold=0.3, window=10, persistence_steps=5, margin_s=0.5)
-    assert out["detected"] and out["action"] == "rebalance" and not out["acted"]  # the run is over: nothing to act on
-    assert out["detections"][0]["rank"] == SLOW_RANK
+    assert out.detected and out.action == "rebalance" and not out.acted  # the run is over: nothing to act on
+    assert out.detections[0]["rank"] == SLOW_RANK
     stored = load_decisions(db, "replan-off")
     assert stored["source"].to_list() == ["replan_flow"] and stored["chosen_action"].to_list() == ["rebalance"]
 
@@ -183,12 +185,12 @@ def test_a_clean_run_triggers_no_replan(tmp_path):
     out = _train(db, plan, "clean", tmp_path, 40, True)
     # On a 2-core box shared with other jobs the OS can make one rank a real straggler for a while;
     # that may be detected (and is then recorded), but no fault means no switch.
-    assert out["status"] == "completed" and not any(d["acted"] for d in out["decisions"]), out["decisions"]
-    assert not control_path(out["run_dir"]).exists()
+    assert out.status == "completed" and not any(d["acted"] for d in out.decisions), out.decisions
+    assert not control_path(out.run_dir).exists()
     again = replan_flow(
         db_path=db, run_id="clean", threshold=0.3, window=10, persistence_steps=5, margin_s=0.5, act=False
     )
-    assert again["action"] == "keep" or again["detections"], again
+    assert again.action == "keep" or again.detections, again
 
 
 def _params_equal_reference(ckpt: Path, steps: int, lr: float) -> float:
@@ -224,20 +226,18 @@ def test_pipeline_straggler_is_relayouted_through_a_checkpoint_without_losing_a_
         tmp_path,
         steps,
         True,
-        slow_rank=2,
-        slow_factor=10.0,
-        slow_from_step=10,
+        faults=FaultSpec(slow_rank=2, slow_factor=10.0, slow_from_step=10),
         checkpoint_every=20,
         lr=LONG_LR,
     )
-    first = out["decisions"][0]
+    first = out.decisions[0]
     assert first["chosen_action"] == "relayout" and first["acted"]
     new_plan = json.loads(first["new_plan_json"])
-    seg0, seg1 = out["segments"][:2]
+    seg0, seg1 = out.segments[:2]
     assert seg0["world_size"] == 4 and seg1["world_size"] == sum(len(s["device_ids"]) for s in new_plan["stages"])
     exit_step = seg0["exit_step"]
     assert exit_step > first["step"]
-    run_dir = Path(out["run_dir"])
+    run_dir = Path(out.run_dir)
     rows = [
         json.loads(line)
         for f in sorted((run_dir / "telemetry").glob("rank_*.jsonl"))

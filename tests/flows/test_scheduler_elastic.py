@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from flows.outcomes import SchedulerOutcome
 from flows.schedule import scheduler_flow
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
@@ -51,7 +52,7 @@ def test_second_arrival_shrinks_the_first_job_both_finish_and_the_first_matches_
     db, runs, table = str(tmp_path / "m.duckdb"), tmp_path / "runs", tmp_path / "speed.csv"
     table.write_text(TABLE)
 
-    def round_() -> dict:
+    def round_() -> SchedulerOutcome:
         return scheduler_flow(
             db, CLUSTER, "jct", speed_table=str(table), policy_options=POLICY, runs_dir=str(runs), timeout_s=600.0
         )
@@ -68,15 +69,15 @@ def test_second_arrival_shrinks_the_first_job_both_finish_and_the_first_matches_
 
 def _rounds(db: str, runs, round_, pids: list[int]) -> None:
     first = round_()
-    pids += [x["runner_pid"] for x in first["applied"] if x.get("runner_pid")]
-    assert first["actions"] == [("a", "start", "4xcpu/1")]  # admitted at 2, grown to 4: nobody waits
+    pids += [x["runner_pid"] for x in first.applied if x.get("runner_pid")]
+    assert first.actions == [("a", "start", "4xcpu/1")]  # admitted at 2, grown to 4: nobody waits
     assert get_job(db, "a")["base_allocation"] == "2xcpu/1"
     wait_until(lambda: len(rank0_rows(runs / "a")) >= 5, "job a's first 5 steps on 4 ranks")
 
     submit_job(db, "tiny", 8, B_STEPS, job_id="b", seq=32, train=TRAIN_LONG)
     second = round_()
-    pids += [x["runner_pid"] for x in second["applied"] if x.get("runner_pid")]
-    assert sorted(second["actions"]) == [("a", "shrink", "2xcpu/1"), ("b", "start", "2xcpu/1")]
+    pids += [x["runner_pid"] for x in second.applied if x.get("runner_pid")]
+    assert sorted(second.actions) == [("a", "shrink", "2xcpu/1"), ("b", "start", "2xcpu/1")]
     t_end = time.monotonic() + 400
     while time.monotonic() < t_end:
         states = {j: get_job(db, j)["state"] for j in ("a", "b")}

@@ -18,7 +18,7 @@ def test_one_round_starts_what_fits_rejects_what_cannot_and_records_why(tmp_path
     submit_job(db, "gpt2-small", 32, 100, job_id="b", gpu_kinds=("v100",))
     submit_job(db, "gpt3-175b", 8, 10, job_id="huge")
     out = scheduler_flow(db, MIXED, "jct", 1.0, launch=False)
-    assert {j for j, _ in out["rejections"]} == {"huge"}
+    assert {j for j, _ in out.rejections} == {"huge"}
     states = dict(zip(*list_jobs(db).select("job_id", "state").to_dict().values(), strict=True))
     assert states == {"a": "running", "b": "running", "huge": "failed"}
     alloc = dict(zip(*list_jobs(db).select("job_id", "allocation").to_dict().values(), strict=True))
@@ -27,7 +27,7 @@ def test_one_round_starts_what_fits_rejects_what_cannot_and_records_why(tmp_path
     art = Artifact.get("scheduler-round")
     assert art is not None and "| a |" in str(art.data)
     again = scheduler_flow(db, MIXED, "jct", 1.0, launch=False)  # running jobs are placed back; nothing new to do
-    assert again["rejections"] == [] and all(k != "start" for _, k, _ in again["actions"])
+    assert again.rejections == [] and all(k != "start" for _, k, _ in again.actions)
     assert list_jobs(db, "running").height == 2
 
 
@@ -43,15 +43,15 @@ def test_admitted_allocation_survives_in_the_queue_so_a_later_arrival_shrinks_th
     table.write_text(TABLE)
     kw = {"speed_table": str(table), "policy_options": {"relaunch_s": 5.0, "min_gain_s": 0.5}, "launch": False}
     submit_job(db, "tiny", 8, 120, job_id="a", seq=32)
-    assert scheduler_flow(db, CPU4, "jct", **kw)["actions"] == [("a", "start", "4xcpu/1")]
+    assert scheduler_flow(db, CPU4, "jct", **kw).actions == [("a", "start", "4xcpu/1")]
     submit_job(db, "tiny", 8, 40, job_id="b", seq=32)
     out = scheduler_flow(db, CPU4, "jct", **kw)
-    assert sorted(out["actions"]) == [("a", "shrink", "2xcpu/1"), ("b", "start", "2xcpu/1")]
+    assert sorted(out.actions) == [("a", "shrink", "2xcpu/1"), ("b", "start", "2xcpu/1")]
     states = dict(zip(*list_jobs(db).select("job_id", "state").to_dict().values(), strict=True))
     assert states == {"a": "resizing", "b": "running"}
     assert "so that 1 waiting job(s) start" in job_events(db, "a")["reason"].to_list()[-1]
     third = scheduler_flow(db, CPU4, "jct", **kw)  # a's switch is under way: it holds its 2, nothing to do
-    assert third["actions"] == [] and third["waiting"] == []
+    assert third.actions == [] and third.waiting == []
 
 
 def test_a_missing_speed_table_is_a_user_error(tmp_path) -> None:

@@ -18,7 +18,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from flows.requests import TrainRequest
 from flows.train import train_flow
+from planner.specs.faults import FaultSpec
 from planner.specs.plan import parse_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
@@ -83,7 +85,6 @@ def test_no_secret_reaches_the_database_run_folders_or_prefect(tmp_path, monkeyp
         monkeypatch.setenv(var, value)
     db, runs = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
     common = dict(
-        db_path=db,
         plan_path=_plan_file(tmp_path),
         steps=3,
         nproc_per_node=2,
@@ -93,11 +94,11 @@ def test_no_secret_reaches_the_database_run_folders_or_prefect(tmp_path, monkeyp
         timeout_s=300,
         collective_timeout_s=60,
     )
-    ok = train_flow(run_id="secret-ok", **common)
-    assert ok["status"] == "completed"
-    monkeypatch.setenv("MESHPLAN_FAULT", "1:1")  # rank 1 SIGKILLs itself at step 1: the failure path
+    ok = train_flow(db, TrainRequest(**common), "secret-ok")
+    assert ok.status == "completed"
+    crash = FaultSpec(kill_rank=1, kill_step=1)  # rank 1 SIGKILLs itself at step 1: the failure path
     with pytest.raises(Exception, match="torchrun exited"):
-        train_flow(run_id="secret-crash", **common)
+        train_flow(db, TrainRequest(faults=crash, **common), "secret-crash")
 
     stores = {
         "database": _database_text(db).encode(),

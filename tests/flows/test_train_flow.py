@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.requests import TrainRequest
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.plan import CostBreakdown, parse_plan
@@ -81,21 +82,19 @@ def _progress_lines(text: str) -> list[tuple[int, int, str]]:
 
 def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys):
     db = str(tmp_path / "m.duckdb")
-    state = train_flow(
-        db_path=db,
+    request = TrainRequest(
         plan_path=_plan_file(tmp_path),
         steps=4,
         nproc_per_node=2,
         data="text",
         lr=0.01,
         checkpoint_every=2,
-        run_id="flow-run",
         timeout_s=300,
         show_progress=True,
-        return_state=True,
     )
+    state = train_flow(db, request, "flow-run", return_state=True)
     out = state.result()
-    assert out["status"] == "completed" and out["rows"] == 4 * 2  # 4 steps x 2 ranks
+    assert out.status == "completed" and out.num_telemetry_rows == 4 * 2  # 4 steps x 2 ranks
     rows = query(
         db,
         "SELECT rank, stage, step, loss, step_time_s, compute_s, comm_wait_s FROM step_metrics "
@@ -104,11 +103,11 @@ def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys):
     assert rows["rank"].to_list() == [0] * 4 + [1] * 4
     assert rows.filter(rows["stage"] == 0)["loss"].null_count() == 4  # loss only on the last stage
     assert (rows["compute_s"] > 0).all() and (rows["comm_wait_s"] >= 0).all()
-    losses = out["losses"]
+    losses = out.losses
     assert losses[-1] < losses[0], f"loss must fall on the text corpus: {losses}"
     run = load_run(db, "flow-run")
     assert run["status"] == "completed" and run["predicted_step_time_s"] == 0.05 and run["restarts"] == 0
-    ckpts = Path(out["run_dir"]) / "checkpoints"
+    ckpts = Path(out.run_dir) / "checkpoints"
     assert (ckpts / "latest").read_text() == "step_00000004" and (ckpts / "step_00000002" / ".metadata").is_file()
     assert json.loads((ckpts / "step_00000004" / "meta.json").read_text())["step"] == 4
 
@@ -162,18 +161,20 @@ def test_meshplan_train_shows_step_progress_while_the_supervised_job_runs(tmp_pa
 
 def test_train_flow_rejects_a_device_count_mismatch(tmp_path):
     with pytest.raises(MeshplanError, match="nproc_per_node"):
-        train_flow(db_path=str(tmp_path / "m.duckdb"), plan_path=_plan_file(tmp_path), steps=1, nproc_per_node=3)
+        train_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_path=_plan_file(tmp_path), steps=1, nproc_per_node=3))
 
 
 def test_train_flow_rejects_a_plan_for_another_model_before_launching(tmp_path):
     with pytest.raises(MeshplanError, match="layer_end"):  # the plan covers 4 blocks; gpt2-small has 12
-        train_flow(db_path=str(tmp_path / "m.duckdb"), plan_path=_plan_file(tmp_path), steps=1, model="gpt2-small")
+        train_flow(
+            str(tmp_path / "m.duckdb"), TrainRequest(plan_path=_plan_file(tmp_path), steps=1, model="gpt2-small")
+        )
     assert not (tmp_path / "runs").exists()
 
 
 def test_train_flow_with_an_unknown_plan_id_is_a_user_error(tmp_path):
     with pytest.raises(MeshplanError, match="--plan-id"):
-        train_flow(db_path=str(tmp_path / "m.duckdb"), plan_id="no-such-plan", steps=1)
+        train_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_id="no-such-plan", steps=1))
 
 
 def test_stored_plan_is_read_by_its_fingerprint(tmp_path):

@@ -10,13 +10,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.support.served import free_port
+
 MESHPLAN = [sys.executable, "-m", "flows.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -27,7 +23,7 @@ def _env() -> dict:
 
 
 def test_ui_serves_on_loopback_commands_report_to_it_and_it_stops_cleanly(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
         env=_env(),

@@ -47,20 +47,3 @@ def train_reference(
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
-
-
-def reference_loss(
-    spec: ModelSpec,
-    state: dict[str, torch.Tensor],
-    global_batch: int,
-    seq_len: int,
-    step: int,
-    data: DataSource = "synthetic",
-    seed: int = 0,
-) -> float:
-    """Full-batch loss of `state` on global batch `step` (no update)."""
-    model = Decoder(spec)
-    model.load_state_dict(state)
-    x, y = batch_rows(data, step, range(global_batch), global_batch, seq_len, spec.vocab_size, seed)
-    with torch.no_grad():
-        return float(loss_fn(model(x), y))

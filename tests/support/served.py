@@ -18,6 +18,7 @@ from flows.server import start_server, stop_server
 
 
 def free_port() -> int:
+    """A TCP port on the loopback that was free a moment ago (the one helper every test that serves uses)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

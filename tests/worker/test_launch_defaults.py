@@ -26,15 +26,14 @@ def test_single_node_launch_uses_the_loopback_rendezvous():
 
 
 def test_every_default_address_is_loopback():
+    from flows.requests import TrainRequest
     from flows.server import start_server
-    from flows.train import train_flow
 
     assert Launch(plan_path="p", run_dir="r", run_id="x", steps=1).rdzv_endpoint.startswith(f"{LOOPBACK}:")
     assert RunConfig().train.rdzv_endpoint.startswith(f"{LOOPBACK}:")
     assert RunConfig().ui.host == LOOPBACK
     assert inspect.signature(start_server).parameters["host"].default == LOOPBACK
-    flow_params = inspect.signature(train_flow.fn).parameters
-    assert flow_params["rdzv_endpoint"].default.startswith(f"{LOOPBACK}:")
+    assert TrainRequest.model_fields["rdzv_endpoint"].default.startswith(f"{LOOPBACK}:")
 
 
 def test_multi_node_launch_uses_only_the_address_it_was_given():

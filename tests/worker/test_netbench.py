@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from planner.measure.discovery import INTER, cluster_from_snapshot, snapshot_fingerprint
+from tests.support.served import free_port
 
 TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.dist
 def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     out = tmp_path / "snapshot.json"
-    port = _free_port()
+    port = free_port()
     procs = []
     for node_rank in (0, 1):
         cmd = [

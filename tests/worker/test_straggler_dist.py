@@ -13,6 +13,7 @@ import pytest
 
 from launcher.control import read_exit, write_control
 from planner.replan.detect import DetectConfig, detect, samples_from_rows
+from planner.specs.faults import FaultSpec
 from tests.worker.test_train_dist import SGD, assert_matches_reference
 from worker.checkpoint import checkpoint_step, latest_checkpoint
 
@@ -32,9 +33,8 @@ def _per_sample(rows, rank, steps):
 def test_rebalance_mid_run_is_exact_and_slow_rank_compute_is_stretched(tmp_path, torchrun, make_plan, telemetry):
     plan = make_plan([(0, 4)], dp=4, shares=[4, 4, 4, 4], mbs=1)
     write_control(tmp_path, "rebalance", batch_shares=[5, 2, 5, 4], at_step=4)
-    torchrun(
-        tmp_path, plan, 4, "--steps", "10", *SGD, "--slow-rank", "1", "--slow-factor", "2", "--slow-from-step", "5"
-    )
+    slow = FaultSpec(slow_rank=1, slow_factor=2.0, slow_from_step=5).to_arg()
+    torchrun(tmp_path, plan, 4, "--steps", "10", *SGD, "--faults", slow)
     assert_matches_reference(tmp_path, "tiny", 10)  # shares changed at step 4: the update is still the full batch's
     rows = telemetry(tmp_path)
     switched = {(r["rank"], r["step"]) for r in rows if r["switch_action"] == "rebalance"}
@@ -55,12 +55,8 @@ def test_link_delay_shows_as_communication_and_is_detected_as_a_link(tmp_path, t
         "--steps",
         "14",
         *SGD,
-        "--slow-link-rank",
-        "0",
-        "--slow-link-s-per-msg",
-        "0.03",
-        "--slow-link-from-step",
-        "9",
+        "--faults",
+        FaultSpec(link_rank=0, link_s_per_msg=0.03, link_from_step=9).to_arg(),
     )
     rows = telemetry(tmp_path)
     comm = lambda steps: median(r["comm_wait_s"] for r in rows if r["rank"] == 0 and r["step"] in steps)  # noqa: E731

@@ -127,17 +127,28 @@ def test_resume_into_different_plan_reshards(two_step_checkpoint, tmp_path, torc
     assert_matches_reference(tmp_path, "tiny", 4, "adamw", 0.01, atol=ADAM_ATOL)
 
 
-def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(
-    tmp_path, torchrun, make_plan, telemetry, monkeypatch
-):
+def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(tmp_path, torchrun, make_plan, telemetry):
     """Rank 1 is SIGKILLed at step 3 (after the step-2 checkpoint); torchrun restarts both ranks once,
     they re-rendezvous under a fresh store prefix and finish — with the same weights as no crash."""
+    from planner.specs.faults import FaultSpec
     from planner.specs.plan import parse_plan
     from storage.runs import finish_run, ingest_step_metrics, load_run, start_run
 
-    monkeypatch.setenv("MESHPLAN_FAULT", "1:3")
+    kill = FaultSpec(kill_rank=1, kill_step=3).to_arg()
     plan = make_plan([(0, 2), (2, 4)])
-    torchrun(tmp_path, plan, 2, "--steps", "4", "--checkpoint-every", "2", *SGD, launcher_args=("--max-restarts", "1"))
+    torchrun(
+        tmp_path,
+        plan,
+        2,
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        *SGD,
+        "--faults",
+        kill,
+        launcher_args=("--max-restarts", "1"),
+    )
     assert_matches_reference(tmp_path, "tiny", 4)
     rows = telemetry(tmp_path)
     assert {(r["attempt"], r["step"]) for r in rows if r["rank"] == 1} == {(0, 0), (0, 1), (0, 2), (1, 2), (1, 3)}

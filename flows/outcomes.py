@@ -1,0 +1,89 @@
+"""What the flows return: typed outcomes, not `dict[str, Any]`.
+
+One frozen pydantic model per flow, fields named with their units (`_s`, `num_`, `_id`, `_json`).
+Prefect persists and shows them as it does any pydantic value (pickled results, JSON in the API),
+the CLI prints `model_dump(mode="json")` for `--json`, and callers read attributes, so a renamed or
+missing field fails where it is read, not as a `KeyError` three stages later.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Outcome(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlanOutcome(_Outcome):
+    """plan_flow: the stored search (or why no plan is feasible)."""
+
+    feasible: bool
+    cached: bool  # the search result came from the task cache
+    search_key: str | None = None  # the stored search (storage.plans), None when infeasible
+    best_plan_id: str | None = None  # the best plan's fingerprint (`meshplan train --plan-id`)
+    reasons: list[str] = []  # why no plan is feasible
+    step_time_s: float | None = None  # the best plan's predicted step time
+    num_devices: int | None = None  # devices the best plan uses
+    num_candidates: int | None = None  # plans the search priced
+    complete: bool | None = None  # the search explored its whole space
+    gap_fraction: float | None = None  # at most this far from the optimum when cut by the time budget
+
+
+class TrainOutcome(_Outcome):
+    """train_flow: the run, its telemetry and, when supervised, the re-planning it did."""
+
+    run_id: str
+    run_dir: str
+    status: Literal["completed", "failed"]
+    num_telemetry_rows: int  # step-metric rows ingested (steps × ranks)
+    measured_step_time_s: float | None  # median over steps of the slowest rank, warm-up skipped
+    predicted_step_time_s: float | None  # the plan's prediction, when it has one
+    losses: list[float | None]  # per step, from the last stage
+    decisions: list[dict[str, Any]] = []  # storage.replan records of the live monitor
+    final_detections: list[dict[str, Any]] = []  # slowdowns the monitor held at the end
+    segments: list[dict[str, Any]] = []  # one per torchrun launch of the supervisor
+    final_plan_json: str  # the plan the run finished on (after rebalances and relayouts)
+
+
+class ReplanOutcome(_Outcome):
+    """replan_flow: the decision for a stored run."""
+
+    run_id: str
+    detected: bool
+    action: str  # keep | rebalance | relayout
+    reason: str
+    acted: bool  # a live run's control file was written
+    decision_id: int | None = None  # its row in replan_decisions, None when nothing was detected
+    detections: list[dict[str, Any]] = []
+
+
+class JobSegment(_Outcome):
+    """One launch of an elastic job (flows/job.py): on which allocation, which steps, how it ended."""
+
+    allocation: str  # as the scheduler wrote it, e.g. "4xcpu/1"
+    plan_fingerprint: str
+    from_step: int  # the checkpoint it resumed from
+    to_step: int  # the latest checkpoint when it exited
+    exit: Literal["done", "requested", "error"]  # trained to the end | asked to exit (resize, stop) | died
+
+
+class JobOutcome(_Outcome):
+    """job_flow: one queued job's elastic life."""
+
+    job_id: str
+    state: str  # the job's state at the end: finished, failed, cancelled, or queued when stopped
+    run_dir: str
+    segments: list[JobSegment]
+
+
+class SchedulerOutcome(_Outcome):
+    """scheduler_flow: one round of the multi-job scheduler."""
+
+    actions: list[tuple[str, str, str]]  # (job_id, start | grow | shrink | ..., allocation)
+    rejections: list[tuple[str, str]]  # (job_id, reason)
+    waiting: list[str]  # job ids left in the queue
+    applied: list[dict[str, Any]]  # tasks.schedule.apply_round's record per job (runner_pid when started)
+    requeued: list[str]  # running jobs whose runner was gone, back in the queue
