@@ -2,8 +2,10 @@
 
 Rich takes the terminal's width, or 80 (or $COLUMNS) when stdout is not a terminal; a table wider
 than that wraps its cells into an unreadable block. So the ranking abbreviates what it can (layout
-"pp4×dp4×tp1 m1 i1f1b z2", baselines "meg."), formats numbers compactly, and moves the long text
-(bottlenecks, speed-up legend) into lines under the table. `--json` keeps every field unabbreviated.
+"pp4×dp4×tp1 m1 i1f1b z2", baselines "meg.", speed-ups "×meg"), formats numbers compactly, and moves the long text
+(bottlenecks, speed-up legend) into lines under the table. The layout names every choice that
+tells two plans apart ("rc4/2": 4 stages recompute every 2nd block; "sel2": selective recompute on
+2 stages; "sp": sequence parallelism; "fp8": fp8 linears). `--json` keeps every field unabbreviated.
 
 Imports only rich (inside the functions), like the command modules it serves.
 """
@@ -43,6 +45,14 @@ def short_count(x: float) -> str:
     return f"{x:.3g}"
 
 
+def short_time(seconds: float) -> str:
+    """0.1972 -> '197 ms', 201.4 -> '201 s', 0.00042 -> '420 µs', 7300 -> '2.03 h'."""
+    for scale, unit in ((3600.0, "h"), (1.0, "s"), (1e-3, "ms")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e6:.3g} µs"
+
+
 def _rank_label(rank: Any) -> str:
     text = str(rank)
     return text.split(":", 1)[1][:3] + "." if text.startswith("baseline:") else text
@@ -54,24 +64,24 @@ def print_ranking(rows: list[dict], title: str) -> None:
 
     vs = [c for c in rows[0] if c.startswith("vs_")] if rows else []
     t = Table(title=title, box=None, padding=(0, 1), pad_edge=False, title_justify="left", header_style="bold")
-    for name in ("#", "layout", "ms/step", "tok/s", "MFU", "mem GiB", *(f"vs {c[3:6]}." for c in vs)):
+    for name in ("#", "layout", "step", "tok/s", "MFU", "GiB", *(f"×{c[3:6]}" for c in vs)):
         t.add_column(name, no_wrap=True, justify="left" if name in ("#", "layout") else "right")
     for r in rows:
         cells = [
             _rank_label(r["rank"]),
             short_layout(r["layout"]),
-            f"{r['step_time_s'] * 1e3:.4g}",
+            short_time(r["step_time_s"]),
             short_count(r["tokens_per_s"]),
             f"{r['mfu']:.1%}",
             f"{r['peak_memory_bytes'] / GIB:.1f}/{r['memory_capacity_bytes'] / GIB:.0f}",
         ]
-        cells += ["-" if r.get(c) is None else f"{r[c]:.2f}×" for c in vs]
+        cells += ["-" if r.get(c) is None else f"{r[c]:.2f}" for c in vs]
         t.add_row(*cells)
     con = console()
     con.print(t)
     names = sorted({str(r["rank"]).split(":", 1)[1] for r in rows if str(r["rank"]).startswith("baseline:")})
     if names:
-        legend = ", ".join(f"{n[:3]}. = {n}" for n in names)
-        con.print(f"vs = baseline's step time / this plan's ({legend})")
+        shorts = "/".join(f"×{n[:3]}" for n in names)
+        con.print(f"{shorts}: {'/'.join(n + chr(39) + 's' for n in names)} step time ÷ this plan's; GiB: peak/capacity")
     if rows:
         con.print(f"best plan {rows[0]['fingerprint']}: bottleneck {rows[0]['bottleneck']}")

@@ -14,6 +14,14 @@ def layout(plan: Plan, kinds: list[str] | None = None) -> str:
     text = f"pp{plan.pp}×dp{plan.dp}×tp{tp} mbs{plan.micro_batch_size} {plan.schedule} {plan.stages[0].sharding}"
     if any(s.recompute == "full" for s in plan.stages):
         text += f" rc{sum(s.recompute == 'full' for s in plan.stages)}"
+        k = max(s.recompute_every for s in plan.stages)
+        text += f"/{k}" if k > 1 else ""  # every k-th block of those stages
+    if any(s.recompute == "selective" for s in plan.stages):
+        text += f" sel{sum(s.recompute == 'selective' for s in plan.stages)}"
+    if any(s.sequence_parallel for s in plan.stages):
+        text += " sp"
+    if plan.fp8:
+        text += " fp8"
     return text
 
 

@@ -51,7 +51,9 @@ def test_plan_json_ranks_plans_writes_the_best_and_stores_them(tmp_path):
 def test_plan_table_shows_speedups(tmp_path):
     p = run(tmp_path, "plan", "--model", "gpt2-small", "--cluster", str(MIXED), "--global-batch", "16", "--budget", "2")
     assert p.returncode == 0, p.stderr
-    assert "vs meg." in p.stdout and "meg. = megatron" in p.stdout and "bottleneck" in p.stdout and "shapes" in p.stdout
+    assert (
+        "×meg" in p.stdout and "megatron's step time" in p.stdout and "bottleneck" in p.stdout and "shapes" in p.stdout
+    )
 
 
 def test_estimate_prices_the_golden_plan(tmp_path):
