@@ -1,6 +1,5 @@
 """Search behaviour: heterogeneity, leaving devices out, unequal shares, infeasibility, scale."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -112,11 +111,10 @@ def test_identical_node_groups_merge_into_one_class():
     assert cls.num_devices == 64 and cls.ids(20, 8) == list(range(20, 28))
 
 
-def test_search_on_1024_mixed_gpus_is_fast_and_beats_both_baselines():
+def test_search_on_1024_mixed_gpus_beats_both_baselines():
+    # how fast is bench/search.py's to say (ratios in one run), not a timed assertion here
     cluster = parse_cluster_toml((EXAMPLES / "h100-a100-1024.toml").read_text())
-    t0 = time.perf_counter()
     res = search(get_model("gpt3-175b"), cluster, global_batch=1536, time_budget_s=2.0)
-    assert time.perf_counter() - t0 < 10.0  # budget + baselines + pricing, on a shared 2-core box
     assert res.feasible
     real = {d.id for d in cluster.devices()}
     assert all(d in real for s in res.best.stages for d in s.device_ids)
@@ -128,7 +126,13 @@ def test_time_budget_makes_the_search_anytime():
     cluster = parse_cluster_toml((EXAMPLES / "h100-a100-1024.toml").read_text())
     res = search(get_model("llama3-70b"), cluster, global_batch=512, time_budget_s=0.05, baselines=False)
     assert res.feasible and res.stats.timed_out
-    assert res.stats.wall_s < 5.0
+    # cut, not finished late: it priced fewer candidates than the complete search and says how far
+    # its best can be from the optimum (counts, not seconds: no timed assertion on a shared box)
+    full = search(get_model("llama3-70b"), cluster, global_batch=512, time_budget_s=float("inf"), baselines=False)
+    assert full.stats.complete and not res.stats.complete
+    assert res.stats.candidates < full.stats.candidates
+    assert res.best.predicted.step_time_s >= full.best.predicted.step_time_s * (1 - 1e-12)
+    assert res.stats.gap_fraction >= 0.0 and res.stats.summary().startswith("search cut by")
 
 
 def test_homogeneous_search_never_loses_to_megatron_rule_of_thumb():
