@@ -178,11 +178,11 @@ def test_replan_flow_decides_from_stored_telemetry_and_records_it(slowed):
 
 
 def test_a_clean_run_triggers_no_replan(tmp_path):
-    # 8 samples per rank, as this test ran green in every CI run before the gain test went to 16: at 16,
-    # with 4 ranks on 2 cores next to the supervising flow, CI once saw rank 0 persistently 1.38x slower
-    # (a real straggler the OS made, which the monitor then rightly rebalanced)
-    db, plan = str(tmp_path / "m.duckdb"), _dp_plan(tmp_path, share=8)
-    out = _train(db, plan, "clean", tmp_path, 40, True)
+    # One rank a core, as for `slowed`: with 4 ranks on 2 cores the OS makes real stragglers (CI saw
+    # rank 0 persistently 1.38x slower once, and rank 1 1.62x slower with other work on the machine),
+    # which the monitor then rightly rebalances; a clean run must not contain a straggler the OS made.
+    db, plan = str(tmp_path / "m.duckdb"), _dp_plan(tmp_path, share=8, dp=DP)
+    out = _train(db, plan, "clean", tmp_path, 40, True, nproc=DP)
     # On a 2-core box shared with other jobs the OS can make one rank a real straggler for a while;
     # that may be detected (and is then recorded), but no fault means no switch.
     assert out.status == "completed" and not any(d["acted"] for d in out.decisions), out.decisions
