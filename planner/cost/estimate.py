@@ -12,6 +12,8 @@ planner.measure.calibrate); the stretch is booked as compute and optimizer time.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from planner.cost import formulas as F
 from planner.cost.completion import ProfileNeed, complete_profiles
 from planner.cost.compute import Device, KernelEfficiency
@@ -98,6 +100,333 @@ def check_plan_fits_model(plan: Plan, model: ModelSpec, cluster: ClusterSpec) ->
             )
 
 
+class _Place(NamedTuple):
+    """Where stage i of pipeline replica r runs: its first replica's devices, the groups of all its
+    replicas' devices, the next stage and its first device, and the cheap key of replicas that price alike."""
+
+    devs: tuple[int, ...]
+    groups: list
+    nxt: StagePlan | None
+    b0: int
+    key: tuple
+
+
+def _place(plan: Plan, idx: DeviceIndex, i: int, r: int) -> _Place:
+    """Replicas on the same groups with the same node relations price identically: this keys them."""
+    stages, pp, s = plan.stages, plan.pp, plan.stages[i]
+    subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
+    devs = subs[0]
+    ginfo = [idx.group(d) for sub in subs for d in sub]
+    same_node = s.tp == 1 or len({idx.node(d) for d in devs}) == 1
+    nxt = stages[i + 1] if i + 1 < len(stages) else None
+    nkey, b0 = None, devs[0]
+    if nxt is not None:
+        b0 = nxt.replica_devices(pipeline_replicas(plan, (i + 1) % pp, r)[0])[0]
+        nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
+    key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, plan.num_microbatches(r))
+    return _Place(devs, ginfo, nxt, b0, key)
+
+
+def _stage_context(
+    plan: Plan,
+    idx: DeviceIndex,
+    i: int,
+    r: int,
+    place: _Place,
+    spec: NodeSpec,
+    calibration: Calibration | None,
+    kernels: KernelEfficiency | None,
+    rt: Runtime,
+) -> StageContext:
+    """Everything stage i of replica r is priced from (planner.cost.stage.StageContext), on its slowest group
+    `spec`; with stages of different dp, each prices on a slice of the micro-batch (planner.runtime.slice_size)
+    and its gradient sync spans every replica of the stage."""
+    s, pp, nst, nxt = plan.stages[i], plan.pp, len(plan.stages), place.nxt
+    mbs, next_mbs = slice_size(plan, i % pp), 0 if nxt is None else slice_size(plan, (i + 1) % pp)
+    return StageContext(
+        kind=spec.device_kind,
+        dtype=plan.dtype,
+        mbs=mbs,
+        seq=plan.seq_len,
+        tp=s.tp,
+        recompute=s.recompute == "full",
+        first=i == 0,
+        last=i == nst - 1,
+        pp=pp,
+        sharding=s.sharding,
+        dp=s.dp,
+        inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, plan.num_microbatches(r), plan.virtual_stages),
+        memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
+        tp_link=idx.ring_link(place.devs) if s.tp > 1 else intra_link(spec),
+        dp_link=idx.ring_link([s.replica_devices(q)[0] for q in range(s.dp)]),
+        next_link=None if nxt is None else idx.link(place.devs[0], place.b0),
+        next_tp=nxt.tp if nxt is not None else s.tp,
+        calib=calibration,
+        stack=stage_stack(plan, s),
+        device=gpu_device(spec, plan.dtype, kernels),
+        next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,
+        runtime=rt,
+    )
+
+
+class _Priced(NamedTuple):
+    """Per pipeline replica r and stage i: the stage's coefficients and the (node spec, memory) it runs on."""
+
+    coeffs: list[list[StageCoeffs]]
+    specs: list[list[tuple[NodeSpec, int]]]
+
+
+def price_stages(
+    plan: Plan,
+    model: ModelSpec,
+    idx: DeviceIndex,
+    table: ProfileTable,
+    calibration: Calibration | None,
+    kernels: KernelEfficiency | None,
+    rt: Runtime,
+) -> _Priced:
+    """Each stage of each pipeline replica priced by planner.cost.stage on the slowest group its replicas
+    use (the smallest memory of them for capacity); alike replicas (_place's key) and alike contexts once."""
+    memo: dict[StageContext, StageCoeffs] = {}
+    light: dict[tuple, tuple[StageCoeffs, NodeSpec, int]] = {}
+    out = _Priced([], [])
+    for r in range(plan.dp):
+        row, srow = [], []
+        for i in range(len(plan.stages)):
+            place = _place(plan, idx, i, r)
+            hit = light.get(place.key)
+            if hit is None:
+                groups = {g.index: g.spec for g in place.groups}
+                spec = min(groups.values(), key=lambda g: g.peak_flop_per_s(plan.dtype))
+                ctx = _stage_context(plan, idx, i, r, place, spec, calibration, kernels, rt)
+                co = memo.get(ctx)
+                if co is None:
+                    co = memo[ctx] = stage_coeffs(ctx, model, table)
+                hit = light[place.key] = (co, spec, min(g.memory_bytes for g in groups.values()))
+            row.append(hit[0])
+            srow.append((hit[1], hit[2]))
+        out.coeffs.append(row)
+        out.specs.append(srow)
+    return out
+
+
+class _Pipe(NamedTuple):
+    """The pipelined part: per replica and pipeline rank the time of one micro-batch (rank_tau), the CPU work
+    of one micro-batch (mb_work), each replica's pipeline time, the critical replica rc and the stretch of
+    its steady slots by shared cores; `cores` is set where calibrated CPU ranks outnumber their cores."""
+
+    rank_tau: list[list[float]]
+    mb_work: list[float]
+    times: list[float]
+    rc: int
+    stretch: float
+    cores: int | None
+
+
+def pipeline_times(plan: Plan, coeffs: list[list[StageCoeffs]], calibration: Calibration | None) -> _Pipe:
+    """T_r = formulas.pipeline_time_s (or interleaved_time_s) over rank times tau summed over a rank's stages.
+    Processor sharing in a pipeline's steady state: all ranks of every replica compute at once, so a slot of
+    the slowest stage lasts at least one micro-batch's CPU work on all of them (its tp ranks each computing
+    their shard) over the cores (planner.measure.calibrate); fill and drain keep the critical path."""
+    stages, pp, dp, nst = plan.stages, plan.pp, plan.dp, len(plan.stages)
+    ns = [s.num_layers for s in stages]
+    rank_tau = [[0.0] * pp for _ in range(dp)]
+    for r in range(dp):
+        for i in range(nst):
+            rank_tau[r][i % pp] += coeffs[r][i].time_s(ns[i])
+    cores = calibration.num_cores if calibration is not None else None
+    shared = cores is not None and 0 < cores < plan.num_devices
+    qs = [num_slices(plan, i % pp) for i in range(nst)]
+    mb_work = [
+        sum(
+            qs[i] * stages[i].tp * (coeffs[r][i].compute_s_per_block * ns[i] + coeffs[r][i].compute_s_fixed)
+            for i in range(nst)
+        )
+        for r in range(dp)
+    ]
+    slot_work = sum(mb_work) / cores if shared else 0.0
+
+    def pipe_time(r: int, min_slot_s: float) -> float:
+        if plan.schedule == "interleaved-1f1b":
+            return F.interleaved_time_s(rank_tau[r], plan.num_microbatches(r), plan.virtual_stages, min_slot_s)
+        return F.pipeline_time_s(rank_tau[r], plan.num_microbatches(r), min_slot_s)
+
+    times = [pipe_time(r, slot_work) for r in range(dp)]
+    rc = max(range(dp), key=lambda r: times[r])
+    stretch = times[rc] - pipe_time(rc, 0.0)  # of the steady slots, by shared cores
+    return _Pipe(rank_tau, mb_work, times, rc, stretch, cores if shared else None)
+
+
+def _own(plan: Plan, j: int) -> list[int]:
+    """The stages pipeline rank j holds (more than one under the interleaved schedule)."""
+    return [i for i in range(len(plan.stages)) if i % plan.pp == j]
+
+
+def stage_tails(plan: Plan, coeffs: list[list[StageCoeffs]], rc: int) -> tuple[list[tuple[float, float]], int]:
+    """Per pipeline rank j, the tail after the pipeline: (exposed gradient sync + ZeRO drain on the critical
+    replica, the slowest replica's optimizer step); and the rank jt whose tail is longest."""
+    ns = [s.num_layers for s in plan.stages]
+    tails, parts = [], []
+    for j in range(plan.pp):
+        own = _own(plan, j)
+        e = max(0.0, sum(coeffs[rc][i].grad_sync_s_fixed + coeffs[rc][i].grad_sync_s_per_block * ns[i] for i in own))
+        g = sum(coeffs[rc][i].drain_s_fixed + coeffs[rc][i].drain_s_per_block * ns[i] for i in own)
+        o = max(
+            sum(coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i] for i in own)
+            for r in range(plan.dp)
+        )
+        tails.append(e + g + o)
+        parts.append((e + g, o))
+    return parts, max(range(plan.pp), key=lambda j: tails[j])
+
+
+def cpu_share(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe, opt_s: float) -> tuple[float, float]:
+    """Processor sharing on CPU ranks (planner.measure.calibrate): more ranks than cores stretch a phase to its
+    CPU work over the cores when that exceeds its critical path. Work = every rank's compute in the pipelined
+    part (tp ranks of a stage each compute their shard), and every rank's optimizer step (critical: opt_s)."""
+    if pipe.cores is None:
+        return 0.0, 0.0
+    stages, nst, pp = plan.stages, len(plan.stages), plan.pp
+    ns = [s.num_layers for s in stages]
+    qs = [num_slices(plan, i % pp) for i in range(nst)]
+    work_pipe = sum(plan.num_microbatches(r) * pipe.mb_work[r] for r in range(plan.dp))
+    work_opt = sum(
+        qs[i] * stages[i].tp * (coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i])
+        for r in range(plan.dp)
+        for i in range(nst)
+    )
+    share_pipe = max(0.0, work_pipe / pipe.cores - pipe.times[pipe.rc])
+    share_opt = max(0.0, work_opt / pipe.cores - opt_s)
+    return share_pipe, share_opt
+
+
+class _Critical(NamedTuple):
+    """The critical replica's slowest pipeline rank jb over all m micro-batches, term by term (compute before
+    any shared-core stretch), and the bubble: the rest of the pipeline time."""
+
+    jb: int
+    compute: float
+    tp_comm: float
+    zero3: float
+    p2p: float
+    bubble: float
+
+
+def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> _Critical:
+    """m × (per-block term × blocks + fixed term) summed over the stages of rank jb on replica rc; bubble =
+    T_rc − stretch − m × tau_jb, so that compute + bubble + p2p + TP + ZeRO-3 gathers add up to T_rc."""
+    rc, ns = pipe.rc, [s.num_layers for s in plan.stages]
+    m = plan.num_microbatches(rc)
+    jb = max(range(plan.pp), key=lambda j: pipe.rank_tau[rc][j])
+    own_b = _own(plan, jb)
+
+    def total(attr_a: str, attr_b: str) -> float:
+        return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
+
+    return _Critical(
+        jb=jb,
+        compute=total("compute_s_per_block", "compute_s_fixed"),
+        tp_comm=total("tp_comm_s_per_block", "tp_comm_s_fixed"),
+        zero3=total("dp_comm_s_per_block", "dp_comm_s_fixed"),
+        p2p=m * sum(coeffs[rc][i].p2p_s_fixed for i in own_b),
+        bubble=max(0.0, pipe.times[rc] - pipe.stretch - m * pipe.rank_tau[rc][jb]),
+    )
+
+
+def memory_per_stage(plan: Plan, priced: _Priced) -> tuple[list[int], list[int]]:
+    """Per pipeline rank: the peak memory (formulas.peak_memory_bytes of the allocated bytes: blocks, fixed
+    terms and the largest workspace) on its worst replica, and the smallest device memory it runs on."""
+    ns = [s.num_layers for s in plan.stages]
+    peak_mem, cap_mem = [], []
+    for j in range(plan.pp):
+        own = _own(plan, j)
+        worst_peak, worst_cap = 0, None
+        for r in range(plan.dp):
+            co = priced.coeffs[r]
+            alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
+            alloc += max(co[i].workspace_bytes for i in own)
+            spec, cap = priced.specs[r][j]
+            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
+            worst_cap = cap if worst_cap is None else min(worst_cap, cap)
+        peak_mem.append(worst_peak)
+        cap_mem.append(int(worst_cap or 0))
+    return peak_mem, cap_mem
+
+
+def bottleneck(
+    terms: dict[str, float], jt: int, jb: int, kinds: list[str], peak_mem: list[int], cap_mem: list[int]
+) -> str:
+    """The largest term and the stage it comes from (the tail's rank jt for dp comm and optimizer, else the
+    pipeline's slowest rank jb) on its device kind; a stage over its memory wins, the one most over first."""
+    over = [j for j in range(len(peak_mem)) if peak_mem[j] > cap_mem[j]]
+    if over:
+        j = max(over, key=lambda j: peak_mem[j] - cap_mem[j])
+        return f"memory (stage {j}: {peak_mem[j] / GIB:.1f} GiB > {cap_mem[j] / GIB:.1f} GiB)"
+    top = max(terms, key=lambda k: terms[k])
+    where = jt if top in ("data-parallel comm", "optimizer step") else jb
+    return f"{top} (stage {where}, {kinds[where]})"
+
+
+def head_notes(plan: Plan, model: ModelSpec, runtime: Runtime, calibration: Calibration | None) -> list[str]:
+    """What the torch runtime would refuse and why, then what the prices rest on."""
+    notes: list[str] = problem_notes(plan, model)
+    if runtime != MESHPLAN:
+        notes.append(f"runtime: {runtime.name} ({runtime.source})")
+    if calibration is not None:
+        notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.slowdown():.2f}")
+    if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % plan.pp:
+        notes.append(f"interleaved 1F1B in Megatron needs micro-batches divisible by pp={plan.pp}")
+    return notes
+
+
+def estimated_rows(plan: Plan, table: ProfileTable, priced: _Priced) -> int:
+    """Of the rows this plan prices with, those estimated from datasheet peaks (a search hands over its whole
+    table, estimates included)."""
+    needs = plan_profile_needs(plan)
+    kinds_used = {spec.device_kind for row in priced.specs for spec, _ in row}
+    return sum(
+        1
+        for r in table
+        if r.estimated
+        and r.key.device_kind in kinds_used
+        and ProfileNeed(r.key.micro_batch_size, r.key.seq_len, r.key.tp, r.key.recompute, r.key.dtype) in needs
+    )
+
+
+def breakdown(
+    plan: Plan,
+    model: ModelSpec,
+    idx: DeviceIndex,
+    step: float,
+    terms: dict[str, float],
+    neck: str,
+    peak_mem: list[int],
+    cap_mem: list[int],
+    notes: list[str],
+) -> CostBreakdown:
+    """The CostBreakdown of a priced step; MFU = model FLOPs per step (planner.specs.flops) over step time ×
+    the peak of the devices of one pipeline (the first pp stages)."""
+    group_peak = [g.spec.peak_flop_per_s(plan.dtype) for g in idx.groups]
+    peak_flops = sum(group_peak[idx.group(d).index] for s in plan.stages[: plan.pp] for d in s.device_ids)
+    model_flops = flops.model_flops_per_step(model, plan.global_batch_size, plan.seq_len)
+    return CostBreakdown(
+        step_time_s=step,
+        compute_s=terms["compute"],
+        bubble_s=terms["pipeline bubble"],
+        pp_comm_s=terms["pipeline p2p"],
+        dp_comm_s=terms["data-parallel comm"],
+        tp_comm_s=terms["tensor-parallel comm"],
+        optimizer_s=terms["optimizer step"],
+        tokens_per_s=plan.global_batch_size * plan.seq_len / step,
+        mfu=model_flops / (step * peak_flops),
+        peak_memory_bytes=tuple(peak_mem),
+        memory_capacity_bytes=tuple(cap_mem),
+        bottleneck=neck,
+        feasible=all(p <= c for p, c in zip(peak_mem, cap_mem, strict=True)),
+        notes=tuple(notes),
+    )
+
+
 def estimate(
     plan: Plan,
     model: ModelSpec,
@@ -114,213 +443,39 @@ def estimate(
     `runtime` what the training runtime overlaps (planner.cost.overlap; default meshplan's own)."""
     check_plan_fits_model(plan, model, cluster)
     idx = index or DeviceIndex(cluster)
-    table = complete_profiles(
-        model,
-        cluster,
-        profiles,
-        plan_profile_needs(plan),
-        kinds={g.spec.device_kind for g in idx.groups},
-        kernels=kernels,
-    )
-    stages, pp, v, dp = plan.stages, plan.pp, plan.virtual_stages, plan.dp
-    nst = len(stages)
-    memo: dict[StageContext, StageCoeffs] = {}
-    # every replica of a stage joins its gradient sync; with stages of different dp, pipeline
-    # replica r's row below prices stage s on the slowest of its q_s replicas, each on a slice of
-    # the micro-batch (planner.runtime.slice_size)
-    dp_links = [idx.ring_link([s.replica_devices(r)[0] for r in range(s.dp)]) for s in stages]
-    qs = [num_slices(plan, i % pp) for i in range(nst)]
-    slices = [slice_size(plan, i % pp) for i in range(nst)]
-    notes: list[str] = problem_notes(plan, model)  # what the torch runtime would refuse, and why
-    rt = runtime.for_schedule(plan.schedule)
-    if runtime != MESHPLAN:
-        notes.append(f"runtime: {runtime.name} ({runtime.source})")
-    if calibration is not None:
-        notes.append(f"calibrated: {calibration.source}; compute slowdown {calibration.slowdown():.2f}")
-    if plan.schedule == "interleaved-1f1b" and plan.num_microbatches() % pp:
-        notes.append(f"interleaved 1F1B in Megatron needs micro-batches divisible by pp={pp}")
-
-    coeffs: list[list[StageCoeffs]] = []
-    specs_rs = []
-    # replicas on the same groups with the same node relations price identically: key them cheaply
-    light: dict[tuple, tuple[StageCoeffs, object, int]] = {}
-    for r in range(dp):
-        m = plan.num_microbatches(r)
-        row, srow = [], []
-        for i, s in enumerate(stages):
-            subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
-            devs = subs[0]
-            ginfo = [idx.group(d) for sub in subs for d in sub]
-            same_node = s.tp == 1 or len({idx.node(d) for d in devs}) == 1
-            nxt = stages[i + 1] if i + 1 < nst else None
-            nkey, b0 = None, devs[0]
-            if nxt is not None:
-                b0 = nxt.replica_devices(pipeline_replicas(plan, (i + 1) % pp, r)[0])[0]
-                nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
-            key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, m)
-            hit = light.get(key)
-            if hit is None:
-                groups = {g.index: g.spec for g in ginfo}
-                spec = min(groups.values(), key=lambda g: g.peak_flop_per_s(plan.dtype))
-                ctx = StageContext(
-                    kind=spec.device_kind,
-                    dtype=plan.dtype,
-                    mbs=slices[i],
-                    seq=plan.seq_len,
-                    tp=s.tp,
-                    recompute=s.recompute == "full",
-                    first=i == 0,
-                    last=i == nst - 1,
-                    pp=pp,
-                    sharding=s.sharding,
-                    dp=s.dp,
-                    inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, m, v),
-                    memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
-                    tp_link=idx.ring_link(devs) if s.tp > 1 else intra_link(spec),
-                    dp_link=dp_links[i],
-                    next_link=None if nxt is None else idx.link(devs[0], b0),
-                    next_tp=nxt.tp if nxt is not None else s.tp,
-                    calib=calibration,
-                    stack=stage_stack(plan, s),
-                    device=gpu_device(spec, plan.dtype, kernels),
-                    next_mbs=0 if nxt is None or slices[i + 1] == slices[i] else slices[i + 1],
-                    runtime=rt,
-                )
-                co = memo.get(ctx)
-                if co is None:
-                    co = memo[ctx] = stage_coeffs(ctx, model, table)
-                hit = light[key] = (co, spec, min(g.memory_bytes for g in groups.values()))
-            row.append(hit[0])
-            srow.append((hit[1], hit[2]))
-        coeffs.append(row)
-        specs_rs.append(srow)
-
-    ns = [s.num_layers for s in stages]
-    rank_tau = [[0.0] * pp for _ in range(dp)]
-    for r in range(dp):
-        for i in range(nst):
-            rank_tau[r][i % pp] += coeffs[r][i].time_s(ns[i])
-    cores = calibration.num_cores if calibration is not None else None
-    shared = cores is not None and 0 < cores < plan.num_devices
-    # CPU work of one micro-batch per replica and stage (its tp ranks each compute their shard).
-    # Processor sharing in a pipeline's steady state: all ranks of every replica compute at once,
-    # so a slot of the slowest stage lasts at least one micro-batch's work on all of them over
-    # the cores (planner.measure.calibrate); fill and drain keep the critical path.
-    mb_work = [
-        sum(
-            qs[i] * stages[i].tp * (coeffs[r][i].compute_s_per_block * ns[i] + coeffs[r][i].compute_s_fixed)
-            for i in range(nst)
-        )
-        for r in range(dp)
-    ]
-    slot_work = sum(mb_work) / cores if shared else 0.0
-
-    def pipe_time(r: int, min_slot_s: float) -> float:
-        if plan.schedule == "interleaved-1f1b":
-            return F.interleaved_time_s(rank_tau[r], plan.num_microbatches(r), v, min_slot_s)
-        return F.pipeline_time_s(rank_tau[r], plan.num_microbatches(r), min_slot_s)
-
-    times = [pipe_time(r, slot_work) for r in range(dp)]
-    rc = max(range(dp), key=lambda r: times[r])
-    stretch = times[rc] - pipe_time(rc, 0.0)  # of the steady slots, by shared cores
-    tails, parts = [], []
-    for j in range(pp):
-        own = [i for i in range(nst) if i % pp == j]
-        e = max(0.0, sum(coeffs[rc][i].grad_sync_s_fixed + coeffs[rc][i].grad_sync_s_per_block * ns[i] for i in own))
-        g = sum(coeffs[rc][i].drain_s_fixed + coeffs[rc][i].drain_s_per_block * ns[i] for i in own)
-        o = max(
-            sum(coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i] for i in own)
-            for r in range(dp)
-        )
-        tails.append(e + g + o)
-        parts.append((e + g, o))
-    jt = max(range(pp), key=lambda j: tails[j])
-    # Processor sharing on CPU ranks (planner.measure.calibrate): more ranks than cores stretch a phase to its
-    # CPU work over the cores when that exceeds its critical path. Work = every rank's compute in the
-    # pipelined part (tp ranks of a stage each compute their shard), and every rank's optimizer step.
-    share_pipe = share_opt = 0.0
-    if shared:
-        work_pipe = sum(plan.num_microbatches(r) * mb_work[r] for r in range(dp))
-        work_opt = sum(
-            qs[i] * stages[i].tp * (coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i])
-            for r in range(dp)
-            for i in range(nst)
-        )
-        share_pipe = max(0.0, work_pipe / cores - times[rc])
-        share_opt = max(0.0, work_opt / cores - parts[jt][1])
-        extra_ms = (stretch + share_pipe + share_opt) * 1e3
-        notes.append(f"{plan.num_devices} ranks share {cores} cores: +{extra_ms:.1f} ms")
-    step = times[rc] + share_pipe + tails[jt] + share_opt
-
-    m = plan.num_microbatches(rc)
-    jb = max(range(pp), key=lambda j: rank_tau[rc][j])
-    own_b = [i for i in range(nst) if i % pp == jb]
-
-    def total(attr_a: str, attr_b: str) -> float:
-        return m * sum(getattr(coeffs[rc][i], attr_a) * ns[i] + getattr(coeffs[rc][i], attr_b) for i in own_b)
-
-    compute = total("compute_s_per_block", "compute_s_fixed") + stretch + share_pipe  # shared cores stretch the compute
-    tp_comm = total("tp_comm_s_per_block", "tp_comm_s_fixed")
-    zero3 = total("dp_comm_s_per_block", "dp_comm_s_fixed")
-    p2p = m * sum(coeffs[rc][i].p2p_s_fixed for i in own_b)
-    bubble = max(0.0, times[rc] - stretch - m * rank_tau[rc][jb])
-
-    peak_mem, cap_mem = [], []
-    for j in range(pp):
-        own = [i for i in range(nst) if i % pp == j]
-        worst_peak, worst_cap = 0, None
-        for r in range(dp):
-            alloc = sum(coeffs[r][i].memory_bytes_per_block * ns[i] + coeffs[r][i].memory_bytes_fixed for i in own)
-            alloc += max(coeffs[r][i].workspace_bytes for i in own)
-            spec, cap = specs_rs[r][j]
-            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
-            worst_cap = cap if worst_cap is None else min(worst_cap, cap)
-        peak_mem.append(worst_peak)
-        cap_mem.append(int(worst_cap or 0))
-    over = [j for j in range(pp) if peak_mem[j] > cap_mem[j]]
-
-    group_peak = [g.spec.peak_flop_per_s(plan.dtype) for g in idx.groups]
-    peak_flops = sum(group_peak[idx.group(d).index] for s in stages[:pp] for d in s.device_ids)
-    model_flops = flops.model_flops_per_step(model, plan.global_batch_size, plan.seq_len)
+    kinds = {g.spec.device_kind for g in idx.groups}
+    table = complete_profiles(model, cluster, profiles, plan_profile_needs(plan), kinds=kinds, kernels=kernels)
+    notes = head_notes(plan, model, runtime, calibration)
+    priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule))
+    pipe = pipeline_times(plan, priced.coeffs, calibration)
+    parts, jt = stage_tails(plan, priced.coeffs, pipe.rc)
+    share_pipe, share_opt = cpu_share(plan, priced.coeffs, pipe, parts[jt][1])
+    if pipe.cores is not None:
+        extra_ms = (pipe.stretch + share_pipe + share_opt) * 1e3
+        notes.append(f"{plan.num_devices} ranks share {pipe.cores} cores: +{extra_ms:.1f} ms")
+    tail_s = parts[jt][0] + parts[jt][1]  # the tail summed first: the same floats as before the split
+    step = pipe.times[pipe.rc] + share_pipe + tail_s + share_opt
+    crit = critical_terms(plan, priced.coeffs, pipe)
+    peak_mem, cap_mem = memory_per_stage(plan, priced)
     terms = {
-        "compute": compute,
-        "pipeline bubble": bubble,
-        "pipeline p2p": p2p,
-        "tensor-parallel comm": tp_comm,
-        "data-parallel comm": parts[jt][0] + zero3,
+        "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
+        "pipeline bubble": crit.bubble,
+        "pipeline p2p": crit.p2p,
+        "tensor-parallel comm": crit.tp_comm,
+        "data-parallel comm": parts[jt][0] + crit.zero3,
         "optimizer step": parts[jt][1] + share_opt,
     }
-    top = max(terms, key=lambda k: terms[k])
-    where = jt if top in ("data-parallel comm", "optimizer step") else jb
-    bottleneck = f"{top} (stage {where}, {specs_rs[rc][where][0].device_kind})"
-    if over:
-        j = max(over, key=lambda j: peak_mem[j] - cap_mem[j])
-        bottleneck = f"memory (stage {j}: {peak_mem[j] / GIB:.1f} GiB > {cap_mem[j] / GIB:.1f} GiB)"
-    # of the rows this plan prices with (a search hands over its whole table, estimates included)
-    needs = plan_profile_needs(plan)
-    kinds_used = {spec.device_kind for row in specs_rs for spec, _ in row}
-    estimated = sum(
-        1
-        for r in table
-        if r.estimated
-        and r.key.device_kind in kinds_used
-        and ProfileNeed(r.key.micro_batch_size, r.key.seq_len, r.key.tp, r.key.recompute, r.key.dtype) in needs
-    )
-    if estimated:
+    kinds_rc = [spec.device_kind for spec, _ in priced.specs[pipe.rc]]
+    if estimated := estimated_rows(plan, table, priced):
         notes.append(f"{estimated} profile rows estimated from datasheet peaks")
-    return CostBreakdown(
-        step_time_s=step,
-        compute_s=compute,
-        bubble_s=bubble,
-        pp_comm_s=p2p,
-        dp_comm_s=parts[jt][0] + zero3,
-        tp_comm_s=tp_comm,
-        optimizer_s=parts[jt][1] + share_opt,
-        tokens_per_s=plan.global_batch_size * plan.seq_len / step,
-        mfu=model_flops / (step * peak_flops),
-        peak_memory_bytes=tuple(peak_mem),
-        memory_capacity_bytes=tuple(cap_mem),
-        bottleneck=bottleneck,
-        feasible=not over,
-        notes=tuple(notes),
+    return breakdown(
+        plan,
+        model,
+        idx,
+        step,
+        terms,
+        bottleneck(terms, jt, crit.jb, kinds_rc, peak_mem, cap_mem),
+        peak_mem,
+        cap_mem,
+        notes,
     )
