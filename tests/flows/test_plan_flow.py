@@ -138,11 +138,14 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(disco
     )
     # FSDP2's own cost per module, from discovery's bench rows less the collectives' fitted price
     assert calib.fsdp == fsdp_overhead_from(stored.measurements.to_dicts(), dict(calib.collectives))
-    # every term non-negative (noise can clamp one to 0 on a loaded machine), and FSDP2 costs more
-    # than its bare collectives on the bench's larger module
+    # every term non-negative (noise can clamp one to 0), and FSDP2 costs more than its bare
+    # collectives on the bench's 16-tensor module, where its per-tensor work dominates (on a 1-tensor
+    # module the overhead is within noise of the collectives' fit: CI once measured 0 there)
     assert calib.fsdp is not None and min(calib.fsdp.module_s, calib.fsdp.s_per_byte, calib.fsdp.tensor_s) >= 0
-    big = max(m["message_bytes"] for m in stored.measurements.to_dicts() if m["op"] == "fsdp_module")
-    assert calib.fsdp.op_s(1, big) > 0
+    from worker.netbench import FSDP_TENSORS
+
+    small = min(m["message_bytes"] for m in stored.measurements.to_dicts() if m["op"] == "fsdp_module")
+    assert calib.fsdp.op_s(FSDP_TENSORS, small) > 0
     # ranks together against one alone, and in lockstep against free, from discovery's matmul chunks
     ops = set(stored.measurements["op"].to_list())
     assert {"compute_alone", "compute_free", "compute_lockstep"} <= ops

@@ -112,9 +112,13 @@ def tokens_per_s(rows: list[dict], first: int, last: int) -> float:
 
 def test_slow_rank_is_detected_fast_with_its_factor_and_rebalanced(slowed):
     db, on, _ = slowed
-    first = on.decisions[0]
-    (det,) = first["detections"]
-    assert (det["rank"], det["kind"]) == (SLOW_RANK, "compute")
+    # the first decision that names the injected fault; the OS can make another rank a real straggler
+    # for a while on 2 shared cores (CI saw rank 0 once), which the monitor may then also detect
+    first, det = next(
+        (d, x) for d in on.decisions for x in d["detections"] if (x["rank"], x["kind"]) == (SLOW_RANK, "compute")
+    )
+    others = [x for d in on.decisions for x in d["detections"] if x["rank"] != SLOW_RANK]
+    print(f"also detected (real, OS-made): {others}" if others else "only the injected fault was detected")
     assert FROM_STEP <= det["detected_at_step"] <= FROM_STEP + DETECT_WITHIN
     # the estimate the monitor holds over the run's slowed steps (per-sample, so the rebalance does
     # not disturb it); the one it decided on rests on ≥ 5 steps and is within ±25 % on this box
@@ -125,8 +129,8 @@ def test_slow_rank_is_detected_fast_with_its_factor_and_rebalanced(slowed):
     shares = json.loads(first["new_plan_json"])["batch_shares"]
     assert sum(shares) == DP * SHARE and shares[SLOW_RANK] == min(shares) < SHARE
     rows = _rows(db, "replan-on")
-    switch_step = min(r["step"] for r in rows if r["switch_action"] == "rebalance")
-    assert switch_step > first["step"] > det["detected_at_step"] - 1
+    assert first["step"] > det["detected_at_step"] - 1
+    switch_step = min(r["step"] for r in rows if r["switch_action"] == "rebalance" and r["step"] > first["step"])
     assert {r["samples"] for r in rows if r["rank"] == SLOW_RANK and r["step"] == switch_step} == {shares[SLOW_RANK]}
     stored = load_decisions(db, "replan-on")
     assert stored["chosen_action"].to_list()[0] == "rebalance" and stored["acted"].to_list()[0]
@@ -146,9 +150,10 @@ def test_throughput_after_the_switch_is_measured_over_the_same_steps_in_both_run
     """
     db, on, off = slowed
     rows_on, rows_off = _rows(db, "replan-on"), _rows(db, "replan-off")
-    switch = min(r["step"] for r in rows_on if r["switch_action"] == "rebalance")
+    # the switch for the injected fault (one the OS made before its onset would come earlier)
+    switch = min(r["step"] for r in rows_on if r["switch_action"] == "rebalance" and r["step"] >= FROM_STEP)
     last = STEPS - 2  # not the final step: it also saves the final checkpoint (see tokens_per_s)
-    assert FROM_STEP <= switch < last
+    assert switch < last
     steps = set(range(switch + 1, last + 1))
     assert steps <= {r["step"] for r in rows_on} and steps <= {r["step"] for r in rows_off}
     after_on, after_off = tokens_per_s(rows_on, switch + 1, last), tokens_per_s(rows_off, switch + 1, last)
