@@ -1,25 +1,14 @@
 """Every user mistake exits 1 with one line naming the problem and the fix — never a traceback."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.support.cli import meshplan
+
 BAD_CLUSTER = 'name = "x"\n[[nodes]]\nname = "a"\ndevice = "A100"\nnum_devices = 8\nintra_link = "nvlink3"\ninter_link = "ib-hdr"\n'
 MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
-
-
-def _meshplan(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
-    env.pop("PREFECT_API_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
 
 
 CASES = {
@@ -58,7 +47,7 @@ def test_user_mistake_is_one_line_with_the_fix(tmp_path, case):
             timeout=300,
         )
     else:
-        out = _meshplan(tmp_path, *args)
+        out = meshplan(tmp_path, *args)
     assert out.returncode == 1, (out.stdout, out.stderr)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "EventsWorker" not in ln]
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr

@@ -1,35 +1,24 @@
 """`meshplan submit / jobs / cancel` in real CLI processes against one state folder."""
 
 import json
-import os
-import subprocess
 import sys
 
-
-def _meshplan(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+from tests.support.cli import meshplan
 
 
 def test_submit_list_cancel(tmp_path) -> None:
-    p = _meshplan(
+    p = meshplan(
         tmp_path, "submit", "--model", "gpt2-small", "--global-batch", "32", "--iterations", "100", "--job-id", "a"
     )
     assert p.returncode == 0 and p.stdout.strip() == "a", p.stderr
-    p = _meshplan(tmp_path, "jobs")
+    p = meshplan(tmp_path, "jobs")
     assert p.stdout.split()[:3] == ["a", "queued", "gpt2-small"]
-    assert _meshplan(tmp_path, "cancel", "a").returncode == 0
-    p = _meshplan(tmp_path, "jobs", "--events")
+    assert meshplan(tmp_path, "cancel", "a").returncode == 0
+    p = meshplan(tmp_path, "jobs", "--events")
     assert [ln.split()[3] for ln in p.stdout.splitlines()] == ["queued", "cancelled"]
-    p = _meshplan(tmp_path, "cancel", "a")
+    p = meshplan(tmp_path, "cancel", "a")
     assert p.returncode == 1 and "cannot go to cancelled from cancelled" in p.stderr
-    p = _meshplan(tmp_path, "submit", "--model", "gpt9", "--global-batch", "8", "--iterations", "1")
+    p = meshplan(tmp_path, "submit", "--model", "gpt9", "--global-batch", "8", "--iterations", "1")
     assert p.returncode == 1 and "did you mean" in p.stderr
 
 
@@ -38,16 +27,16 @@ def test_submit_records_the_training_options_the_runner_uses(tmp_path) -> None:
     from storage.jobs import get_job
 
     args = ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "20", "--job-id", "b"]
-    p = _meshplan(tmp_path, *args, "--optimizer", "sgd", "--lr", "0.05", "--checkpoint-every", "5")
+    p = meshplan(tmp_path, *args, "--optimizer", "sgd", "--lr", "0.05", "--checkpoint-every", "5")
     assert p.returncode == 0, p.stderr
     train = get_job(tmp_path / "meshplan.duckdb", "b")["train"]
     assert train == {"optimizer": "sgd", "lr": 0.05, "checkpoint_every": 5}
     assert _train_options("b", train) == train  # what job_flow hands to train_flow
-    p = _meshplan(tmp_path, *args[:-1], "c", "--lr", "-1")
+    p = meshplan(tmp_path, *args[:-1], "c", "--lr", "-1")
     assert p.returncode == 1 and p.stderr.lower().startswith("error: --lr") and "Traceback" not in p.stderr, p.stderr
-    p = _meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
+    p = meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
     assert p.returncode == 1 and "--optimizer" in p.stderr and "adamw" in p.stderr, p.stderr
-    assert _meshplan(tmp_path, "jobs").stdout.split()[0] == "b"  # the refused ones were never queued
+    assert meshplan(tmp_path, "jobs").stdout.split()[0] == "b"  # the refused ones were never queued
 
 
 def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:
@@ -56,24 +45,24 @@ def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:
     db = tmp_path / "meshplan.duckdb"
     submit_job(db, "tiny", 8, 10, job_id="a", seq=32, train={"lr": 0.1})
     transition(db, "a", "running", "admitted by the test", "4xcpu/2")
-    p = _meshplan(tmp_path, "jobs", "--json")
+    p = meshplan(tmp_path, "jobs", "--json")
     assert p.returncode == 0, p.stderr
     (job,) = json.loads(p.stdout)
     assert (job["job_id"], job["state"], job["train"]) == ("a", "running", {"lr": 0.1})
     assert (job["num_devices"], job["device_kind"], job["num_nodes"]) == (4, "cpu", 2)
     assert job["base_num_devices"] is None  # admitted by hand, not by the scheduler
-    p = _meshplan(tmp_path, "jobs", "--events", "--json")
+    p = meshplan(tmp_path, "jobs", "--events", "--json")
     assert [(e["to_state"], e["num_devices"]) for e in json.loads(p.stdout)] == [("queued", None), ("running", 4)]
 
 
 def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:
     cluster = "tests/data/cpu-4ranks.toml"
-    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "5m")
+    p = meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "5m")
     assert p.returncode == 1 and "run `meshplan ui` first" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
-    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--policy", "sjf")
+    p = meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--policy", "sjf")
     assert p.returncode == 1 and "choose one of jct" in p.stderr
-    p = _meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "never")
+    p = meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "never")
     assert p.returncode == 1 and "--every" in p.stderr
 
 

@@ -1,8 +1,6 @@
 """`meshplan simulate`: a real CLI process replays a small trace, prints the summary and saves the plot."""
 
-import os
-import subprocess
-import sys
+from tests.support.cli import meshplan
 
 TRACE = """job_id,submit_s,model,global_batch,iterations,req_num_gpu,req_gpu_type
 a,0,gpt2-small,32,2000,1,a100
@@ -12,22 +10,11 @@ c,400,gpt2-small,32,1000,4,a100
 MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
 
 
-def _meshplan(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-
-
 def test_simulate_prices_with_the_planner_and_saves_a_plot(tmp_path) -> None:
     trace = tmp_path / "jobs.csv"
     trace.write_text(TRACE)
     plot = tmp_path / "sim.png"
-    p = _meshplan(
+    p = meshplan(
         tmp_path, "simulate", "--trace", str(trace), "--cluster", MIXED, "--policy", "all", "--plot", str(plot)
     )
     assert p.returncode == 0, p.stderr
@@ -40,5 +27,5 @@ def test_simulate_prices_with_the_planner_and_saves_a_plot(tmp_path) -> None:
 def test_simulate_names_the_row_of_an_unknown_gpu_kind(tmp_path) -> None:
     trace = tmp_path / "jobs.csv"
     trace.write_text(TRACE.replace("4,a100", "4,h100"))
-    p = _meshplan(tmp_path, "simulate", "--trace", str(trace), "--cluster", MIXED)
+    p = meshplan(tmp_path, "simulate", "--trace", str(trace), "--cluster", MIXED)
     assert p.returncode == 1 and "row 4.req_gpu_type='h100'" in p.stderr and "Traceback" not in p.stderr
