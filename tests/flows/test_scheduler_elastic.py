@@ -34,14 +34,20 @@ TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\n" 
 )
 # seconds-long jobs: a relaunch priced at 5 s, and any gain above 0.5 s worth a switch
 POLICY = {"relaunch_s": 5.0, "min_gain_s": 0.5}
-A_STEPS, B_STEPS = 120, 20  # a must still be training when the round after b arrives lands
-# over 120 steps lr 0.05 turns the tiny model chaotic (summation-order drift near 1e-4); at lr 0.02
-# it stays 1e-7 while one lost or repeated step moves the weights 9e-3 (tests/flows/test_replan_flow.py)
-TRAIN_LONG = {**TRAIN, "lr": 0.02}
+A_STEPS, B_STEPS = 200, 20
+# a must still be training when the round after b arrives lands: with 120 steps its 115 left on 4
+# ranks took ~11 s (0.1 s a step, overhead-bound: batch 32 costs 0.125 s), which a slow round on a
+# loaded CI VM outlasted once; 200 steps leave it ~24 s
+A_BATCH, B_BATCH = 32, 8
+# long runs turn the tiny model chaotic: summation-order drift from 4 to 2 ranks and back reached
+# 3.4e-5 over these 200 steps at lr 0.02 (near 1e-4 over 120 steps at lr 0.05); at lr 0.01 it is
+# 1.2e-7, while one lost or repeated step moves the weights ~9e-3 at lr 0.02 (tests/flows/test_replan_flow.py),
+# about half that at 0.01 -- still 40x the tolerance
+TRAIN_LONG = {**TRAIN, "lr": 0.01}
 
 
-def _params_error(run_dir, steps: int) -> float:
-    ref, _ = train_reference(get_model("tiny"), 8, 32, steps, "synthetic", 0, TRAIN_LONG["lr"], "sgd")
+def _params_error(run_dir, steps: int, batch: int) -> float:
+    ref, _ = train_reference(get_model("tiny"), batch, 32, steps, "synthetic", 0, TRAIN_LONG["lr"], "sgd")
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None
     got = load_full_model_state(ckpt, get_model("tiny"))
@@ -57,7 +63,7 @@ def test_second_arrival_shrinks_the_first_job_both_finish_and_the_first_matches_
             db, CLUSTER, "jct", speed_table=str(table), policy_options=POLICY, runs_dir=str(runs), timeout_s=600.0
         )
 
-    submit_job(db, "tiny", 8, A_STEPS, job_id="a", seq=32, train=TRAIN_LONG)
+    submit_job(db, "tiny", A_BATCH, A_STEPS, job_id="a", seq=32, train=TRAIN_LONG)
     pids: list[int] = []
     try:
         _rounds(db, runs, round_, pids)
@@ -74,7 +80,7 @@ def _rounds(db: str, runs, round_, pids: list[int]) -> None:
     assert get_job(db, "a")["base_allocation"] == "2xcpu/1"
     wait_until(lambda: len(rank0_rows(runs / "a")) >= 5, "job a's first 5 steps on 4 ranks")
 
-    submit_job(db, "tiny", 8, B_STEPS, job_id="b", seq=32, train=TRAIN_LONG)
+    submit_job(db, "tiny", B_BATCH, B_STEPS, job_id="b", seq=32, train=TRAIN_LONG)
     second = round_()
     pids += [x["runner_pid"] for x in second.applied if x.get("runner_pid")]
     assert sorted(second.actions) == [("a", "shrink", "2xcpu/1"), ("b", "start", "2xcpu/1")]
@@ -92,5 +98,5 @@ def _rounds(db: str, runs, round_, pids: list[int]) -> None:
     rows = rank0_rows(runs / "a")
     assert [r["step"] for r in rows] == list(range(A_STEPS)), "a trained every step once, in order"
     assert rows[0]["dp"] == 4 and 2 in {r["dp"] for r in rows}, "a ran on 4 ranks, then on 2"
-    assert _params_error(runs / "a", A_STEPS) < ATOL
-    assert _params_error(runs / "b", B_STEPS) < ATOL
+    assert _params_error(runs / "a", A_STEPS, A_BATCH) < ATOL
+    assert _params_error(runs / "b", B_STEPS, B_BATCH) < ATOL
