@@ -68,8 +68,10 @@ def test_link_delay_shows_as_communication_and_is_detected_as_a_link(tmp_path, t
     comm = lambda steps: median(r["comm_wait_s"] for r in rows if r["rank"] == 0 and r["step"] in steps)  # noqa: E731
     # 4 × 30 ms of sends, partly hidden in time rank 0 would have waited anyway (the GPipe bubble)
     assert comm(range(9, 14)) - comm(range(1, 9)) > 0.5 * 4 * 0.03
-    # threshold 0.4: healthy steps of these calls still swing ±25 % on a 2-core VM; the link itself
-    # is 6-9x out of line (measured), far above it
+    # threshold 0.4: with the two ranks alone on the 2 cores (as in CI) the link is 6-9x out of line
+    # and compute within 5 %; with other busy processes on the machine (load 3) the echo still read
+    # 1.3-1.9x on one rank in 2 of 5 runs -- a real slowdown of the process, which a test on a
+    # shared CPU cannot tell from a slow device
     found = detect(samples_from_rows(rows), DetectConfig(threshold=0.4, window=6, warmup=1))
     # a slow link is slow for both of its ends: rank 1 waits on rank 0's late sends (2 ranks cannot tell)
     assert 0 in found.link_factors() and found.link_factors()[0] > 1.4
