@@ -35,7 +35,7 @@ from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
-from storage.jobs import get_job, set_job_run, transition
+from storage.jobs import get_job, job_model, set_job_run, transition
 from tasks.schedule import checkpoint_step, plan_for_allocation
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
@@ -87,6 +87,9 @@ def job_flow(
     run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
+    model = job_model(row)
+    if model is not None:  # a custom model: its dimensions travel to the ranks in the run folder
+        (run_dir / "model.json").write_text(model.model_dump_json(indent=2))
     segments: list[JobSegment] = []
     try:
         _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
@@ -198,6 +201,7 @@ def _request(
             "resume": "auto",
             "timeout_s": timeout_s,
             "control_from_version": seen,
+            "model_json": str(run_dir / "model.json") if row.get("model_json") else None,
         },
         f"job {row['job_id']} train options",
     )

@@ -31,6 +31,10 @@ class TrainRequest(BaseModel):
     rdzv_endpoint: str = Field(default=_TRAIN.rdzv_endpoint, description="HOST:PORT of node 0 (several nodes)")
     data: Literal["synthetic", "text"] = _TRAIN.data
     model: str = Field(default="", description="model preset; empty = the plan's model")
+    model_json: str | None = Field(
+        default=None,
+        description="ModelSpec JSON file: the model by its dimensions (a custom model's plan); None = a preset",
+    )
     lr: float = Field(default=_TRAIN.lr, gt=0)
     optimizer: Literal["adamw", "sgd"] = _TRAIN.optimizer
     seed: int = _TRAIN.seed

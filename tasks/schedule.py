@@ -41,9 +41,8 @@ from planner.schedule import (
 from planner.schedule.trace import cluster_from_spec
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SEARCH_BUDGET_S
-from planner.specs.model import get_model
 from planner.specs.plan import Plan
-from storage.jobs import list_jobs, set_job_run, transition
+from storage.jobs import job_model, list_jobs, set_job_run, transition
 
 
 def alloc_text(a: Allocation) -> str:
@@ -68,6 +67,7 @@ def job_from_row(row: dict) -> Job:
         row["priority"],
         row["deadline_s"],
         kinds,
+        spec=job_model(row),
     )
 
 
@@ -213,5 +213,5 @@ def plan_for_allocation(spec: ClusterSpec, row: dict, alloc: str, time_budget_s:
     if plan is None:
         raise MeshplanError(f"job {job.job_id} allocation", alloc, f"no plan of {job.model} fits it")
     plan, _ = relabel_for_runtime(plan)
-    check_launchable(plan, a.count, get_model(job.model))  # the search ranks launchable plans first
+    check_launchable(plan, a.count, speed.model_of(job))  # the search ranks launchable plans first
     return plan

@@ -1,0 +1,102 @@
+"""A job whose model is given by its dimensions (`meshplan submit --model custom ...`), end to end.
+
+Submitted through the real CLI, its ModelSpec is stored with the job (migration 0012); a real
+scheduler_flow round prices it with the planner's search on those dimensions, admits it on the
+2-rank CPU cluster and starts its runner (flows/job.py, its own process), whose train_flow launches
+2 gloo ranks that build the custom model from the run folder's model.json. The job finishes, and
+its final weights equal a single-process reference of the same custom model (SGD: a wrong model,
+a lost or repeated step would show).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+
+import pytest
+
+from flows.schedule import scheduler_flow
+from planner.specs.model import ModelSpec
+from storage.jobs import get_job, job_events, job_model
+from tests.flows.test_elastic_job import rank0_rows, wait_until
+from tests.support.cli import meshplan
+from tests.worker.test_train_dist import assert_matches_reference
+
+pytestmark = [pytest.mark.dist, pytest.mark.flow]
+
+CLUSTER = "tests/data/cpu-2ranks.toml"
+DIMS = ["--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "128", "--seq-len", "32", "--family", "llama"]
+SPEC = ModelSpec(name="custom", family="llama", num_layers=2, hidden=32, num_heads=2, vocab_size=128, seq_len=32)
+STEPS, LR = 8, 0.1
+TRAIN = ["--data", "synthetic", "--optimizer", "sgd", "--lr", str(LR), "--checkpoint-every", "1000"]
+
+
+def test_custom_model_job_is_priced_trained_on_two_ranks_and_matches_one_process(tmp_path):
+    db, runs = str(tmp_path / "meshplan.duckdb"), tmp_path / "runs"
+    args = ["submit", "--model", "custom", *DIMS, "--global-batch", "4", "--iterations", str(STEPS), *TRAIN]
+    p = meshplan(tmp_path, *args, "--job-id", "c")
+    assert p.returncode == 0 and p.stdout.strip() == "c", p.stderr
+    row = get_job(db, "c")
+    assert row["model"] == "custom" and job_model(row) == SPEC  # the dimensions, not a preset name
+
+    pid = None
+    try:
+        out = scheduler_flow(db, CLUSTER, "jct", runs_dir=str(runs), timeout_s=300.0)
+        assert out.actions == [("c", "start", "2xcpu/1")], out  # priced on the custom dims: 2 ranks beat 1
+        pid = out.applied[0]["runner_pid"]
+        wait_until(lambda: get_job(db, "c")["state"] in ("finished", "failed"), "job c to end", 240.0)
+    finally:  # a failed assertion must not leave the runner (and its ranks) behind
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+    run_dir = runs / "c"
+    log = (run_dir / "job.log").read_text()[-3000:] if (run_dir / "job.log").is_file() else ""
+    assert get_job(db, "c")["state"] == "finished", log
+    assert [e["to_state"] for e in job_events(db, "c").to_dicts()] == ["queued", "running", "finished"]
+    plan = json.loads((run_dir / "plans" / "segment_0.json").read_text())
+    assert plan["model"] == "custom" and plan["provenance"]["model_fingerprint"] == SPEC.fingerprint()
+    assert ModelSpec.model_validate_json((run_dir / "model.json").read_text()) == SPEC  # what the ranks built
+    rows = rank0_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(STEPS)) and {r["dp"] for r in rows} == {2}
+    assert_matches_reference(run_dir, SPEC, STEPS, lr=LR)
+
+
+def test_submit_refuses_bad_dimensions_naming_the_option(tmp_path):
+    base = ["submit", "--global-batch", "4", "--iterations", "2", "--model", "custom"]
+    p = meshplan(tmp_path, *base, "--layers", "2", "--hidden", "30", "--heads", "4")
+    assert p.returncode == 1 and p.stderr.startswith("error: --hidden=30") and "divisible" in p.stderr, p.stderr
+    p = meshplan(tmp_path, *base, "--hidden", "32", "--heads", "2")
+    assert p.returncode == 1 and p.stderr.startswith("error: --layers") and "required" in p.stderr, p.stderr
+    p = meshplan(tmp_path, *base, "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "3")
+    assert p.returncode == 1 and p.stderr.startswith("error: --kv-heads=3"), p.stderr
+    p = meshplan(tmp_path, *base, *DIMS[:-2], "--seq", "64")  # gpt's learned positions end at --seq-len 32
+    assert p.returncode == 1 and p.stderr.startswith("error: --seq=64") and "<= that" in p.stderr, p.stderr
+    p = meshplan(tmp_path, "submit", "--global-batch", "4", "--iterations", "2", "--layers", "2")
+    assert p.returncode == 1 and "pass --model custom" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert meshplan(tmp_path, "jobs").stdout.strip() == "no jobs"  # nothing refused was queued
+
+
+def test_train_request_builds_the_plans_model_only_from_its_own_dimensions(tmp_path):
+    """train_flow's model check (request_model): a custom model's plan needs its dimensions, and
+    other dimensions than those the plan was searched for are refused before any rank starts."""
+    from pathlib import Path
+
+    from flows.requests import TrainRequest
+    from flows.train import request_model
+    from planner.errors import MeshplanError
+    from planner.search import search
+    from planner.specs.cluster import parse_cluster_toml
+
+    cluster = parse_cluster_toml(Path(CLUSTER).read_text(), CLUSTER)
+    plan = search(SPEC, cluster, global_batch=4, top_k=1, time_budget_s=5.0, baselines=False).best
+    same, other = tmp_path / "same.json", tmp_path / "other.json"
+    same.write_text(SPEC.model_dump_json())
+    other.write_text(SPEC.model_copy(update={"num_layers": 3}).model_dump_json())
+    assert request_model(TrainRequest(plan_path="p.json", model_json=str(same)), plan) == SPEC
+    with pytest.raises(MeshplanError, match="not the plan's model's") as exc:
+        request_model(TrainRequest(plan_path="p.json", model_json=str(other)), plan)
+    assert exc.value.field == "model_json"
+    with pytest.raises(MeshplanError, match="custom model"):
+        request_model(TrainRequest(plan_path="p.json"), plan)  # no preset is named "custom"
