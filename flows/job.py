@@ -32,11 +32,12 @@ from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from planner.errors import MeshplanError
+from planner.schedule import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
 from storage.jobs import get_job, job_model, set_job_run, transition
-from tasks.schedule import checkpoint_step, plan_for_allocation
+from tasks.schedule import checkpoint_step, parse_alloc, plan_for_allocation
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
 # fields, and poll_s (its replan_config's telemetry poll)
@@ -142,7 +143,7 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
-        request = _request(train, plan_path, plan.num_devices, row, run_dir, timeout_s, seen)
+        request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen)
         error = None
         try:
             train_flow(db_path, request, job_id)
@@ -183,7 +184,7 @@ def _run(
 def _request(
     train: dict[str, Any],
     plan_path: Path,
-    num_devices: int,
+    alloc: Allocation,
     row: dict[str, Any],
     run_dir: Path,
     timeout_s: float,
@@ -196,7 +197,10 @@ def _request(
             **_options(train),
             "plan_path": str(plan_path),
             "steps": int(row["iterations"]),
-            "nproc_per_node": num_devices,
+            # one runner per node of the allocation; its nodes are this machine's (a simulated cluster)
+            "nproc_per_node": alloc.per_node,
+            "nnodes": alloc.num_nodes,
+            "local_nodes": alloc.num_nodes > 1,
             "runs_dir": str(run_dir.parent),
             "resume": "auto",
             "timeout_s": timeout_s,

@@ -7,7 +7,8 @@
 4. Telemetry is ingested whether the run succeeded or not (a crashed run's steps are still data),
    the run is closed, and predicted vs measured step time is published as a markdown artifact.
 With several nodes, run the flow on every node (each with its node_rank) against a run folder on
-shared storage; every node's database then holds all ranks' telemetry.
+shared storage; every node's database then holds all ranks' telemetry. Nodes that are all this
+machine (`local_nodes`: a CPU "cluster" of simulated nodes) are launched by one flow, one runner each.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         nnodes=r.nnodes,
         node_rank=r.node_rank,
         rdzv_endpoint=r.rdzv_endpoint,
+        local_nodes=r.local_nodes,
         max_restarts=r.max_restarts,
         model=r.model,
         model_json=str(Path(r.model_json).resolve()) if r.model_json else "",
