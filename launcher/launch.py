@@ -293,19 +293,18 @@ def run_local_nodes(
                 listener.close()  # node 0 holds its own copy
         running = dict(enumerate(procs))
         while running:
-            for r, proc in list(running.items()):
-                rc = proc.poll()
-                if rc is None:
-                    continue
-                if rc != 0:  # its ranks may outlive their agent: kill_group (below) finds them by tag
-                    raise NodeFailed(r, rc, node_log(launch.run_dir, r))
-                job_exited(proc)
-                del running[r]
+            exited = {r: rc for r, proc in running.items() if (rc := proc.poll()) is not None}
+            failed = sorted((rc >= 0, r, rc) for r, rc in exited.items() if rc != 0)
+            if failed:  # the lost node first: killed by a signal, its peers only exit after it with errors
+                _, r, rc = failed[0]  # its ranks may outlive their agent: kill_group (below) finds them by tag
+                raise NodeFailed(r, rc, node_log(launch.run_dir, r))
+            for r in exited:
+                job_exited(running.pop(r))
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"training ran past {timeout_s:.0f} s; every node's process group was killed")
             if on_poll is not None:
                 on_poll()
-            time.sleep(min(poll_s, 0.2))
+            time.sleep(min(poll_s, 0.1))
     except BaseException:  # a node failed, timed out, interrupted: no node's ranks outlive the launch
         listener.close()
         for proc in procs:
