@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -81,8 +82,6 @@ def test_submit_refuses_bad_dimensions_naming_the_option(tmp_path):
 def test_train_request_builds_the_plans_model_only_from_its_own_dimensions(tmp_path):
     """train_flow's model check (request_model): a custom model's plan needs its dimensions, and
     other dimensions than those the plan was searched for are refused before any rank starts."""
-    from pathlib import Path
-
     from flows.requests import TrainRequest
     from flows.train import request_model
     from planner.errors import MeshplanError
@@ -100,3 +99,24 @@ def test_train_request_builds_the_plans_model_only_from_its_own_dimensions(tmp_p
     assert exc.value.field == "model_json"
     with pytest.raises(MeshplanError, match="custom model"):
         request_model(TrainRequest(plan_path="p.json"), plan)  # no preset is named "custom"
+
+
+def test_submit_reads_a_model_toml_and_a_plan_of_a_file_named_like_a_preset_is_not_that_preset(tmp_path):
+    from flows.commands.model_options import model_for_plan
+    from planner.errors import MeshplanError
+    from planner.search import search
+    from planner.specs.cluster import parse_cluster_toml
+    from planner.specs.model import PRESETS
+
+    toml = tmp_path / "tiny.toml"  # named like the preset, other dimensions
+    toml.write_text('family = "gpt"\nnum_layers = 3\nhidden = 32\nnum_heads = 2\nvocab_size = 128\nseq_len = 32\n')
+    p = meshplan(tmp_path, "submit", "--model", str(toml), "--global-batch", "4", "--iterations", "2", "--job-id", "f")
+    assert p.returncode == 0, p.stderr
+    spec = job_model(get_job(tmp_path / "meshplan.duckdb", "f"))
+    assert spec is not None and (spec.name, spec.num_layers) == ("tiny", 3) and spec != PRESETS["tiny"]
+    cluster = parse_cluster_toml(Path(CLUSTER).read_text(), CLUSTER)
+    plan = search(spec, cluster, global_batch=4, top_k=1, time_budget_s=5.0, baselines=False).best
+    assert plan.model == "tiny"
+    with pytest.raises(MeshplanError, match="custom model"):
+        model_for_plan(plan, None)  # the preset `tiny` is not the model this plan was priced for
+    assert model_for_plan(plan, spec) == spec
