@@ -56,7 +56,10 @@ def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
         name = r.model or plan.model
         if not r.model and name not in PRESETS:
             raise MeshplanError(
-                "model_json", None, f"the plan was made for a custom model ({name!r}); pass its ModelSpec JSON file"
+                "model_json",
+                None,
+                f"the plan was made for a custom model ({name!r}); pass its ModelSpec JSON file "
+                "(meshplan train: --model custom --layers N --hidden H --heads A ... or --model FILE.toml)",
             )
         spec = get_model(name)
         if recorded and not r.model and spec.fingerprint() != recorded:  # a model file named like a preset

@@ -120,3 +120,24 @@ def test_submit_reads_a_model_toml_and_a_plan_of_a_file_named_like_a_preset_is_n
     with pytest.raises(MeshplanError, match="custom model"):
         model_for_plan(plan, None)  # the preset `tiny` is not the model this plan was priced for
     assert model_for_plan(plan, spec) == spec
+
+
+def test_meshplan_train_trains_a_custom_models_plan_given_its_dimensions(tmp_path):
+    from planner.search import search
+    from planner.specs.cluster import parse_cluster_toml
+
+    cluster = parse_cluster_toml(Path(CLUSTER).read_text(), CLUSTER)
+    plan = search(SPEC, cluster, global_batch=4, top_k=1, time_budget_s=5.0, baselines=False).best
+    (tmp_path / "p.json").write_text(plan.to_json())
+    base = ["train", "--plan", str(tmp_path / "p.json"), "--steps", "2", "--data", "synthetic", "--no-replan"]
+    p = meshplan(tmp_path, *base)
+    assert p.returncode == 1 and "custom model" in p.stderr and "--model custom" in p.stderr, p.stderr
+    wrong = [*DIMS[:1], "3", *DIMS[2:]]  # 3 layers: not the plan's model
+    p = meshplan(tmp_path, *base, "--model", "custom", *wrong)
+    assert p.returncode == 1 and p.stderr.startswith("error: --model") and "fingerprint" in p.stderr, p.stderr
+    p = meshplan(tmp_path, *base, "--model", "custom", *DIMS, "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout[p.stdout.index("{") :])
+    assert out["status"] == "completed" and len(out["losses"]) == 2
+    built = ModelSpec.model_validate_json((tmp_path / "models" / f"{SPEC.fingerprint()}.json").read_text())
+    assert built == SPEC
