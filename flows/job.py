@@ -11,7 +11,9 @@ run folder, resuming from the folder's latest checkpoint. When the ranks exit:
   exit saved — nothing lost, nothing repeated;
 - because a rank or node died: the job goes running → resizing → running and resumes from its
   latest verified checkpoint (the steps since that checkpoint are trained again, on the
-  allocation then recorded), at most `max_failures` times, then `failed`.
+  allocation then recorded), at most `max_failures` times, then `failed`. When one node's runner
+  of a several-node allocation is lost (launcher.launch.NodeFailed), the allocation recorded is
+  the surviving nodes', so the relaunch is re-planned for them and reshards the checkpoint.
 Every transition is a job_events row, its reason naming the allocation, plan and step. A runner
 that is stopped (SIGTERM, Ctrl-C) puts its job back in the queue: re-admitted, it resumes from its
 latest checkpoint in the same run folder.
@@ -31,12 +33,14 @@ from flows.outcomes import JobOutcome, JobSegment
 from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
+from launcher.launch import NodeFailed
 from planner.errors import MeshplanError
+from planner.schedule import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
-from storage.jobs import get_job, set_job_run, transition
-from tasks.schedule import checkpoint_step, plan_for_allocation
+from storage.jobs import get_job, job_model, set_job_run, transition
+from tasks.schedule import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
 # fields, and poll_s (its replan_config's telemetry poll)
@@ -87,6 +91,9 @@ def job_flow(
     run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
+    model = job_model(row)
+    if model is not None:  # a custom model: its dimensions travel to the ranks in the run folder
+        (run_dir / "model.json").write_text(model.model_dump_json(indent=2))
     segments: list[JobSegment] = []
     try:
         _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
@@ -139,12 +146,13 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
-        request = _request(train, plan_path, plan.num_devices, row, run_dir, timeout_s, seen)
-        error = None
+        request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen)
+        error, survivors = None, None
         try:
             train_flow(db_path, request, job_id)
         except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            survivors = _surviving(parse_alloc(alloc), exc)
         ex = read_exit(run_dir)
         end = checkpoint_step(run_dir)
         segments.append(
@@ -173,14 +181,28 @@ def _run(
         if failures > max_failures:
             transition(db_path, job_id, "failed", f"{error}; {failures} failed launch(es)")
             break
-        if state == "running":
+        if state == "running" and survivors is not None:  # a node is lost: re-plan on the nodes left
+            lost = f"node {survivors[1]} of {alloc} lost ({error})"
+            transition(
+                db_path, job_id, "resizing", f"{lost}; re-planning on {survivors[0]} from step {end}", survivors[0]
+            )
+        elif state == "running":
             transition(db_path, job_id, "resizing", f"{error}; resuming from the latest checkpoint (step {end})", alloc)
+
+
+def _surviving(alloc: Allocation, exc: BaseException) -> tuple[str, int] | None:
+    """(the allocation without the node whose runner was lost, that node's rank), or None: not a lost
+    node of a several-node launch (a lost rank, a timeout: the job resumes on its allocation)."""
+    if not isinstance(exc, NodeFailed) or alloc.num_nodes < 2:
+        return None
+    left = Allocation(alloc.kind, alloc.count - alloc.per_node, alloc.num_nodes - 1)
+    return alloc_text(left), exc.node_rank
 
 
 def _request(
     train: dict[str, Any],
     plan_path: Path,
-    num_devices: int,
+    alloc: Allocation,
     row: dict[str, Any],
     run_dir: Path,
     timeout_s: float,
@@ -193,11 +215,15 @@ def _request(
             **_options(train),
             "plan_path": str(plan_path),
             "steps": int(row["iterations"]),
-            "nproc_per_node": num_devices,
+            # one runner per node of the allocation; its nodes are this machine's (a simulated cluster)
+            "nproc_per_node": alloc.per_node,
+            "nnodes": alloc.num_nodes,
+            "local_nodes": alloc.num_nodes > 1,
             "runs_dir": str(run_dir.parent),
             "resume": "auto",
             "timeout_s": timeout_s,
             "control_from_version": seen,
+            "model_json": str(run_dir / "model.json") if row.get("model_json") else None,
         },
         f"job {row['job_id']} train options",
     )

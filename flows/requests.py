@@ -29,8 +29,16 @@ class TrainRequest(BaseModel):
     nnodes: int = Field(default=1, gt=0)
     node_rank: int = Field(default=0, ge=0)
     rdzv_endpoint: str = Field(default=_TRAIN.rdzv_endpoint, description="HOST:PORT of node 0 (several nodes)")
+    local_nodes: bool = Field(
+        default=False,
+        description="launch every node's runner from here, master on 127.0.0.1 (nodes simulated on this machine)",
+    )
     data: Literal["synthetic", "text"] = _TRAIN.data
     model: str = Field(default="", description="model preset; empty = the plan's model")
+    model_json: str | None = Field(
+        default=None,
+        description="ModelSpec JSON file: the model by its dimensions (a custom model's plan); None = a preset",
+    )
     lr: float = Field(default=_TRAIN.lr, gt=0)
     optimizer: Literal["adamw", "sgd"] = _TRAIN.optimizer
     seed: int = _TRAIN.seed

@@ -7,11 +7,13 @@
 4. Telemetry is ingested whether the run succeeded or not (a crashed run's steps are still data),
    the run is closed, and predicted vs measured step time is published as a markdown artifact.
 With several nodes, run the flow on every node (each with its node_rank) against a run folder on
-shared storage; every node's database then holds all ranks' telemetry.
+shared storage; every node's database then holds all ranks' telemetry. Nodes that are all this
+machine (`local_nodes`: a CPU "cluster" of simulated nodes) are launched by one flow, one runner each.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,8 +28,9 @@ from flows.requests import TrainRequest
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
 from planner.errors import MeshplanError
-from planner.specs.model import get_model
+from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
+from planner.validation import parse
 from storage.pricing import machine_calibration
 from tasks.replan import supervise_training
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
@@ -40,6 +43,50 @@ def _read_plan(plan_path: str) -> Plan:
             "--plan", plan_path, "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
         )
     return parse_plan_json(p.read_text(), origin=p.name)
+
+
+def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
+    """The model the ranks build: `model_json`'s dimensions, else the preset `model` or the plan's.
+
+    Dimensions must be the plan's model's (the fingerprint the search recorded), and a plan made for
+    a custom model needs its dimensions: a plan is priced for one model, and the ranks would
+    otherwise build another (or fail to find a preset of that name on every rank)."""
+    recorded = plan.provenance.model_fingerprint
+    if r.model_json is None:
+        name = r.model or plan.model
+        if not r.model and name not in PRESETS:
+            raise MeshplanError(
+                "model_json",
+                None,
+                f"the plan was made for a custom model ({name!r}); pass its ModelSpec JSON file "
+                "(meshplan train: --model custom --layers N --hidden H --heads A ... or --model FILE.toml)",
+            )
+        spec = get_model(name)
+        if recorded and not r.model and spec.fingerprint() != recorded:  # a model file named like a preset
+            raise MeshplanError(
+                "model_json", None, f"the plan's model {name!r} is not the preset's dimensions; pass its ModelSpec JSON"
+            )
+        return spec
+    path = Path(r.model_json)
+    if not path.is_file():
+        raise MeshplanError("model_json", r.model_json, "no such file; pass a ModelSpec JSON file")
+    spec = _read_spec(path)
+    if recorded and spec.fingerprint() != recorded:
+        raise MeshplanError(
+            "model_json",
+            r.model_json,
+            f"these dimensions (fingerprint {spec.fingerprint()}) are not the plan's model's ({recorded}); "
+            f"pass the model the plan was made for ({plan.model})",
+        )
+    return spec
+
+
+def _read_spec(path: Path) -> ModelSpec:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise MeshplanError("model_json", str(path), f"not JSON ({exc})") from None
+    return parse(ModelSpec, data, path.name)
 
 
 def measured_step_time_s(summary: list[dict[str, Any]]) -> float | None:
@@ -97,7 +144,8 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             "--plan/--plan-id", r.plan_path or r.plan_id, "give exactly one: a plan file or a stored plan id"
         )
     plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
-    check_plan_against(plan, get_model(r.model or plan.model).num_layers, plan.num_devices)  # fail before launching
+    spec = request_model(r, plan)
+    check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
     if r.nproc_per_node * r.nnodes != plan.num_devices:
         raise MeshplanError(
             "--nproc-per-node",
@@ -120,8 +168,10 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         nnodes=r.nnodes,
         node_rank=r.node_rank,
         rdzv_endpoint=r.rdzv_endpoint,
+        local_nodes=r.local_nodes,
         max_restarts=r.max_restarts,
         model=r.model,
+        model_json=str(Path(r.model_json).resolve()) if r.model_json else "",
         data=r.data,
         lr=r.lr,
         optimizer=r.optimizer,
@@ -144,7 +194,6 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
                 "--replan", r.nnodes, "live re-planning supervises one node's torchrun; use --no-replan"
             )
         cluster, synthetic = load_cluster(r.cluster_path, plan.num_devices)
-        spec = get_model(r.model or plan.model)
         # decisions price this machine's CPU ranks with discovery's corrections, as the search does
         calibration = machine_calibration(db_path, spec) if synthetic else None
         state = supervise_training(

@@ -8,6 +8,11 @@ Several nodes: torchrun's static rendezvous (`--nnodes N --node-rank R --master-
 --master-port PORT`), because it numbers global ranks node-major (node_rank * nproc + local_rank)
 — deterministic, which the plan needs since its device ids are global ranks. Run the same command
 on every node with its own --node-rank; the run folder must be on storage every node shares.
+Several nodes all on this machine (`Launch.local_nodes`: a CPU "cluster" of simulated nodes, a
+job whose allocation spans them): `run_local_nodes` starts one runner per node here, each
+`python -m worker.agent --nodes N --node-rank R ...`, node 0's store on a loopback socket this
+process bound and handed to it, and waits for all of them; when one node's runner fails the
+others are taken down at once (their ranks would only wait for it), and `NodeFailed` names it.
 
 The launcher runs in its own session/process group with an outer timeout; on timeout or when the
 caller is interrupted the whole group (agent and ranks) is killed, so no rank outlives its run.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,20 +57,34 @@ class Launch:
     collective_timeout_s: float = 300.0
     faults: FaultSpec = NO_FAULTS  # fault injection, passed whole as `--faults JSON` (worker/faults.py)
     control_from_version: int = 0
+    local_nodes: bool = False  # every node's runner on this machine, loopback master (run_local_nodes)
 
 
-def torchrun_command(launch: Launch, python: str = sys.executable) -> list[str]:
-    runner = "worker.agent" if launch.nnodes == 1 else "torch.distributed.run"  # one node: worker.agent
-    cmd = [
-        python,
-        "-m",
-        runner,
-        "--nproc-per-node",
-        str(launch.nproc_per_node),
-        "--max-restarts",
-        str(launch.max_restarts),
-    ]
-    if launch.nnodes > 1:
+class NodeFailed(RuntimeError):
+    """One node's runner of a several-node launch on this machine exited non-zero (or was killed)."""
+
+    def __init__(self, node_rank: int, returncode: int, log_path: Path) -> None:
+        self.node_rank, self.returncode, self.log_path = node_rank, returncode, str(log_path)
+        super().__init__(f"node {node_rank}'s torchrun exited {returncode} ({log_path}):\n{log_tail(log_path)}")
+
+    def __reduce__(self):  # Prefect pickles a task's exception with its arguments
+        return (NodeFailed, (self.node_rank, self.returncode, Path(self.log_path)))
+
+
+def torchrun_command(
+    launch: Launch, python: str = sys.executable, local_node: tuple[int, int, int | None] | None = None
+) -> list[str]:
+    """The node's command; `local_node` = (node_rank, master port, listening fd or None) for one of
+    several nodes on this machine (`launch.local_nodes`, run_local_nodes)."""
+    runner = "worker.agent" if launch.nnodes == 1 or local_node else "torch.distributed.run"
+    cmd = [python, "-m", runner]
+    if local_node is not None:
+        node_rank, port, fd = local_node
+        cmd += ["--nodes", str(launch.nnodes), "--node-rank", str(node_rank), "--master-port", str(port)]
+        cmd += ["--listen-fd", str(fd)] if fd is not None else []
+        cmd += ["--"]
+    cmd += ["--nproc-per-node", str(launch.nproc_per_node), "--max-restarts", str(launch.max_restarts)]
+    if launch.nnodes > 1 and local_node is None:
         host, sep, port = launch.rdzv_endpoint.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise MeshplanError("--rdzv-endpoint", launch.rdzv_endpoint, "write it as HOST:PORT, e.g. 10.0.0.1:29500")
@@ -193,14 +213,18 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def _popen_logged(cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def _popen_logged(
+    cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen:
     """Start `cmd` in its own session/process group, output appended to `log_path`, tagged for kill_group."""
     tag = uuid.uuid4().hex
     env = {**os.environ, **(extra_env or {}), JOB_TAG: tag}
     env.setdefault("OMP_NUM_THREADS", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, pass_fds=pass_fds
+        )
     _job_tags[proc.pid] = tag
     return proc
 
@@ -243,6 +267,51 @@ def run_logged(
         raise
     job_exited(proc)
     return rc, time.monotonic() - t0
+
+
+def node_log(run_dir: str | Path, node_rank: int) -> Path:
+    """Node 0's torchrun log is the run's `torchrun.log` (as with one node); node R's `torchrun.nodeR.log`."""
+    return Path(run_dir) / ("torchrun.log" if node_rank == 0 else f"torchrun.node{node_rank}.log")
+
+
+def run_local_nodes(
+    launch: Launch, timeout_s: float, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5
+) -> float:
+    """Every node of `launch` on this machine, one runner each (worker.agent, static rendezvous on
+    127.0.0.1); wall seconds once all exited 0. Raises NodeFailed for the first node that exits
+    non-zero, after taking the other nodes down; TimeoutError past `timeout_s`, all killed."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    listener = socket.create_server((LOOPBACK, 0))  # held until node 0's store takes it: no port race
+    port, fd = listener.getsockname()[1], listener.fileno()
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(launch.nnodes):
+            cmd = torchrun_command(launch, local_node=(r, port, fd if r == 0 else None))
+            procs.append(_popen_logged(cmd, node_log(launch.run_dir, r), pass_fds=(fd,) if r == 0 else ()))
+            if r == 0:
+                listener.close()  # node 0 holds its own copy
+        running = dict(enumerate(procs))
+        while running:
+            exited = {r: rc for r, proc in running.items() if (rc := proc.poll()) is not None}
+            failed = sorted((rc >= 0, r, rc) for r, rc in exited.items() if rc != 0)
+            if failed:  # the lost node first: killed by a signal, its peers only exit after it with errors
+                _, r, rc = failed[0]  # its ranks may outlive their agent: kill_group (below) finds them by tag
+                raise NodeFailed(r, rc, node_log(launch.run_dir, r))
+            for r in exited:
+                job_exited(running.pop(r))
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"training ran past {timeout_s:.0f} s; every node's process group was killed")
+            if on_poll is not None:
+                on_poll()
+            time.sleep(min(poll_s, 0.1))
+    except BaseException:  # a node failed, timed out, interrupted: no node's ranks outlive the launch
+        listener.close()
+        for proc in procs:
+            if proc.pid in _job_tags:
+                kill_group(proc)
+        raise
+    return time.monotonic() - t0
 
 
 def log_tail(log_path: Path, num_chars: int = 4000) -> str:

@@ -131,6 +131,31 @@ def device_to_rank(plan: Plan) -> dict[int, int]:
     return {slot.device_id: slot.rank for slot in rank_map(plan)}
 
 
+def node_ranks(plan: Plan, node_of_device: dict[int, int], per_node: int) -> dict[int, int]:
+    """Which torchrun node_rank each of the plan's nodes launches as, when its devices span nodes.
+
+    torchrun's static rendezvous numbers global ranks node-major (node_rank × per_node + local
+    rank), and rank r runs the device `rank_map(plan)[r]` names: so the ranks of each node's devices
+    must be one aligned block of `per_node` ranks, the block's index that node's node_rank. Else a
+    tp group or a stage the plan put inside a node would run across two: MeshplanError."""
+    rank_of = device_to_rank(plan)
+    members: dict[int, list[int]] = {}
+    for device, rank in rank_of.items():
+        members.setdefault(node_of_device[device], []).append(rank)
+    out: dict[int, int] = {}
+    for node, ranks in sorted(members.items()):
+        block = ranks[0] // per_node
+        if len(ranks) != per_node or any(r // per_node != block for r in ranks):
+            raise MeshplanError(
+                f"plan {plan.fingerprint()[:8]} node {node}",
+                sorted(ranks),
+                f"its devices run ranks that are not one block of {per_node} (torchrun numbers ranks "
+                "node-major); launch it on one node, or a plan whose stages and replicas fill whole nodes",
+            )
+        out[node] = block
+    return out
+
+
 def stage_ranks(plan: Plan, stage: int) -> list[list[int]]:
     """Ranks of physical stage `stage` as [replica][tp index]."""
     first = sum(len(s.device_ids) for s in plan.stages[:stage])

@@ -4,6 +4,8 @@ Every state change and its event row are written in one transaction; a transitio
 machine does not allow raises MeshplanError naming the job, its state and the target. A job also
 carries its training options (`train_json`), its run folder once launched and the allocation it was
 admitted with (`base_allocation`), which the elastic runner (flows/job.py) and the scheduler read.
+A job's model is a preset name (`model`), or dimensions: a ModelSpec stored whole (`model_json`,
+migration 0012; NULL on a preset's row) and named by its `name` in `model`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from planner.errors import MeshplanError
+from planner.specs.model import PRESETS, ModelSpec
 from storage.db import connect, query
 
 STATES = ("queued", "running", "resizing", "finished", "failed", "cancelled")
@@ -31,7 +34,7 @@ ALLOWED = {
 
 def submit_job(
     db_path: str | Path,
-    model: str,
+    model: str | ModelSpec,
     global_batch: int,
     iterations: int,
     *,
@@ -44,9 +47,12 @@ def submit_job(
 ) -> str:
     """Queue a job; returns its id. Resubmitting an existing id is an error, not a duplicate.
 
-    `train`: train_flow's options for this job (data, optimizer, lr, seed, checkpoint_every)."""
+    `model`: a preset (or speed-table) name, or a ModelSpec — stored with its dimensions unless it is
+    exactly the preset of its name. `train`: train_flow's options for this job (data, optimizer, lr,
+    seed, checkpoint_every)."""
     if global_batch <= 0 or iterations <= 0:
         raise MeshplanError("global_batch/iterations", (global_batch, iterations), "both must be positive")
+    name, model_json = _model_columns(model)
     job_id = job_id or uuid.uuid4().hex[:12]
     with connect(db_path) as con:
         con.execute("BEGIN TRANSACTION")
@@ -55,11 +61,11 @@ def submit_job(
             raise MeshplanError("job_id", job_id, "already submitted; pick another id or cancel that job")
         con.execute(
             "INSERT INTO jobs (job_id, model, global_batch, iterations, seq, priority, deadline_s, gpu_kinds,"
-            " state, allocation, submitted_at, updated_at, train_json)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', NULL, now(), now(), ?)",
+            " state, allocation, submitted_at, updated_at, train_json, model_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', NULL, now(), now(), ?, ?)",
             [
                 job_id,
-                model,
+                name,
                 global_batch,
                 iterations,
                 seq,
@@ -67,11 +73,26 @@ def submit_job(
                 deadline_s,
                 ";".join(gpu_kinds),
                 json.dumps(train or {}),
+                model_json,
             ],
         )
         con.execute("INSERT INTO job_events VALUES (?, 0, NULL, 'queued', NULL, 'submitted', now())", [job_id])
         con.execute("COMMIT")
     return job_id
+
+
+def _model_columns(model: str | ModelSpec) -> tuple[str, str | None]:
+    """(model, model_json) of a job's row: a preset's dimensions are its name's, anything else is stored."""
+    if isinstance(model, str):
+        return model, None
+    return model.name, None if PRESETS.get(model.name) == model else model.model_dump_json()
+
+
+def job_model(row: dict[str, Any]) -> ModelSpec | None:
+    """The ModelSpec a job row stores (a custom or model-file job), or None: its `model` is a preset
+    (or a speed table's key) by name."""
+    text = row.get("model_json")
+    return ModelSpec.model_validate_json(text) if text else None
 
 
 def transition(

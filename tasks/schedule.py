@@ -26,7 +26,7 @@ from launcher.control import read_control, write_control
 from launcher.launch import start_logged
 from planner.errors import MeshplanError
 from planner.replan.options import relabel_for_runtime
-from planner.runtime import check_launchable
+from planner.runtime import check_launchable, node_ranks
 from planner.schedule import (
     Allocation,
     ClusterState,
@@ -41,9 +41,8 @@ from planner.schedule import (
 from planner.schedule.trace import cluster_from_spec
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SEARCH_BUDGET_S
-from planner.specs.model import get_model
 from planner.specs.plan import Plan
-from storage.jobs import list_jobs, set_job_run, transition
+from storage.jobs import job_model, list_jobs, set_job_run, transition
 
 
 def alloc_text(a: Allocation) -> str:
@@ -68,6 +67,7 @@ def job_from_row(row: dict) -> Job:
         row["priority"],
         row["deadline_s"],
         kinds,
+        spec=job_model(row),
     )
 
 
@@ -204,7 +204,10 @@ def reconcile_runners(db_path: str) -> list[str]:
 
 @task(name="plan-for-allocation", cache_policy=NO_CACHE)
 def plan_for_allocation(spec: ClusterSpec, row: dict, alloc: str, time_budget_s: float = SEARCH_BUDGET_S) -> Plan:
-    """The job's best launchable plan on `alloc`, on ranks 0..n−1 (planner.search through PlannerSpeed)."""
+    """The job's best launchable plan on `alloc`, on ranks 0..n−1 (planner.search through PlannerSpeed).
+
+    On several nodes, rank r runs on node r // per_node (torchrun's node-major numbering, one runner
+    per node): a plan that would split one node's devices across rank blocks is refused."""
     job, a = job_from_row(row), parse_alloc(alloc)
     speed = PlannerSpeed.from_cluster(spec, time_budget_s=time_budget_s)
     if a.kind not in speed.templates:
@@ -212,6 +215,8 @@ def plan_for_allocation(spec: ClusterSpec, row: dict, alloc: str, time_budget_s:
     plan = speed.best_plan(job, a)
     if plan is None:
         raise MeshplanError(f"job {job.job_id} allocation", alloc, f"no plan of {job.model} fits it")
+    if a.num_nodes > 1:  # the allocation's cluster numbers its devices node by node
+        node_ranks(plan, {d: d // a.per_node for d in range(a.count)}, a.per_node)  # refuses a split node
     plan, _ = relabel_for_runtime(plan)
-    check_launchable(plan, a.count, get_model(job.model))  # the search ranks launchable plans first
+    check_launchable(plan, a.count, speed.model_of(job))  # the search ranks launchable plans first
     return plan

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.control import TelemetryTail
-from launcher.launch import Launch, log_tail, run_logged, torchrun_command
+from launcher.launch import Launch, log_tail, run_local_nodes, run_logged, torchrun_command
 from launcher.progress import StepProgress
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
@@ -54,9 +54,11 @@ def launch_training(
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
     with StepProgress(launch.steps, enabled=show_progress) as progress:
-        rc, wall_s = run_logged(
-            torchrun_command(launch), log, timeout_s, on_poll=lambda: progress.update(tail.read_new()), poll_s=poll_s
-        )
+        poll = lambda: progress.update(tail.read_new())  # noqa: E731
+        if launch.local_nodes and launch.nnodes > 1:  # every node here: one runner each (NodeFailed names a lost one)
+            rc, wall_s = 0, run_local_nodes(launch, timeout_s, on_poll=poll, poll_s=poll_s)
+        else:
+            rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s, on_poll=poll, poll_s=poll_s)
         progress.update(tail.read_new())
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")

@@ -172,6 +172,10 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
     return {
         "run_id": opts.run_id,
         "rank": layout.rank,
+        # torchrun's node of this rank (GROUP_RANK) and its place there: several nodes number ranks
+        # node-major (planner/runtime.py node_ranks), which these let a run's telemetry show
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "stage": layout.stage,
         "replica": layout.replica,
         "tp_index": layout.tp_index,

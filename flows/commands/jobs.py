@@ -9,13 +9,32 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings
+from flows.commands.model_options import (
+    FamilyOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqLenOpt,
+    VocabOpt,
+)
 
 
 @app.command()
 def submit(
-    model: Annotated[str, typer.Option("--model", help="model preset")],
     global_batch: Annotated[int, typer.Option("--global-batch", help="samples per step")],
     iterations: Annotated[int, typer.Option("--iterations", help="steps to run")],
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="default: a fresh id")] = None,
     seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
     priority: Annotated[int, typer.Option("--priority")] = 0,
@@ -29,17 +48,27 @@ def submit(
         int | None, typer.Option("--checkpoint-every", help="steps between checkpoints (default: config)")
     ] = None,
 ) -> None:
-    """Queue a training job for the cluster scheduler (training options default to the config's [train])."""
-    from planner.specs.model import get_model
+    """Queue a training job for the cluster scheduler (training options default to the config's [train]).
+
+    The model is named as for `meshplan plan`: a preset, `custom` with its dimensions, or a model
+    TOML; a custom model's dimensions are stored with the job, priced by the scheduler and built by
+    the job's ranks."""
+    from flows.commands.model_options import resolve_model
+    from planner.errors import MeshplanError
     from storage.jobs import submit_job
 
-    get_model(model)  # an unknown preset fails here with suggestions, not in a later round
+    # an unknown preset or bad dimensions fail here, naming the option, not in a later round
+    spec = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    if spec is None:
+        raise MeshplanError("--model", None, "name a preset, `custom` with --layers --hidden --heads, or a model TOML")
+    if seq is not None and spec.has_learned_positions and seq > spec.seq_len:
+        raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
     kinds = tuple(k.strip().lower() for k in gpu_kinds.split(",") if k.strip())
     options = {"data": data, "optimizer": optimizer, "lr": lr, "seed": seed, "checkpoint_every": checkpoint_every}
     train = job_train_options({k: v for k, v in options.items() if v is not None})
     jid = submit_job(
         db_path(load_settings()),
-        model,
+        spec,
         global_batch,
         iterations,
         job_id=job_id,
@@ -97,9 +126,11 @@ def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
     """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
     from tasks.schedule import parse_alloc
 
-    doc = {k: v for k, v in row.items() if k != "train_json"}
+    doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json")}
     if "train_json" in row:
         doc["train"] = json.loads(row["train_json"] or "{}")
+    if "model_json" in row:  # a custom model's dimensions; null: the preset `model` names
+        doc["model_spec"] = json.loads(row["model_json"]) if row["model_json"] else None
     for key in ("allocation", "base_allocation"):
         if key not in row:
             continue

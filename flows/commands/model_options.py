@@ -123,7 +123,8 @@ def model_for_plan(plan: Plan, given: ModelSpec | None) -> ModelSpec:
 
     recorded = plan.provenance.model_fingerprint
     if given is None:
-        if plan.model in PRESETS:
+        # a model file or job named like a preset records other dimensions: the preset is not its model
+        if plan.model in PRESETS and (not recorded or PRESETS[plan.model].fingerprint() == recorded):
             return PRESETS[plan.model]
         raise MeshplanError(
             "--model",

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flows.app import app, db_path, load_settings, prefect_env
+from flows.commands.model_options import (
+    FamilyOpt,
+    FfnOpt,
+    HeadsOpt,
+    HiddenOpt,
+    KvHeadsOpt,
+    LayersOpt,
+    ModelOpt,
+    SeqLenOpt,
+    VocabOpt,
+)
+
+if TYPE_CHECKING:
+    from planner.specs.config import RunConfig
 
 
 @app.command()
@@ -50,9 +64,20 @@ def train(
             "--dry-run", help="run the plan's exact layout on local CPU ranks, model scaled down (default 2 steps)"
         ),
     ] = False,
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    hidden: HiddenOpt = None,
+    heads: HeadsOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    ffn_hidden: FfnOpt = None,
+    vocab: VocabOpt = None,
+    seq_len: SeqLenOpt = None,
+    family: FamilyOpt = None,
 ) -> None:
     """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported.
 
+    A plan made for a custom model trains it when given its dimensions again (`--model custom
+    --layers ...` or `--model FILE.toml`, as for `meshplan plan`); they must be the plan's model's.
     --dry-run proves a plan launches before GPU hours are spent on it (flows/dryrun.py)."""
     extra = []
     for field, value in (
@@ -95,6 +120,7 @@ def train(
         },
         "fault injection",
     )
+    model_json = _model_file(cfg, plan, model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
     t = cfg.train
     request = parse(
         TrainRequest,
@@ -111,6 +137,7 @@ def train(
             "cluster_path": str(cluster) if cluster else None,
             "faults": faults,
             "show_progress": not as_json,
+            "model_json": model_json,
         },
         "train",
     )
@@ -161,3 +188,23 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
     typer.echo(f"dry run {out['run_id']} passed in {out['wall_s']:.1f} s ({out['run_dir']}):")
     for line in out["lines"]:
         typer.echo(f"  {line}")
+
+
+def _model_file(cfg: RunConfig, plan: Path | None, model: str | None, *dims: int | str | None) -> str | None:
+    """The ModelSpec JSON the ranks build, written to the state folder, when --model names dimensions
+    (None: the plan's preset). Checked against a plan file's model now, naming --model."""
+    from flows.commands.model_options import model_for_plan, resolve_model
+    from planner.specs.model import PRESETS
+    from planner.specs.plan import parse_plan_json
+
+    spec = resolve_model(model, *dims)
+    if spec is None:
+        return None
+    if plan is not None:
+        model_for_plan(parse_plan_json(plan.read_text(), origin=plan.name), spec)
+    if PRESETS.get(spec.name) == spec:
+        return None
+    path = Path(cfg.state.dir) / "models" / f"{spec.fingerprint()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec.model_dump_json(indent=2))
+    return str(path)

@@ -15,7 +15,7 @@ from planner.schedule.types import Allocation, ClusterState, Job, kind_alias
 from planner.search import search
 from planner.specs.cluster import ClusterSpec, NodeSpec
 from planner.specs.config import SEARCH_BUDGET_S
-from planner.specs.model import get_model
+from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan
 
 
@@ -82,7 +82,7 @@ class PlannerSpeed:
     `templates` maps a kind to the NodeSpec it is cut from (device, links); counts are powers of two
     packed on the fewest nodes, because that is where the planner's plans (tp inside a node, pp/dp
     across) are fastest and the options stay few. `time_budget_s` bounds each search; results are
-    cached per (model, batch, seq, allocation), so a round re-prices nothing it priced before.
+    cached per (model's dimensions, batch, seq, allocation), so a round re-prices nothing it priced before.
     """
 
     def __init__(
@@ -94,6 +94,15 @@ class PlannerSpeed:
         self.queries = 0
         self._cache: dict[tuple[str, int, int | None, Allocation], Price | None] = {}
         self._plans: dict[tuple[str, int, int | None, Allocation], Plan | None] = {}
+
+    @staticmethod
+    def model_of(job: Job) -> ModelSpec:
+        """The model the job trains: its dimensions, or its preset's (an unknown name fails with suggestions)."""
+        return job.spec if job.spec is not None else get_model(job.model)
+
+    def _key(self, job: Job, alloc: Allocation) -> tuple[str, int, int | None, Allocation]:
+        # by the dimensions' fingerprint: two custom jobs both named "custom" are different models
+        return (self.model_of(job).fingerprint(), job.global_batch, job.seq, alloc)
 
     @classmethod
     def from_cluster(cls, spec: ClusterSpec, **kw: float) -> PlannerSpeed:
@@ -114,7 +123,7 @@ class PlannerSpeed:
 
     def best_plan(self, job: Job, alloc: Allocation) -> Plan | None:
         """The searched plan behind `price` (launchable ones rank first), on the allocation's devices 0..n−1."""
-        key = (job.model, job.global_batch, job.seq, alloc)
+        key = self._key(job, alloc)
         if key not in self._plans:
             self.queries += 1
             node = self.templates[alloc.kind].model_copy(
@@ -122,7 +131,7 @@ class PlannerSpeed:
             )
             spec = ClusterSpec(name=f"alloc-{alloc.kind}-{alloc.count}", nodes=(node,))
             res = search(
-                get_model(job.model),
+                self.model_of(job),
                 spec,
                 global_batch=job.global_batch,
                 seq=job.seq,
@@ -134,7 +143,7 @@ class PlannerSpeed:
         return self._plans[key]
 
     def price(self, job: Job, alloc: Allocation) -> Price | None:
-        key = (job.model, job.global_batch, job.seq, alloc)
+        key = self._key(job, alloc)
         if key in self._cache:
             return self._cache[key]
         best = self.best_plan(job, alloc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.errors import MeshplanError
+from planner.specs.model import ModelSpec
 
 POLICIES = ("jct", "throughput", "deadline", "fairness", "fcfs", "gavel")
 
@@ -45,6 +46,9 @@ class Allocation:
 class Job:
     """One training job. `model` is a preset name or a table key ('bert_2.6B_256'); `iterations` the steps to run.
 
+    `spec` is the model's dimensions when they are not a preset's (a custom or model-file job):
+    the planner prices that, and `model` is then only its name (what a speed table is keyed by).
+
     `requested` is what the user asked for (FCFS runs exactly that); `kinds` restricts the GPU kinds
     any policy may give it (empty = any). `state_bytes` (weights + optimizer states) prices a switch.
     """
@@ -60,6 +64,7 @@ class Job:
     kinds: tuple[str, ...] = ()
     requested: Allocation | None = None
     state_bytes: float = 0.0
+    spec: ModelSpec | None = None
 
     def allows(self, kind: str) -> bool:
         return not self.kinds or kind in self.kinds

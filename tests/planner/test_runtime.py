@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from planner.cost import estimate
+from planner.errors import MeshplanError
 from planner.runtime import (
     boundary_pieces,
     device_to_rank,
     launch_problems,
     launchable_first,
     loss_weight,
+    node_ranks,
     rank_map,
     stage_ranks,
 )
@@ -52,6 +54,19 @@ def test_rank_map_is_stage_major_replica_then_tp_and_a_bijection():
     assert [(s.stage, s.replica, s.tp_index) for s in slots[:4]] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
     assert device_to_rank(plan) == {6: 0, 4: 1, 2: 2, 0: 3, 7: 4, 5: 5, 3: 6, 1: 7}
     assert stage_ranks(plan, 1) == [[4, 5], [6, 7]]
+
+
+def test_a_plan_spanning_nodes_gives_each_node_one_block_of_node_major_ranks_or_is_refused():
+    """torchrun numbers ranks node-major: node n of 2-device nodes must run ranks {2b, 2b+1}, b its node_rank."""
+    node_of = {d: d // 2 for d in range(4)}
+    tp_in_nodes = _plan([_st(0, 2, [2, 3], tp=2), _st(2, 4, [0, 1], tp=2)])  # stage 0 on node 1
+    assert node_ranks(tp_in_nodes, node_of, 2) == {1: 0, 0: 1}
+    tp_across = _plan([_st(0, 2, [0, 2], tp=2), _st(2, 4, [1, 3], tp=2)])  # each tp group spans both nodes
+    with pytest.raises(MeshplanError, match="not one block of 2") as exc:
+        node_ranks(tp_across, node_of, 2)
+    assert exc.value.value == [0, 2]
+    one_each = _plan([_st(0, 4, [1, 0], dp=2)], shares=(4, 4))
+    assert node_ranks(one_each, {0: 0, 1: 1}, 1) == {1: 0, 0: 1}
 
 
 def test_stages_of_different_tp_launch_and_their_leaders_exchange_whole_micro_batches():

@@ -68,3 +68,31 @@ def test_nothing_in_the_queue_is_lost_when_the_scheduler_is_killed_mid_round(tmp
     running = set(list_jobs(db, "running")["job_id"])
     assert started <= running and len(running) <= len(started) + 1  # at most the one being written
     assert 0 < len(running) < 20 and len(list_jobs(db, "queued")) == 20 - len(running)
+
+
+def test_custom_model_is_stored_with_its_job_and_pre_0012_rows_read_as_presets(tmp_path: Path) -> None:
+    import duckdb
+
+    from planner.specs.model import PRESETS, ModelSpec
+    from storage import db as store
+    from storage.jobs import get_job, job_model
+    from tasks.schedule import job_from_row
+
+    path = tmp_path / "m.duckdb"
+    con = duckdb.connect(str(path))  # a store last opened before migration 0012, holding a job
+    store.migrate(con)
+    con.execute("DELETE FROM schema_version WHERE version >= 12")
+    con.execute("ALTER TABLE jobs DROP COLUMN model_json")
+    con.execute(
+        "INSERT INTO jobs (job_id, model, global_batch, iterations, state, submitted_at, updated_at)"
+        " VALUES ('old', 'tiny', 8, 10, 'queued', now(), now())"
+    )
+    con.close()
+    store._migrated.clear()
+    custom = ModelSpec(name="custom", num_layers=2, hidden=32, num_heads=2, vocab_size=128, seq_len=32)
+    submit_job(path, custom, 4, 5, job_id="new")  # migrates the store, then writes the dimensions
+    submit_job(path, PRESETS["tiny"], 4, 5, job_id="preset")
+    old, new, preset = (get_job(path, j) for j in ("old", "new", "preset"))
+    assert (old["model_json"], job_model(old), job_from_row(old).spec) == (None, None, None)
+    assert (new["model"], job_model(new), job_from_row(new).spec) == ("custom", custom, custom)
+    assert (preset["model"], preset["model_json"]) == ("tiny", None)  # a preset is stored by its name

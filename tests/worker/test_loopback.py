@@ -90,3 +90,71 @@ def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_pla
     finally:
         for proc in procs:
             kill_group(proc)
+
+
+def test_two_nodes_on_this_machine_listen_on_loopback_only_and_a_lost_node_takes_the_other_down(tmp_path, make_plan):
+    """run_local_nodes (a job spanning two simulated nodes): node 0's agent holds the store on the
+    127.0.0.1 socket the launcher bound, node 1's agent connects to it, and every socket either
+    node's processes listen on is loopback. SIGKILLing node 1's agent then ends the launch with
+    NodeFailed naming node 1, and node 0's agent and both ranks are gone when it returns."""
+    import signal
+    import threading
+
+    from launcher.launch import NodeFailed, run_local_nodes
+
+    (tmp_path / "plan.json").write_text(json.dumps(make_plan([(0, 2), (2, 4)])))
+    launch = Launch(
+        plan_path=str(tmp_path / "plan.json"),
+        run_dir=str(tmp_path),
+        run_id="nodes",
+        steps=1_000_000,
+        nproc_per_node=1,
+        nnodes=2,
+        local_nodes=True,
+        data="synthetic",
+        optimizer="sgd",
+        lr=0.1,
+    )
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            run_local_nodes(launch, timeout_s=300.0)
+        except BaseException as exc:  # noqa: BLE001 - the test reads what ended it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    agents: dict[int, int] = {}
+    try:
+        wait_for_steps(tmp_path, 2)
+        job = _run_processes(tmp_path)
+        for pid in job:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"worker.agent" in argv:
+                agents[int(argv[argv.index(b"--node-rank") + 1])] = pid
+        assert sorted(agents) == [0, 1], job
+        sockets = _listening(set(job))
+        assert agents[0] in {pid for pid, _, _ in sockets}, f"node 0's agent holds no store: {sockets}"
+        assert agents[1] not in {pid for pid, _, _ in sockets}, "node 1's agent must not listen"
+        assert all(_is_loopback(addr) for _, addr, _ in sockets), f"listens beyond loopback: {sockets}"
+        os.kill(agents[1], signal.SIGKILL)
+    finally:
+        thread.join(timeout=120)
+    err = out.get("error")
+    assert isinstance(err, NodeFailed) and err.node_rank == 1 and err.returncode == -signal.SIGKILL, err
+    assert not _run_processes(tmp_path), "a node's agent or rank outlived the launch"
+
+
+def _run_processes(run_dir: Path) -> list[int]:
+    """Live processes whose command line names `run_dir` (agents and ranks of the launch)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and str(run_dir).encode() in (d / "cmdline").read_bytes():
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(d.name))
+        except OSError:
+            continue
+    return found

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.specs.model import get_model
+from planner.specs.model import ModelSpec, get_model
 from tests.support.reference import train_reference
 from worker.checkpoint import checkpoint_step, latest_checkpoint, load_full_model_state
 
@@ -25,9 +25,10 @@ SGD = ("--data", "synthetic", "--optimizer", "sgd", "--lr", "0.5")
 
 
 def assert_matches_reference(
-    run_dir: Path, model: str, steps: int, optimizer: str = "sgd", lr: float = 0.5, atol: float = 2e-5
+    run_dir: Path, model: str | ModelSpec, steps: int, optimizer: str = "sgd", lr: float = 0.5, atol: float = 2e-5
 ) -> None:
-    spec = get_model(model)
+    """The run's final checkpoint equals the single-process reference's weights (`model`: a preset or dims)."""
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
     plan = json.loads((run_dir / "plan.json").read_text())
     ref, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], steps, "synthetic", 0, lr, optimizer)
     init, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], 0)
