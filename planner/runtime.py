@@ -78,9 +78,7 @@ def rank_map(plan: Plan) -> tuple[RankSlot, ...]:
         q = num_slices(plan, i)
         for idx, dev in enumerate(s.device_ids):  # device_ids are replica-major, then cp: (r*cp + c)*tp + t
             r, c = idx // (s.tp * s.cp), idx // s.tp % s.cp
-            slots.append(
-                RankSlot(len(slots), dev, i, r, idx % s.tp, s.tp, s.dp, virtual, r // q, r % q, q, c, s.cp)
-            )
+            slots.append(RankSlot(len(slots), dev, i, r, idx % s.tp, s.tp, s.dp, virtual, r // q, r % q, q, c, s.cp))
     return tuple(slots)
 
 

@@ -13,9 +13,11 @@ import pytest
 from planner.cost import estimate
 from planner.cost import formulas as F
 from planner.cost import memory as M
+from planner.cost.completion import complete_profiles
 from planner.cost.devices import DeviceIndex
+from planner.cost.estimate import _place, _stage_context, plan_profile_needs
 from planner.cost.overlap import MESHPLAN
-from planner.errors import MeshplanError
+from planner.cost.stage import stage_coeffs
 from planner.report.export import to_megatron, to_torchtitan
 from planner.runtime import launch_problems, rank_map
 from planner.specs.cluster import parse_cluster
@@ -104,11 +106,6 @@ def test_cp_halves_a_ranks_compute_and_adds_the_kv_exchange_per_block():
 
 
 def test_cp_keeps_a_ranks_share_of_activations_plus_the_other_ranks_kv():
-    from planner.cost.estimate import _place, _stage_context  # the stage's coefficients, as estimate builds them
-    from planner.cost.stage import stage_coeffs
-    from planner.cost.completion import complete_profiles
-    from planner.cost.estimate import plan_profile_needs
-
     def coeffs(p, cluster):
         idx = DeviceIndex(cluster)
         table = complete_profiles(TINY, cluster, None, plan_profile_needs(p), kinds={"H100-SXM5-80GB"})
