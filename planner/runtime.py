@@ -100,8 +100,9 @@ def slice_size(plan: Plan, stage: int) -> int:
 
 def loss_weight(plan: Plan) -> float:
     """Weight of one last-stage slice loss (a token mean over its samples): slice / global batch,
-    so that the SUM over every slice of every micro-batch and replica is the full-batch mean."""
-    return slice_size(plan, len(plan.stages) - 1) / plan.global_batch_size
+    so that the SUM over every slice of every micro-batch and replica is the full-batch mean; under
+    context parallelism each cp rank's loss is the mean over its seq / cp tokens, so 1/cp of that."""
+    return slice_size(plan, len(plan.stages) - 1) / plan.global_batch_size / plan.cp
 
 
 @dataclass(frozen=True, slots=True)
