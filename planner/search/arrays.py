@@ -160,7 +160,7 @@ class Pricer:
         key = (cls, width, tp)
         ln = self.dplink_memo.get(key)
         if ln is None:
-            ln = self.dplink_memo[key] = self.intern(dp_link(self.classes[cls], width, False, [], tp))
+            ln = self.dplink_memo[key] = self.intern(dp_link(self.classes[cls], width, False, [], tp, self.stack.cp))
         return ln
 
     def row(self, co: StageCoeffs) -> tuple[float, ...]:
@@ -337,16 +337,19 @@ class SegmentSpec:
     dplink: Link
 
 
-def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list, tp: int = 1) -> Link:
+def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list, tp: int = 1, cp: int = 1) -> Link:
     """The data-parallel ring of a stage `width` devices wide (dp replicas × tp): intra-node, or across
-    nodes with as many NIC shares per node as the ring has ranks there (cost.devices.DeviceIndex.ring_link)."""
+    nodes with as many NIC shares per node as the ring has ranks there (cost.devices.DeviceIndex.ring_link).
+    On cp-folded classes (planner.search.cp) the ring holds each replica's cp ranks, all on its node:
+    cp times the ranks per node, on the physical node."""
     if multi_class:
         return cross_node_link(specs)
     g = c.devices_per_node
     if width <= g:
         return c.intra
     nodes = [off // g for off in range(0, width, tp)]  # tp rank 0 of each replica
-    return cross_node_link([c.spec], ranks_per_node=ring_ranks_per_node(nodes), num_nodes=len(set(nodes)))
+    spec = c.spec if cp == 1 else c.spec.model_copy(update={"num_devices": g * cp})
+    return cross_node_link([spec], ranks_per_node=ring_ranks_per_node(nodes) * cp, num_nodes=len(set(nodes)))
 
 
 def next_link(a: DeviceClass, sa: StageSpec, b: DeviceClass, sb: StageSpec) -> Link:

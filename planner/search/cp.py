@@ -17,8 +17,9 @@ few samples per step leave dp ranks idle or pipelines with few micro-batches. So
 searched when seq ≥ SearchSpace.cp_min_seq (8192 by default: where llama-class activations of one
 sample reach tens of GB per stage), or when the cp = 1 passes found no feasible plan (memory
 binding). At seq 2048 with a feasible plan the search does exactly the work it did before.
-The dp ring of a folded stage is priced over its folded replicas (one member per cp group), while
-`estimate` prices the built plan's ring over every dp × cp rank; the search ranks by `estimate`.
+The dp ring of a folded stage is priced over every dp × cp rank on the physical nodes
+(arrays.dp_link), as `estimate` prices the built plan's ring, so each cp pass is exact in its part
+of the space (tests/planner/test_search_cp.py: equal to the oracle, which enumerates cp too).
 """
 
 from __future__ import annotations

@@ -1,13 +1,21 @@
 """Context parallelism in the search (planner.search.cp): searched where it can help, folded cp groups
 expanded to physical devices inside one node, and no extra work at short sequences."""
 
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
 from planner.cost.devices import DeviceIndex
 from planner.search import NoFeasiblePlan, search
 from planner.search.classes import device_classes
 from planner.search.cp import cp_degrees, fold_classes
+from planner.search.oracle import oracle_search
 from planner.search.space import SearchSpace
 from planner.specs.cluster import parse_cluster
 from planner.specs.model import get_model
+from tests.planner.test_search_oracle import SPACE, cheapest, instances
 
 LLAMA = get_model("llama3-70b")
 
@@ -62,3 +70,25 @@ def test_folded_ids_expand_to_cp_groups_and_contiguous_tp_groups_inside_a_node()
     # a stage of dp 2 × tp 2 on folded 4..7 (the 8-GPU node): replica, cp rank, tp rank
     assert fo.expand_stage_ids((4, 5, 6, 7), tp=2, dp=2) == (8, 9, 12, 13, 10, 11, 14, 15)
     assert len(fold_classes(device_classes(cluster), 8).classes) == 1  # cp 8 only divides the 8-GPU node
+
+
+# cp searched on every instance (cp_min_seq 0), so the cp passes run on the property's tiny clusters
+CP_SPACE = replace(SPACE, context_parallel=(1, 2), cp_min_seq=0)
+
+
+@settings(
+    max_examples=int(os.environ.get("ORACLE_EXAMPLES", "6")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(instances())
+def test_search_with_cp_costs_exactly_what_the_oracle_finds(inst):
+    """The oracle enumerates every cp-folded shape and prices it with estimate; equal best costs prove
+    the cp passes (their bounds, the folded dp ring priced on the physical nodes) exact."""
+    cluster, model, gb = inst
+    oracle = oracle_search(model, cluster, global_batch=gb, space=CP_SPACE)
+    fast = search(model, cluster, global_batch=gb, space=CP_SPACE, baselines=False, top_k=3)
+    if oracle is None:
+        assert not fast.feasible
+        return
+    assert cheapest(fast) == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)

@@ -23,15 +23,16 @@ def cp2(make_plan, model: str, **kw) -> dict:
     return plan
 
 
-def test_cp2_gpt_with_learned_positions_matches_single_process(tmp_path, torchrun, make_plan):
+def test_cp2_gpt_with_learned_positions_and_zero3_matches_single_process(tmp_path, torchrun, make_plan):
     """Learned position embeddings at the rank's global positions, the causal mask by global positions,
-    dK / dV reduce-scattered to their owners, the loss weighted 1/cp, gradients summed over cp."""
-    torchrun(tmp_path, cp2(make_plan, "tiny"), 2, "--steps", "2", *SGD)
+    dK / dV reduce-scattered to their owners, the loss weighted 1/cp, parameters sharded and gradients
+    reduce-scattered over the cp ranks (FSDP2 on the flattened dp × cp mesh)."""
+    torchrun(tmp_path, cp2(make_plan, "tiny", sharding="zero3"), 2, "--steps", "2", *SGD)
     assert_matches_reference(tmp_path, "tiny", 2)
 
 
 def test_cp2_llama_rope_gqa_with_selective_recompute_matches_single_process(tmp_path, torchrun, make_plan):
-    """RoPE at global positions, grouped-query kv heads gathered before the repeat, and the masked
-    attention core re-run by selective recompute."""
+    """RoPE at global positions, grouped-query kv heads gathered before the repeat, the masked
+    attention core re-run by selective recompute, gradients summed over cp by GradSumSync."""
     torchrun(tmp_path, cp2(make_plan, "tiny-llama", recompute="selective"), 2, "--steps", "2", *SGD)
     assert_matches_reference(tmp_path, "tiny-llama", 2)
