@@ -239,23 +239,15 @@ def launch_problems(
             )
         )
     for i, s in enumerate(plan.stages):
-        if s.sequence_parallel and s.tp > 1 and s.cp > 1:
-            # worker.parallel.apply_tp's sequence slices assume the replica's whole sequence
+        if s.sequence_parallel and s.tp > 1 and (plan.seq_len // s.cp) % s.tp:
+            # worker.parallel.apply_tp shards the sequence dimension (a cp rank's seq / cp tokens) in
+            # equal slices over tp
+            local = f"seq_len / cp = {plan.seq_len // s.cp}" if s.cp > 1 else f"seq_len={plan.seq_len}"
             out.append(
                 LaunchProblem(
                     f"stages[{i}].sequence_parallel",
                     True,
-                    f"the torch runtime does not combine sequence parallelism with cp={s.cp}; turn one off, "
-                    "or export the plan",
-                )
-            )
-        if s.sequence_parallel and s.tp > 1 and plan.seq_len % s.tp:
-            # worker.parallel.apply_tp shards the sequence dimension in equal slices over tp
-            out.append(
-                LaunchProblem(
-                    f"stages[{i}].sequence_parallel",
-                    True,
-                    f"sequence parallelism splits seq_len={plan.seq_len} over tp={s.tp}; make tp divide it",
+                    f"sequence parallelism splits {local} over tp={s.tp}; make tp divide it",
                 )
             )
     if model is not None:
