@@ -165,3 +165,13 @@ def test_runtime_refuses_cp_only_where_it_cannot_run_it():
     assert [str(q) for q in launch_problems(odd, 8, TINY)] == [
         "stages[0].sequence_parallel=True: sequence parallelism splits seq_len / cp = 18 over tp=4; make tp divide it"
     ]
+
+
+def test_a_runtime_hiding_part_of_the_exchange_books_only_the_rest():
+    from dataclasses import replace
+
+    hiding = replace(MESHPLAN, name="half", cp_overlap=0.5)
+    base, half = (estimate(cp_plan(2), TINY, gpus(2), runtime=rt) for rt in (MESHPLAN, hiding))
+    assert half.cp_comm_s == pytest.approx(base.cp_comm_s / 2)
+    assert half.tp_comm_s == base.tp_comm_s  # the TP all-reduces keep their own (zero) overlap
+    assert hiding.on_cpu().cp_overlap == 0.0  # no side streams on CPU ranks
