@@ -6,6 +6,7 @@ tiny: h = 64, a = 4 heads (kv = 4), d = 16, ffn = 256, 4 blocks; bf16 (e = 2).
 
 import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -168,8 +169,6 @@ def test_runtime_refuses_cp_only_where_it_cannot_run_it():
 
 
 def test_a_runtime_hiding_part_of_the_exchange_books_only_the_rest():
-    from dataclasses import replace
-
     hiding = replace(MESHPLAN, name="half", cp_overlap=0.5)
     base, half = (estimate(cp_plan(2), TINY, gpus(2), runtime=rt) for rt in (MESHPLAN, hiding))
     assert half.cp_comm_s == pytest.approx(base.cp_comm_s / 2)
