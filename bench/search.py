@@ -8,7 +8,7 @@ over the complete search's best, minus one; the target is 0 everywhere), the bes
 complete search's time grows with GPU count (ratio to the smallest size) and with device kinds
 (ratio to one kind at the same size).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/search.py [--quick] [--repeat 3] [--models a,b] [--sizes 64,1024]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/search.py [--quick] [--repeat 3] [--models a,b] [--sizes 64,1024] [--seq 2048]
 
 --quick: llama3-70b, 64 and 1,024 GPUs. --repeat N: each wall time is the minimum of N runs (the
 machine is shared; say which N a figure used). Growth ratios are to the smallest size at which the
@@ -64,11 +64,11 @@ def _best(res) -> float | None:
     return None if isinstance(res, NoFeasiblePlan) else res.best.predicted.step_time_s
 
 
-def _timed(model, cluster, gb: int, budget: float, repeat: int = 1):
+def _timed(model, cluster, gb: int, budget: float, repeat: int = 1, seq: int | None = None):
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        res = search(model, cluster, global_batch=gb, time_budget_s=budget, baselines=False)
+        res = search(model, cluster, global_batch=gb, seq=seq, time_budget_s=budget, baselines=False)
         best = min(best, time.perf_counter() - t0)
     return res, best
 
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="wall time = min of this many runs")
     ap.add_argument("--models", default="", help="comma-separated model names")
     ap.add_argument("--sizes", default="", help="comma-separated GPU counts")
+    ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
     args = ap.parse_args()
     sizes = [64, 1024] if args.quick else [8, 64, 512, 1024, 4096, 16384]
     models = ["llama3-70b"] if args.quick else ["gpt3-175b", "llama3-70b", "llama3-405b"]
@@ -101,8 +102,8 @@ def main() -> None:
             for mix in MIXES:
                 cluster = make_cluster(n, mix)
                 gb = max(512, n)
-                full, full_s = _timed(model, cluster, gb, float("inf"), args.repeat)
-                cut, cut_s = _timed(model, cluster, gb, budget, args.repeat)
+                full, full_s = _timed(model, cluster, gb, float("inf"), args.repeat, args.seq)
+                cut, cut_s = _timed(model, cluster, gb, budget, args.repeat, args.seq)
                 if not isinstance(full, NoFeasiblePlan):
                     fits.add((model_name, n))
                 wall[(model_name, mix, n)] = full_s

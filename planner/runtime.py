@@ -19,6 +19,11 @@ share p, see `Plan`) holds replicas p·q_s … (p+1)·q_s − 1 of stage s, q_s 
 of them runs every micro-batch of pipeline p as one of q_s equal slices (`RankSlot.slice_index`).
 Activations cross a stage boundary between the tp-rank-0 leaders of the replicas whose sample
 ranges overlap (`boundary_pieces`), and each leader broadcasts to its tp group.
+
+Context parallelism (`StagePlan.cp`): ranks go stage-major, replica, cp index, tp index (device ids
+are listed that way, `StagePlan.tp_devices`), so a uniform plan's mesh is [pp, dp, cp, tp]. cp rank c
+runs chunks c and 2·cp − 1 − c of each sequence (`cp_positions`); its pipeline peers are the ranks
+of the same (replica, cp, tp) coordinates, and gradients sum over dp × cp.
 """
 
 from __future__ import annotations
@@ -53,13 +58,15 @@ class RankSlot:
     device_id: int
     stage: int  # physical stage (pipeline rank), 0..pp-1
     replica: int  # replica index inside its stage, 0..stage dp-1
-    tp_index: int
+    tp_index: int  # see cp_index for the cp coordinate
     tp: int  # the stage's tp
     dp: int  # the stage's dp
     virtual_stages: tuple[int, ...]  # indices into plan.stages this rank runs, in pipeline order
     pipeline: int  # the pipeline replica (index into batch_shares) this rank's replica belongs to
     slice_index: int  # which of its stage's num_slices equal slices of each micro-batch it runs
     num_slices: int  # q_s = stage dp / plan.dp (1 when every stage has the plan's dp)
+    cp_index: int = 0  # which cp rank of its replica (chunks cp_index and 2·cp − 1 − cp_index)
+    cp: int = 1
 
 
 def rank_map(plan: Plan) -> tuple[RankSlot, ...]:
@@ -69,9 +76,9 @@ def rank_map(plan: Plan) -> tuple[RankSlot, ...]:
     for i, s in enumerate(plan.stages[:pp]):
         virtual = tuple(range(i, nst, pp))
         q = num_slices(plan, i)
-        for idx, dev in enumerate(s.device_ids):  # device_ids are replica-major: r*tp + t
-            r = idx // s.tp
-            slots.append(RankSlot(len(slots), dev, i, r, idx % s.tp, s.tp, s.dp, virtual, r // q, r % q, q))
+        for idx, dev in enumerate(s.device_ids):  # device_ids are replica-major, then cp: (r*cp + c)*tp + t
+            r, c = idx // (s.tp * s.cp), idx // s.tp % s.cp
+            slots.append(RankSlot(len(slots), dev, i, r, idx % s.tp, s.tp, s.dp, virtual, r // q, r % q, q, c, s.cp))
     return tuple(slots)
 
 
@@ -93,8 +100,9 @@ def slice_size(plan: Plan, stage: int) -> int:
 
 def loss_weight(plan: Plan) -> float:
     """Weight of one last-stage slice loss (a token mean over its samples): slice / global batch,
-    so that the SUM over every slice of every micro-batch and replica is the full-batch mean."""
-    return slice_size(plan, len(plan.stages) - 1) / plan.global_batch_size
+    so that the SUM over every slice of every micro-batch and replica is the full-batch mean; under
+    context parallelism each cp rank's loss is the mean over its seq / cp tokens, so 1/cp of that."""
+    return slice_size(plan, len(plan.stages) - 1) / plan.global_batch_size / plan.cp
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +135,16 @@ def boundary_pieces(plan: Plan, stage: int) -> tuple[Piece, ...]:
     return tuple(out)
 
 
+def cp_positions(seq_len: int, cp: int, cp_index: int) -> list[int]:
+    """The sequence positions cp rank `cp_index` runs: chunks c and 2·cp − 1 − c of 2·cp equal chunks
+    (load-balanced causal attention: every rank gets the same share of the causal s×s work)."""
+    if cp == 1:
+        return list(range(seq_len))
+    w = seq_len // (2 * cp)
+    lo, hi = cp_index * w, (2 * cp - 1 - cp_index) * w
+    return list(range(lo, lo + w)) + list(range(hi, hi + w))
+
+
 def device_to_rank(plan: Plan) -> dict[int, int]:
     return {slot.device_id: slot.rank for slot in rank_map(plan)}
 
@@ -157,10 +175,17 @@ def node_ranks(plan: Plan, node_of_device: dict[int, int], per_node: int) -> dic
 
 
 def stage_ranks(plan: Plan, stage: int) -> list[list[int]]:
-    """Ranks of physical stage `stage` as [replica][tp index]."""
+    """Ranks of physical stage `stage` as [replica][tp index] (cp = 1; see stage_ranks_cp)."""
     first = sum(len(s.device_ids) for s in plan.stages[:stage])
     s = plan.stages[stage]
     return [[first + r * s.tp + t for t in range(s.tp)] for r in range(s.dp)]
+
+
+def stage_ranks_cp(plan: Plan, stage: int) -> list[list[list[int]]]:
+    """Ranks of physical stage `stage` as [replica][cp index][tp index]."""
+    first = sum(len(s.device_ids) for s in plan.stages[:stage])
+    s = plan.stages[stage]
+    return [[[first + (r * s.cp + c) * s.tp + t for t in range(s.tp)] for c in range(s.cp)] for r in range(s.dp)]
 
 
 def rank_plan(plan: Plan) -> Plan:
@@ -228,14 +253,26 @@ def launch_problems(
     for name, (runs, asked) in stack.items():
         if asked != runs:
             out.append(LaunchProblem(name, asked, f"the torch runtime runs {name}={runs!r}; export the plan instead"))
+    if plan.cp > 1 and not is_uniform(plan):
+        # worker/stages.py (stages of different widths) moves whole sequences between tp leaders
+        out.append(
+            LaunchProblem(
+                "stages.cp",
+                plan.cp,
+                "the torch runtime runs context parallelism on plans whose stages share one tp and dp; "
+                "make them equal, or export the plan",
+            )
+        )
     for i, s in enumerate(plan.stages):
-        if s.sequence_parallel and s.tp > 1 and plan.seq_len % s.tp:
-            # worker.parallel.apply_tp shards the sequence dimension in equal slices over tp
+        if s.sequence_parallel and s.tp > 1 and (plan.seq_len // s.cp) % s.tp:
+            # worker.parallel.apply_tp shards the sequence dimension (a cp rank's seq / cp tokens) in
+            # equal slices over tp
+            local = f"seq_len / cp = {plan.seq_len // s.cp}" if s.cp > 1 else f"seq_len={plan.seq_len}"
             out.append(
                 LaunchProblem(
                     f"stages[{i}].sequence_parallel",
                     True,
-                    f"sequence parallelism splits seq_len={plan.seq_len} over tp={s.tp}; make tp divide it",
+                    f"sequence parallelism splits {local} over tp={s.tp}; make tp divide it",
                 )
             )
     if model is not None:

@@ -63,6 +63,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, self.kv_heads * d, bias=bias)
         self.wv = nn.Linear(h, self.kv_heads * d, bias=bias)
         self.wo = nn.Linear(self.heads * d, h, bias=bias)
+        self.kv_gather = None  # context parallelism (worker/cp.py): this rank's positions, k / v all-gather
         if self.rope:
             cos, sin = rope_tables(d, spec.seq_len)
             self.register_buffer("cos", cos, persistent=False)
@@ -75,17 +76,24 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, d).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, d).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, d).transpose(1, 2)
+        cp, mask = self.kv_gather, None
         if self.rope:
-            q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
+            cos, sin = (self.cos, self.sin) if cp is None else (self.cos[cp.positions], self.sin[cp.positions])
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cp is not None:  # keys and values of the whole sequence, masked by global positions
+            k, v, mask = cp(k), cp(v), cp.mask
         if k.shape[1] != q.shape[1]:  # grouped-query attention: share each kv head across its group
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = self.core(q, k, v)
+        y = self.core(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(b, s, -1))
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention core (what selective recompute re-runs: worker.parallel.apply_recompute)."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention core (what selective recompute re-runs: worker.parallel.apply_recompute);
+        causal, or `mask` (True = attend) where the keys are not the queries' own sequence."""
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class MLP(nn.Module):
@@ -123,11 +131,13 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.padded_vocab, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden) if spec.family == "gpt" else None
+        self.positions: torch.Tensor | None = None  # context parallelism: this rank's token positions
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tok(tokens)
         if self.pos is not None:
-            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            pos = self.positions if self.positions is not None else torch.arange(tokens.shape[1], device=tokens.device)
+            x = x + self.pos(pos)
         return x
 
 

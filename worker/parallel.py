@@ -6,7 +6,9 @@ mesh below is always the canonical arange layout, whatever the plan's device ids
 
 The mesh has dims ("pp", "dp", "tp") with mesh[s, r, t] = the rank of stage s, replica r, tp index t,
 when every stage has the same tp and dp; otherwise each stage has its own ("dp", "tp") mesh
-(worker/stages.py). Either way a part is wrapped over mesh["tp"] and mesh["dp"].
+(worker/stages.py). Either way a part is wrapped over mesh["tp"] and mesh["dp"]. Under context
+parallelism (uniform plans) the mesh is ("pp", "dp", "cp", "tp"), cp attention runs over mesh["cp"]
+(worker/cp.py) and gradients sum over the flattened dp × cp (`grad_mesh`).
 
 Order of wrapping (torchtitan's): TP → activation checkpointing → DP (FSDP2 / gradient sum), per stage part.
 """
@@ -33,7 +35,7 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import MeshplanError
-from planner.runtime import rank_map, stage_ranks
+from planner.runtime import rank_map, stage_ranks, stage_ranks_cp
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, StagePlan
 from worker.model import Decoder, init_weights
@@ -55,6 +57,8 @@ class RankLayout:
     pipeline: int = 0  # the pipeline replica (batch share) this rank works for
     slice_index: int = 0  # which equal slice of each micro-batch (stages of different dp)
     num_slices: int = 1
+    cp_index: int = 0  # context parallelism: which cp rank of its replica (worker/cp.py)
+    cp: int = 1
 
     @property
     def has_first(self) -> bool:
@@ -84,17 +88,29 @@ def rank_layout(plan: Plan, rank: int) -> RankLayout:
         sl.pipeline,
         sl.slice_index,
         sl.num_slices,
+        sl.cp_index,
+        sl.cp,
     )
 
 
 def mesh_ranks(plan: Plan) -> torch.Tensor:
-    """[pp, dp, tp] tensor of global ranks (a uniform plan; see planner/runtime.py)."""
+    """[pp, dp, tp] tensor of global ranks (a uniform plan; see planner/runtime.py), [pp, dp, cp, tp]
+    under context parallelism."""
+    if plan.cp > 1:
+        return torch.tensor([stage_ranks_cp(plan, i) for i in range(plan.pp)])
     return torch.tensor([stage_ranks(plan, i) for i in range(plan.pp)])
+
+
+def grad_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks a part's gradients sum over: its dp replicas, × its cp ranks under context parallelism."""
+    if "cp" not in (mesh.mesh_dim_names or ()):
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     ranks = mesh_ranks(plan)
-    names = ("pp", "dp", "tp")
+    names = ("pp", "dp", "cp", "tp") if plan.cp > 1 else ("pp", "dp", "tp")
     if torch.equal(ranks.flatten(), torch.arange(ranks.numel())):
         return init_device_mesh(device_type, tuple(ranks.shape), mesh_dim_names=names)
     return DeviceMesh(device_type, ranks, mesh_dim_names=names)

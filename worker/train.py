@@ -48,10 +48,11 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from launcher.control import exit_path, read_control, write_json_atomic
 from planner.errors import MeshplanError
-from planner.runtime import check_launchable, is_uniform, loss_weight
+from planner.runtime import check_launchable, cp_positions, is_uniform, loss_weight
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
 from worker import checkpoint, watchdog
+from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
 from worker.model import loss_fn
@@ -64,6 +65,7 @@ from worker.parallel import (
     apply_tp,
     build_mesh,
     build_stage_part,
+    grad_mesh,
     rank_layout,
 )
 from worker.stages import StagePipeline, build_stage_mesh
@@ -115,8 +117,10 @@ def build_parts(
         sp = plan.stages[vi]
         if layout.tp > 1:
             apply_tp(part, spec, mesh["tp"], sp.sequence_parallel)
+        if layout.cp > 1:
+            apply_cp(part, mesh["cp"].get_group(), layout.cp, layout.cp_index, plan.seq_len, device)
         apply_recompute(part, sp.recompute, sp.recompute_every)
-        wrapped, sync = apply_dp(part, plan.stages[vi], mesh["dp"])
+        wrapped, sync = apply_dp(part, plan.stages[vi], grad_mesh(mesh))
         parts.append(wrapped)
         grad_syncs += [sync] if sync is not None else []
     return parts, grad_syncs
@@ -185,7 +189,7 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
         "attempt": attempt,
         "num_microbatches": plan.num_microbatches(layout.pipeline),
         "samples": len(rows) // layout.num_slices,
-        "tokens": len(rows) // layout.num_slices * plan.seq_len,
+        "tokens": len(rows) // layout.num_slices * plan.seq_len // layout.cp,
         "plan_fingerprint": plan.fingerprint(),
         "checkpoint_load_s": load_s,
     }
@@ -257,6 +261,9 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
         n_mb = plan.num_microbatches(layout.pipeline)
         rows = replica_rows(plan.batch_shares, layout.pipeline)
         x, y = batch_rows(opts.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.seed)  # type: ignore[arg-type]
+        if layout.cp > 1:  # this cp rank's tokens (worker/cp.py)
+            pos = cp_positions(plan.seq_len, layout.cp, layout.cp_index)
+            x, y = x[:, pos], y[:, pos]
         args = (x.to(device),) if has_first else ()
         kwargs = {"target": y.to(device), "losses": []} if has_last else {}
         timer.reset()

@@ -5,7 +5,7 @@ than that wraps its cells into an unreadable block. So the ranking abbreviates w
 "pp4×dp4×tp1 m1 i1f1b z2", baselines "meg.", speed-ups "×meg"), formats numbers compactly, and moves the long text
 (bottlenecks, speed-up legend) into lines under the table. The layout names every choice that
 tells two plans apart ("rc4/2": 4 stages recompute every 2nd block; "sel2": selective recompute on
-2 stages; "sp": sequence parallelism; "fp8": fp8 linears). `--json` keeps every field unabbreviated.
+2 stages; "sp": sequence parallelism; "fp8": fp8 linears; "×cp2": context parallelism over 2 ranks). `--json` keeps every field unabbreviated.
 
 Imports only rich (inside the functions), like the command modules it serves.
 """

@@ -74,6 +74,7 @@ def stage_stack(plan: Plan, stage: StagePlan) -> Stack:
         selective=stage.recompute == "selective",
         recompute_every=stage.recompute_every,
         fp8=plan.fp8,
+        cp=stage.cp,
     )
 
 
@@ -117,7 +118,7 @@ def _place(plan: Plan, idx: DeviceIndex, i: int, r: int) -> _Place:
     subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
     devs = subs[0]
     ginfo = [idx.group(d) for sub in subs for d in sub]
-    same_node = s.tp == 1 or len({idx.node(d) for d in devs}) == 1
+    same_node = (s.tp == 1 and s.cp == 1) or len({idx.node(d) for d in devs}) == 1
     nxt = stages[i + 1] if i + 1 < len(stages) else None
     nkey, b0 = None, devs[0]
     if nxt is not None:
@@ -157,8 +158,9 @@ def _stage_context(
         dp=s.dp,
         inflight=F.inflight_microbatches(plan.schedule, i % pp, pp, plan.num_microbatches(r), plan.virtual_stages),
         memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
-        tp_link=idx.ring_link(place.devs) if s.tp > 1 else intra_link(spec),
-        dp_link=idx.ring_link([s.replica_devices(q)[0] for q in range(s.dp)]),
+        tp_link=idx.ring_link(place.devs[: s.tp]) if s.tp > 1 else intra_link(spec),
+        # gradients sum over every replica's every cp rank (tp leaders), cp ranks of one replica adjacent
+        dp_link=idx.ring_link([s.tp_devices(q, c)[0] for q in range(s.dp) for c in range(s.cp)]),
         next_link=None if nxt is None else idx.link(place.devs[0], place.b0),
         next_tp=nxt.tp if nxt is not None else s.tp,
         calib=calibration,
@@ -166,6 +168,7 @@ def _stage_context(
         device=gpu_device(spec, plan.dtype, kernels),
         next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,
         runtime=rt,
+        cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
     )
 
 
@@ -239,7 +242,10 @@ def pipeline_times(plan: Plan, coeffs: list[list[StageCoeffs]], calibration: Cal
     qs = [num_slices(plan, i % pp) for i in range(nst)]
     mb_work = [
         sum(
-            qs[i] * stages[i].tp * (coeffs[r][i].compute_s_per_block * ns[i] + coeffs[r][i].compute_s_fixed)
+            qs[i]
+            * stages[i].tp
+            * stages[i].cp
+            * (coeffs[r][i].compute_s_per_block * ns[i] + coeffs[r][i].compute_s_fixed)
             for i in range(nst)
         )
         for r in range(dp)
@@ -291,7 +297,10 @@ def cpu_share(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe, opt_s: f
     qs = [num_slices(plan, i % pp) for i in range(nst)]
     work_pipe = sum(plan.num_microbatches(r) * pipe.mb_work[r] for r in range(plan.dp))
     work_opt = sum(
-        qs[i] * stages[i].tp * (coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i])
+        qs[i]
+        * stages[i].tp
+        * stages[i].cp
+        * (coeffs[r][i].optimizer_s_fixed + coeffs[r][i].optimizer_s_per_block * ns[i])
         for r in range(plan.dp)
         for i in range(nst)
     )
@@ -306,7 +315,8 @@ class _Critical(NamedTuple):
 
     jb: int
     compute: float
-    tp_comm: float
+    tp_comm: float  # incl. cp_comm
+    cp_comm: float
     zero3: float
     p2p: float
     bubble: float
@@ -327,6 +337,7 @@ def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> 
         jb=jb,
         compute=total("compute_s_per_block", "compute_s_fixed"),
         tp_comm=total("tp_comm_s_per_block", "tp_comm_s_fixed"),
+        cp_comm=m * sum(coeffs[rc][i].cp_comm_s_per_block * ns[i] for i in own_b),
         zero3=total("dp_comm_s_per_block", "dp_comm_s_fixed"),
         p2p=m * sum(coeffs[rc][i].p2p_s_fixed for i in own_b),
         bubble=max(0.0, pipe.times[rc] - pipe.stretch - m * pipe.rank_tau[rc][jb]),
@@ -416,6 +427,7 @@ def breakdown(
         pp_comm_s=terms["pipeline p2p"],
         dp_comm_s=terms["data-parallel comm"],
         tp_comm_s=terms["tensor-parallel comm"],
+        cp_comm_s=terms["context-parallel comm"],
         optimizer_s=terms["optimizer step"],
         tokens_per_s=plan.global_batch_size * plan.seq_len / step,
         mfu=model_flops / (step * peak_flops),
@@ -461,7 +473,8 @@ def estimate(
         "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
         "pipeline bubble": crit.bubble,
         "pipeline p2p": crit.p2p,
-        "tensor-parallel comm": crit.tp_comm,
+        "tensor-parallel comm": crit.tp_comm - crit.cp_comm,
+        "context-parallel comm": crit.cp_comm,
         "data-parallel comm": parts[jt][0] + crit.zero3,
         "optimizer step": parts[jt][1] + share_opt,
     }

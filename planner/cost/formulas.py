@@ -95,6 +95,24 @@ def reduce_scatter_s(num_bytes: float, n: int, bw: float, alpha_s: float) -> flo
 all_gather_s = reduce_scatter_s
 
 
+def cp_kv_exchange_s(kv_bytes: float, cp: int, bw: float, alpha_s: float, recomputed: float = 0.0) -> float:
+    """Context parallelism's K/V exchange for one attention layer and micro-batch, forward + backward.
+
+    The runtime (worker.cp, as Llama 3 trains: Dubey et al. 2024 §3.3.2) all-gathers K and V over
+    the cp group before the attention core; `kv_bytes` = 2·b·s·(g/t)·d·e is the gathered buffer (the
+    whole sequence's K and V, g kv heads over tp t, head dim d, e bytes), of which each rank holds
+    1/cp. A ring all-gather moves (cp−1)/cp of it through each rank's link in cp−1 steps:
+        t_ag = (cp−1)/cp · kv_bytes / bw + (cp−1)·α          (Thakur et al. 2005, as all_gather_s)
+    Backward: the all-gather's adjoint is a reduce-scatter of dK, dV, the same bytes and steps, so
+    t_rs = t_ag. A recomputed block runs its forward all-gather again (`recomputed` = the fraction of
+    blocks recomputed, 0…1). Total = (2 + recomputed)·t_ag. (torch's ring attention moves the same
+    (cp−1)/cp · kv_bytes per pass as p2p; its backward passes K, V and dK, dV: 3 passes, not 2.)
+    """
+    if cp <= 1:
+        return 0.0
+    return (2.0 + recomputed) * all_gather_s(kv_bytes, cp, bw, alpha_s)
+
+
 def p2p_s(num_bytes: float, bw: float, alpha_s: float) -> float:
     """One point-to-point message: α + bytes / bw (the α–β model, Hockney 1994)."""
     return alpha_s + num_bytes / bw

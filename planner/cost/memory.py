@@ -35,6 +35,7 @@ class Stack:
     selective: bool = False
     recompute_every: int = 1
     fp8: bool = False
+    cp: int = 1  # context parallelism (StagePlan.cp): each rank holds seq / cp tokens
 
 
 RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
@@ -101,6 +102,24 @@ def block_kept_bytes(
     if stack.fp8:
         out += fp8_linear_kept_delta_bytes(m, batch, seq, tp, dtype, stack.sequence_parallel)
     return out
+
+
+def cp_gathered_kv_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str) -> float:
+    """The whole sequence's K and V one tp rank gathers per attention layer under context
+    parallelism: 2·b·s·(g/t)·d·e (g kv heads, at least one per rank, d head dim)."""
+    return 2.0 * batch * seq * max(1.0, m.kv_heads / tp) * m.head_dim * DTYPE_BYTES[dtype]
+
+
+def cp_kept_kv_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:
+    """What a block keeps for the attention's backward beyond its own sequence chunk under cp:
+    the other ranks' (1 − 1/cp) of the gathered K and V. The kernel keeps them at the heads it
+    reads: meshplan's SDPA runtime repeats kv heads to the query heads before the kernel (so a
+    row's K, V at the full s are num_heads wide), FlashAttention reads the g kv heads (GQA)."""
+    if stack.cp <= 1:
+        return 0.0
+    heads = m.num_heads if stack.attention in ("sdpa", "eager") else m.kv_heads
+    whole = 2.0 * batch * seq * max(1.0, heads / tp) * m.head_dim * DTYPE_BYTES[dtype]
+    return whole * (1 - 1 / stack.cp)
 
 
 def linear_weight_params(m: ModelSpec, tp: int) -> float:

@@ -53,7 +53,15 @@ compute; L the comm that starts after the compute that could hide it):
   zero3 less the backward's own all-gathers: max(0, b − AG) per block). The first term goes into g0,
   the second is the tail's max(0, e0 + e1·n). Every micro-batch (Composer FSDP): per block
   max(0, AG − h·f) + max(0, AG + RS − h·b) in τ, the first block and the root's RS exposed.
-TP all-reduces and boundary p2p keep (1 − overlap) of their time in τ. Approximations, stated: a
+TP all-reduces and boundary p2p keep (1 − overlap) of their time in τ.
+
+Context parallelism's K/V exchange (formulas.cp_kv_exchange_s) keeps (1 − cp_overlap) in τ. Every
+runtime here states 0: meshplan's (worker/cp.py) all-gathers K and V with a blocking functional
+collective the attention core waits on, and its backward's reduce-scatter sits in the autograd
+graph before the projections' gradients; Llama 3's all-gather CP (Dubey et al. 2024 §3.3.2) is
+exposed too: the gather is small against attention at long s, which is why it was chosen. Ring
+attention (Megatron-core's cp_comm_type p2p, torch's context_parallel) hides each step's send
+behind the previous chunk's attention; it is priced for meshplan's all-gather, not as a ring. Approximations, stated: a
 hidden p2p is hidden in the pipeline's fill too (≤ 2(pp − 1) transfers a step); the distributed
 optimizer's last reduce-scatter is priced per module as FSDP's (first block + root), not per bucket;
 NCCL kernels' SM share taken from overlapped compute is not priced. The search prices `MESHPLAN`,
@@ -85,6 +93,8 @@ class Runtime:
     bucketed_grad_sync: bool  # sharding none: reduced bucket by bucket; the last launched after the backward
     overlaps_on_cpu: bool  # side streams exist on CPU ranks too
     source: str
+    # context parallelism: fraction of the K/V exchange (formulas.cp_kv_exchange_s) hidden behind attention
+    cp_overlap: float = 0.0
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -104,6 +114,7 @@ class Runtime:
             param_gather_overlap=0.0,
             tp_overlap=0.0,
             p2p_overlap=0.0,
+            cp_overlap=0.0,
         )
 
 

@@ -65,6 +65,7 @@ class StageContext(NamedTuple):
     # which is then one replica's slice: planner.runtime.slice_size)
     next_mbs: int = 0
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
+    cp_link: Link | None = None  # the ring of the stage's cp group (stack.cp > 1)
 
 
 class StageCoeffs(NamedTuple):
@@ -98,6 +99,7 @@ class StageCoeffs(NamedTuple):
     memory_bytes_per_block: float  # state + in-flight micro-batches × activations
     memory_bytes_fixed: float
     workspace_bytes: float  # the largest transient buffer of one layer's forward / backward
+    cp_comm_s_per_block: float = 0.0  # of tp_comm_s_per_block: context parallelism's exposed K/V exchange
 
     @property
     def time_s_per_block(self) -> float:
@@ -165,6 +167,7 @@ class LocalTerms:
     const_params: tuple[int, ...]  # parameters of each row of rows_const on one tp rank (no tied copy)
     block_tensors: int
     const_tensors: tuple[int, ...]
+    cp_comm_s_per_block: float = 0.0  # context parallelism's K/V exchange, included in tp_comm_s_per_block
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +192,8 @@ def _packed_bytes(kind: LayerKind, params: float, model: ModelSpec, tp: int, e: 
 
 
 def _tp_allreduce_s(ctx: StageContext, hidden_bytes: float) -> float:
-    """One all-reduce of a block's output over the tp group: the calibrated fit, else the ring."""
+    """One all-reduce of a block's output over the tp group: the calibrated fit, else the ring
+    (`hidden_bytes`: this rank's tokens, seq / cp of them under context parallelism)."""
     ar_fit = ctx.calib.fit(BenchOp.ALL_REDUCE) if ctx.calib is not None else None
     if ar_fit is not None:
         return ar_fit.time_s(hidden_bytes, ctx.tp)
@@ -262,7 +266,8 @@ def _end_terms(
         head_kept, head_work = M.head_bytes(*mem_args, head.activation_bytes, head.workspace_bytes)
         act += head_kept
         workspace = max(workspace, head_work)
-    return _Ends(compute, bwd, tp, params, packed, act, workspace, tuple(rows))
+    c = ctx.stack.cp  # each cp rank embeds / projects seq / cp tokens
+    return _Ends(compute / c, bwd / c, tp, params, packed, act / c, workspace / c, tuple(rows))
 
 
 def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> LocalTerms:
@@ -273,7 +278,9 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
     # every k-th block recomputed: the stage mixes recomputed blocks (fraction f) with plain ones
     f_rec = 1.0 / st.recompute_every if ctx.recompute else 0.0
     plain = _row(profiles, ctx, "block", False) if f_rec < 1.0 else blk
-    hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype)
+    # this rank's tokens: seq / cp under context parallelism (the TP all-reduces and p2p carry them)
+    c = st.cp
+    hidden_bytes = flops.block_input_bytes(model, ctx.mbs, ctx.seq, ctx.dtype) / c
     cal = ctx.calib
     # profiles time one process alone; ranks sharing a node's cores, and meeting after every
     # micro-batch, run slower by these measured factors (a block timed on a real tp group ran in
@@ -285,12 +292,25 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
     per_block_ar = f_rec * F.tp_allreduces_per_block(True) + (1 - f_rec) * F.tp_allreduces_per_block(False)
     tp_a = 0.0 if blk.tp_comm_included else per_block_ar * tp_ar
     fwd_block, bwd_block = _block_times(ctx, model, blk, plain, f_rec)
+    # context parallelism (load-balanced causal chunks): a rank's linears, norms and MLP run on 1/cp
+    # of the tokens and its attention on 1/cp of the causal s×s work (chunk pair c, 2cp−1−c holds
+    # (c + ½ + 2cp − 1 − c + ½)·(s/2cp)² = 2cp·(s/2cp)² of s²/2), so one block costs 1/cp of the
+    # whole-sequence block (rows priced at seq, no new profile keys); the K/V exchange on top
+    fwd_block, bwd_block = fwd_block / c, bwd_block / c
+    cp_a = 0.0
+    if c > 1:
+        assert ctx.cp_link is not None, "a cp stage is priced with its cp group's link"
+        kv = M.cp_gathered_kv_bytes(model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype)
+        cl = ctx.cp_link
+        cp_a = F.cp_kv_exchange_s(kv, c, cl.bandwidth_bytes_per_s, cl.latency_s, f_rec)
     params_a = float(flops.layer_params("block", model, ctx.tp))
     mem_args = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, st)
     workspace = M.block_workspace_bytes(*mem_args, float(blk.workspace_bytes), ctx.recompute)
     ends = _end_terms(ctx, model, profiles, slow, tp_ar, workspace)
-    kept_plain = M.block_kept_bytes(*mem_args, float(plain.activation_bytes))
-    kept_rec = float(blk.activation_bytes) / (ctx.tp if st.sequence_parallel and ctx.tp > 1 else 1)
+    # under cp a rank keeps 1/cp of the whole-sequence bytes, plus the other ranks' gathered K, V
+    kept_plain = M.block_kept_bytes(*mem_args, float(plain.activation_bytes)) / c
+    kept_plain += M.cp_kept_kv_bytes(*mem_args)
+    kept_rec = float(blk.activation_bytes) / (ctx.tp if st.sequence_parallel and ctx.tp > 1 else 1) / c
     act_a = M.block_mixed_kept_bytes(kept_plain, kept_rec, st.recompute_every) if ctx.recompute else kept_plain
     e = DTYPE_BYTES[ctx.dtype]
     return LocalTerms(
@@ -299,7 +319,7 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
         hidden_bytes=hidden_bytes,
         slow=slow,
         slow_blk=slow_blk,
-        tp_comm_s_per_block=tp_a,
+        tp_comm_s_per_block=tp_a + cp_a,
         fwd_block_s=fwd_block,
         compute_s_per_block=slow_blk * (fwd_block + bwd_block),
         backward_s_per_block=slow_blk * bwd_block,
@@ -317,6 +337,7 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
         const_params=tuple(flops.layer_params(r.key.layer_kind, model, ctx.tp) for r in ends.rows),
         block_tensors=flops.layer_tensors("block", model),
         const_tensors=tuple(flops.layer_tensors(r.key.layer_kind, model) for r in ends.rows),
+        cp_comm_s_per_block=cp_a,
     )
 
 
@@ -330,12 +351,18 @@ def _p2p_s(ctx: StageContext, model: ModelSpec, hidden_bytes: float) -> float:
     return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib)
 
 
+def _grad_ranks(ctx: StageContext) -> int:
+    """Ranks a stage's gradients sum over (and ZeRO shards over): its dp replicas × its cp ranks, which
+    hold the same parameters and each see 1/cp of every sample's tokens (torchtitan's dp_shard × cp)."""
+    return ctx.dp * ctx.stack.cp
+
+
 def _dp_collectives(ctx: StageContext) -> tuple[OV.Collective, OV.Collective, OV.Collective]:
     """(all-gather, reduce-scatter, all-reduce) over the stage's d replicas, each as (latency s, s per
     byte of the whole buffer): ring formulas on the ring's bus bandwidth (devices.cross_node_link: k
     NIC shares per node), the all-reduce at NCCL's lower ring/tree latency, or the op's own measured
-    fit when calibrated."""
-    d, dl, cal = ctx.dp, ctx.dp_link, ctx.calib
+    fit when calibrated. Under context parallelism gradients sum over dp × cp ranks (`_grad_ranks`)."""
+    d, dl, cal = _grad_ranks(ctx), ctx.dp_link, ctx.calib
     bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
     ag = OV.Collective((d - 1) * lat, (d - 1) / d / bw)
     ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
@@ -350,7 +377,7 @@ def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
     """The stage's exposed data-parallel time (planner.cost.overlap.dp_terms: what the runtime hides
     of each term, behind which compute; a calibrated runtime's measured overlap replaces its
     fractions), plus, unsharded, GradSumSync's bucket copies after the backward."""
-    if ctx.dp <= 1:
+    if _grad_ranks(ctx) <= 1:
         return OV.DpTerms()
     e, cal = DTYPE_BYTES[ctx.dtype], ctx.calib
     params_a = lt.num_params_per_block
@@ -373,7 +400,7 @@ def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
         consts,
         (fs_a, fs_b),
         cal.grad_sync_overlap if cal is not None else None,
-        OV.megatron_bucket_params(ctx.dp) * e,
+        OV.megatron_bucket_params(_grad_ranks(ctx)) * e,
     )
     if ctx.sharding == "none" and rt.grad_buckets_packed:
         # GradSumSync's bucket copies run after the backward, in line with the all-reduces
@@ -388,7 +415,7 @@ def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
     """(per block, fixed) seconds of the optimizer step over the stage's parameters, sharded by ZeRO:
     the measured step per parameter when calibrated (parameters are DTensors under TP and under
     FSDP2's ZeRO, worker.parallel, plain otherwise), else Adam's bytes over memory bandwidth."""
-    cal, d = ctx.calib, ctx.dp
+    cal, d = ctx.calib, _grad_ranks(ctx)
     shard = d if ctx.sharding != "none" else 1
     params = (lt.num_params_per_block, lt.num_params_fixed)
     adam_s = None
@@ -411,7 +438,7 @@ def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
 def _state_bytes(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
     """(per block, fixed) bytes of weights, gradients and optimizer states under the stage's ZeRO
     sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes)."""
-    d = ctx.dp
+    d = _grad_ranks(ctx)
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
     state_a = lt.num_params_per_block * bpp
     state_b = lt.num_params_fixed * bpp
@@ -433,9 +460,13 @@ def stage_coeffs(
     # the runtime's overlap of each term (planner.cost.overlap): TP all-reduces and boundary p2p
     # keep what it does not hide; CPU ranks hide nothing (no side streams)
     rt = ctx.runtime.on_cpu() if ctx.kind == "cpu" else ctx.runtime
-    tp_a, tp_b = lt.tp_comm_s_per_block, lt.tp_comm_s_fixed
+    cp_a = lt.cp_comm_s_per_block
+    tp_a, tp_b = lt.tp_comm_s_per_block - cp_a, lt.tp_comm_s_fixed
     if rt.tp_overlap:
         tp_a, tp_b = (1 - rt.tp_overlap) * tp_a, (1 - rt.tp_overlap) * tp_b
+    if rt.cp_overlap:
+        cp_a *= 1 - rt.cp_overlap
+    tp_a += cp_a
     if rt.p2p_overlap:
         p2p_b *= 1 - rt.p2p_overlap
     dpt = _dp_terms(ctx, lt, rt)
@@ -467,4 +498,5 @@ def stage_coeffs(
         memory_bytes_per_block=state_a + ctx.inflight * act_a,
         memory_bytes_fixed=state_b + ctx.inflight * act_b,
         workspace_bytes=lt.workspace_bytes,
+        cp_comm_s_per_block=cp_a,
     )

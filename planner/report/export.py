@@ -57,6 +57,13 @@ def to_torchtitan(plan: Plan) -> tuple[str, list[str]]:
         f'pipeline_parallel_schedule = "{_TT_SCHEDULE[plan.schedule]}"',
         f"pipeline_parallel_split_points = [{', '.join(splits)}]",
         f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}",
+        # context parallelism with K/V all-gathered per attention layer, as planner.cost prices it
+        # (torchtitan shards FSDP over dp_shard × cp, as the plan's gradients sum over dp × cp)
+        *(
+            [f"context_parallel_degree = {plan.cp}", 'context_parallel_rotate_method = "allgather"']
+            if plan.cp > 1
+            else []
+        ),
         "",
         "[training]",
         f"local_batch_size = {local}",
@@ -100,6 +107,8 @@ def to_megatron(plan: Plan, model: ModelSpec) -> tuple[str, list[str]]:
         f"--max-position-embeddings {plan.seq_len}",
         f"--tensor-model-parallel-size {max(tps)}",
         f"--pipeline-model-parallel-size {plan.pp}",
+        # Megatron-core's all-gather CP (cp_comm_type all_gather), the exchange planner.cost prices
+        *([f"--context-parallel-size {plan.cp}", "--cp-comm-type all_gather"] if plan.cp > 1 else []),
         f"--micro-batch-size {plan.micro_batch_size}",
         f"--global-batch-size {plan.global_batch_size}",
     ]

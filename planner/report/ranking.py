@@ -11,7 +11,8 @@ GIB = 2**30
 def layout(plan: Plan, kinds: list[str] | None = None) -> str:
     tps = sorted({s.tp for s in plan.stages})
     tp = str(tps[0]) if len(tps) == 1 else "/".join(map(str, tps))
-    text = f"pp{plan.pp}×dp{plan.dp}×tp{tp} mbs{plan.micro_batch_size} {plan.schedule} {plan.stages[0].sharding}"
+    cp = f"×cp{plan.cp}" if plan.cp > 1 else ""
+    text = f"pp{plan.pp}×dp{plan.dp}{cp}×tp{tp} mbs{plan.micro_batch_size} {plan.schedule} {plan.stages[0].sharding}"
     if any(s.recompute == "full" for s in plan.stages):
         text += f" rc{sum(s.recompute == 'full' for s in plan.stages)}"
         k = max(s.recompute_every for s in plan.stages)

@@ -68,6 +68,8 @@ class Pricer:
         self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
         self.devices = [gpu_device(c.spec, self.dtype, None) for c in self.classes]  # as estimate prices them
         self.stacks = {False: replace(self.stack, sequence_parallel=False), True: self.stack}  # by tp > 1
+        # `local`'s stack: the runtime's, with the pass's context parallelism (1/cp of every local term)
+        self.local_stack = replace(RUNTIME, cp=self.stack.cp)
 
     def coeffs(self, ctx: StageContext) -> StageCoeffs:
         co = self.memo.get(ctx)
@@ -113,6 +115,7 @@ class Pricer:
                 calib=self.calib,
                 stack=self.stacks[tp > 1],
                 device=self.devices[cls],
+                cp_link=self.intra[cls] if self.stack.cp > 1 else None,  # a cp group is inside a node
             )
             # the local terms (profile rows, compute, activations) are shared by every dp, sharding and
             # ring of the stage: ~300 distinct local keys against ~5,000 contexts at 1,024 GPUs
@@ -136,6 +139,7 @@ class Pricer:
                 first=first, last=last, pp=min(pp, 2) if last else 1, sharding="none", dp=1, inflight=0.0,
                 memory_bandwidth_bytes_per_s=self.memory_bw[cls], tp_link=self.intra[cls],
                 dp_link=self.intra[cls], next_link=None, next_tp=tp, calib=self.calib,
+                stack=self.local_stack, cp_link=self.intra[cls] if self.stack.cp > 1 else None,
             )  # fmt: skip
             lt = self.local_memo[lkey] = local_terms(ctx, self.model, self.profiles)
         return lt
@@ -156,7 +160,7 @@ class Pricer:
         key = (cls, width, tp)
         ln = self.dplink_memo.get(key)
         if ln is None:
-            ln = self.dplink_memo[key] = self.intern(dp_link(self.classes[cls], width, False, [], tp))
+            ln = self.dplink_memo[key] = self.intern(dp_link(self.classes[cls], width, False, [], tp, self.stack.cp))
         return ln
 
     def row(self, co: StageCoeffs) -> tuple[float, ...]:
@@ -257,7 +261,8 @@ class Pricer:
         return stack_time_delta_s(self.model, mbs, self.seq, tp, self.dtype, dev, self.stacks[tp > 1])
 
     def hidden_bytes(self, mbs: int) -> float:
-        return flops.block_input_bytes(self.model, mbs, self.seq, self.dtype)
+        """A block's input on one rank: seq / cp tokens under context parallelism."""
+        return flops.block_input_bytes(self.model, mbs, self.seq, self.dtype) / self.stack.cp
 
     def p2p_s(self, mbs: int, a: StageSpec, b: StageSpec) -> float:
         """boundary_p2p_s from stage a to stage b, memoised: the link depends only on the two classes
@@ -332,16 +337,19 @@ class SegmentSpec:
     dplink: Link
 
 
-def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list, tp: int = 1) -> Link:
+def dp_link(c: DeviceClass, width: int, multi_class: bool, specs: list, tp: int = 1, cp: int = 1) -> Link:
     """The data-parallel ring of a stage `width` devices wide (dp replicas × tp): intra-node, or across
-    nodes with as many NIC shares per node as the ring has ranks there (cost.devices.DeviceIndex.ring_link)."""
+    nodes with as many NIC shares per node as the ring has ranks there (cost.devices.DeviceIndex.ring_link).
+    On cp-folded classes (planner.search.cp) the ring holds each replica's cp ranks, all on its node:
+    cp times the ranks per node, on the physical node."""
     if multi_class:
         return cross_node_link(specs)
     g = c.devices_per_node
     if width <= g:
         return c.intra
     nodes = [off // g for off in range(0, width, tp)]  # tp rank 0 of each replica
-    return cross_node_link([c.spec], ranks_per_node=ring_ranks_per_node(nodes), num_nodes=len(set(nodes)))
+    spec = c.spec if cp == 1 else c.spec.model_copy(update={"num_devices": g * cp})
+    return cross_node_link([spec], ranks_per_node=ring_ranks_per_node(nodes) * cp, num_nodes=len(set(nodes)))
 
 
 def next_link(a: DeviceClass, sa: StageSpec, b: DeviceClass, sb: StageSpec) -> Link:

@@ -112,8 +112,9 @@ class Bounds:
             # block runs the forward's change twice (local_terms); a stage mixing the two rows every
             # k-th block costs at least the cheaper one
             df, db = pr.stack_delta_s(cls, tp, mbs)
+            cp = pr.stack.cp  # a cp rank runs 1/cp of the block (local_terms), its K/V exchange ≥ 0 on top
             self._floor[key] = min(
-                slow(r) * (r.train_s + df + db + (df if r.key.recompute else 0.0))
+                slow(r) * (r.train_s + df + db + (df if r.key.recompute else 0.0)) / cp
                 + (0.0 if r.tp_comm_included else 4 * ar)
                 for r in rows
             )
@@ -259,7 +260,8 @@ class Bounds:
         ]
         if schedule is None:
             return math.inf, pipes
-        bpp = min(F.state_bytes_per_param(self.dtype, s, dp) for s in shardings)
+        # ZeRO shards over every rank holding the parameters: dp × cp (planner.cost.stage._grad_ranks)
+        bpp = min(F.state_bytes_per_param(self.dtype, s, dp * self.pr.stack.cp) for s in shardings)
         k = self.pr.inflight(schedule, pp, m)
         mem_a, mem_b = rows[:, 2] * bpp + k * rows[:, 4], rows[:, 3] * bpp + k * rows[:, 5]
         room = (self.pr.room_bytes(segs) - rows[:, 6]) - mem_b
@@ -283,7 +285,8 @@ class Bounds:
             return 0.0
         pp, L = segs[0].stages, self.L
         nmax = max(1, L - pp + 1)
-        bpp = min(F.state_bytes_per_param(self.dtype, s, dp) for s in shardings)
+        # ZeRO shards over every rank holding the parameters: dp × cp (planner.cost.stage._grad_ranks)
+        bpp = min(F.state_bytes_per_param(self.dtype, s, dp * self.pr.stack.cp) for s in shardings)
         a, b, caps = [], [], []
         for sg in segs:
             rows, _ = self._local_rows(sg, mbs, True, True, pp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.search.classes import DeviceClass
+from planner.search.cp import Folding
 from planner.search.space import Shape
 from planner.specs.plan import Plan, Provenance, StagePlan
 
@@ -23,6 +24,7 @@ class Choice:
     recompute_every: int = 1  # on the recomputed stages (StagePlan.recompute_every)
     sequence_parallel: bool = False  # on every stage with tp > 1
     fp8: bool = False  # Plan.fp8
+    cp: int = 1  # StagePlan.cp on every stage (the shape is over cp-folded classes: planner.search.cp)
 
 
 def stage_device_ids(classes: list[DeviceClass], shape: Shape) -> list[tuple[int, ...]]:
@@ -58,9 +60,15 @@ def build_plan(
     seq: int,
     dtype: str,
     provenance: Provenance,
+    folding: Folding | None = None,
 ) -> Plan:
+    """The plan of a solved candidate; with `folding`, `classes` are its folded classes and each
+    stage's ids are expanded to the physical dp × cp × tp devices (planner.search.cp)."""
     ids = stage_device_ids(classes, shape)
     tps = stage_tps(shape)
+    cp = folding.cp if folding is not None else 1
+    if folding is not None:
+        ids = [folding.expand_stage_ids(x, tps[j], shape.dp) for j, x in enumerate(ids)]
     pp = len(ids)
     stages, start = [], 0
     for e, n in enumerate(choice.layers):
@@ -76,6 +84,7 @@ def build_plan(
                 sharding=choice.sharding,  # type: ignore[arg-type]
                 recompute_every=choice.recompute_every if j < choice.recompute_prefix else 1,
                 sequence_parallel=choice.sequence_parallel and tps[j] > 1,
+                cp=cp,
             )
         )
         start += n

@@ -178,7 +178,8 @@ class Explorer:
         sharding that cannot win costs no coefficients; a node refines its bound when expanded."""
         segs = self.segments(shape)
         m, dp = math.ceil(total_mb / shape.dp), shape.dp
-        shardings = self.shardings if dp > 1 else ["none"]
+        # ZeRO needs more than one rank holding the parameters: dp replicas × cp ranks (planner.search.cp)
+        shardings = self.shardings if dp * self.pr.stack.cp > 1 else ["none"]
         vs = [v for v in self.space.virtual_stages if v >= 2 and self.L >= shape.pp * v]
         vs = vs if vs and self._interleaved_ok(shape, total_mb) else []
         prim, inter = self.bounds.optimistic(segs, m, mbs, self.primary, shardings, dp, [1.0 / v for v in vs])
@@ -316,7 +317,7 @@ class Explorer:
         link = self.pr.intern(cross_node_link([self.pr.classes[c].spec for c, _ in shape.groups]))
         segs = [SegmentSpec(c, tp, pp, n * tp, link) for c, n in shape.groups]
         counts = [n for _, n in shape.groups]
-        shardings = self.shardings if shape.dp > 1 else ["none"]
+        shardings = self.shardings if shape.dp * self.pr.stack.cp > 1 else ["none"]
         opt = self.bounds.optimistic_replicas(segs, counts, total_mb, mbs, shardings, shape.dp)
         if math.isinf(opt):
             self.counts.infeasible += len(shardings)  # no split fits every class, whatever the sharding

@@ -4,8 +4,10 @@ It enumerates the search space from first principles — every ordered subset of
 every tp per class, every dp, stage count, layer split (all compositions of L), batch-share vector
 (all compositions of the micro-batches), schedule, sharding level, recompute prefix, and each stack
 option (sequence parallelism off and on, recompute every k-th block, fp8) — builds
-each Plan and prices it with `planner.cost.estimate`. No bounds, no pruning, no shared solver code:
-only the device placement rule (`build.stage_device_ids`) and the cost model are shared.
+each Plan and prices it with `planner.cost.estimate`. Context parallelism: the same enumeration over
+the cp-folded classes of each degree the space's rule admits (planner.search.cp). No bounds, no
+pruning, no shared solver code: only the device placement rule (`build.stage_device_ids`, the
+cp folding) and the cost model are shared.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.build import Choice, build_plan
 from planner.search.classes import device_classes
+from planner.search.cp import Folding, cp_degrees, fold_classes
 from planner.search.space import SearchSpace, Segment, Shape
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -41,8 +44,10 @@ def _aligned(d: int, tp: int, g: int) -> bool:
     return g % k == 0 or k % g == 0
 
 
-def oracle_shapes(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, dtype: str) -> Iterator[Shape]:
-    classes = device_classes(cluster, dtype)
+def oracle_shapes(
+    model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, dtype: str, classes: list | None = None
+) -> Iterator[Shape]:
+    classes = classes if classes is not None else device_classes(cluster, dtype)
     L = model.num_layers
 
     def tps(c):
@@ -103,8 +108,31 @@ def oracle_search(
     seq = seq or model.seq_len
     classes = device_classes(cluster, dtype)
     idx = DeviceIndex(cluster)
-    best: Plan | None = None
-    for shape in oracle_shapes(model, cluster, space, dtype):
+    best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, classes, None, None)
+    for cp in cp_degrees(space, classes, seq, best is not None):
+        fold = fold_classes(classes, cp)
+        best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, fold.classes, fold,
+                     best)  # fmt: skip
+    return best
+
+
+def _best(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profiles: ProfileTable | None,
+    global_batch: int,
+    seq: int,
+    dtype: str,
+    space: SearchSpace,
+    calibration: Calibration | None,
+    idx: DeviceIndex,
+    classes: list,
+    fold: Folding | None,
+    best: Plan | None,
+) -> Plan | None:
+    """The cheapest of `best` and every plan over `classes` (cp-folded by `fold`)."""
+    cp = fold.cp if fold is not None else 1
+    for shape in oracle_shapes(model, cluster, space, dtype, classes):
         for mbs in space.micro_batch_sizes:
             if global_batch % mbs or global_batch // mbs < shape.dp:
                 continue
@@ -124,7 +152,7 @@ def oracle_search(
                         for shares in compositions(total, shape.dp):
                             if v > 1 and any(x % shape.pp for x in shares):
                                 continue  # Megatron's interleaved schedule needs m divisible by pp
-                            choice = Choice(mbs, sched, shard, k, split, shares, v, every, sp, f8)
+                            choice = Choice(mbs, sched, shard, k, split, shares, v, every, sp, f8, cp)
                             plan = build_plan(
                                 classes,
                                 shape,
@@ -134,6 +162,7 @@ def oracle_search(
                                 seq=seq,
                                 dtype=dtype,
                                 provenance=Provenance(algorithm="oracle"),
+                                folding=fold,
                             )
                             cost = estimate(plan, model, cluster, profiles, idx, calibration)
                             if cost.feasible and (best is None or cost.step_time_s < best.predicted.step_time_s):  # type: ignore[union-attr]

@@ -28,6 +28,7 @@ from planner.search.arrays import Pricer
 from planner.search.bounds import Bounds
 from planner.search.build import build_plan
 from planner.search.classes import DeviceClass, device_classes
+from planner.search.cp import Folding, cp_degrees, fold_classes, with_cp
 from planner.search.explore import Explorer
 from planner.search.infeasible import reasons, states_bytes, usable_bytes
 from planner.search.space import (
@@ -143,17 +144,22 @@ def search(
     table = complete_profiles(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
     mbs_opts = [b for b in space.micro_batch_sizes if global_batch % b == 0]
     max_dp = max((global_batch // b for b in mbs_opts), default=0)
-    shapes = list(pipeline_shapes(model, classes, space, max_dp)) if "pipeline" in space.families else []
-    if "replicas" in space.families:
-        shapes += list(replica_shapes(model, classes, space, max_dp))
+    shapes = _shapes(model, classes, space, max_dp)
     found: list = []
     seq_no = 0
     lefts: list[float] = []
     variants = stack_variants(space, classes)
-    for v_i, variant in enumerate(variants):
+    # context parallelism: after the plain passes, one pass per stack variant and cp degree over the
+    # cp-folded classes, where planner.search.cp's rule says cp can help
+    passes: list[tuple[Folding | None, Stack, list]] = [(None, v, shapes) for v in variants]
+    folds: dict[int, Folding] = {}
+    v_i = 0
+    while v_i < len(passes):
+        fold, variant, pass_shapes = passes[v_i]
+        pass_classes = fold.classes if fold is not None else classes
         # one exact pass per stack variant, seeded with the best plans of the passes before it, so
         # its bounds prune against them from the start (each pass is exact in its part of the space)
-        pr = Pricer(model, classes, table, dtype, seq, calibration, stack=variant)
+        pr = Pricer(model, pass_classes, table, dtype, seq, calibration, stack=variant)
         bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
         ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
         ex.found, ex.seq_no = list(found), seq_no
@@ -167,15 +173,21 @@ def search(
             return spent > time_budget_s and (bool(ex.found) or spent > 10 * time_budget_s)
 
         seeded = {id(item[2]) for item in ex.found}
-        left = ex.run(shapes, over_budget)
+        left = ex.run(pass_shapes, over_budget)
         found = [item if id(item[2]) in seeded else _tag(item, variant) for item in ex.found]
         seq_no = ex.seq_no
         for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
             setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))
+        if v_i == len(variants) - 1 and fold is None:
+            for c in cp_degrees(space, classes, seq, bool(found)):
+                folds[c] = fo = fold_classes(classes, c)
+                cp_shapes = _shapes(model, fo.classes, space, max_dp)
+                passes += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes)]
         if left is not None:
             # the budget is spent; later variants are unexplored and nothing bounds them but 0
-            lefts.append(left if v_i == len(variants) - 1 else 0.0)
+            lefts.append(left if v_i == len(passes) - 1 else 0.0)
             break
+        v_i += 1
     left_s = min(lefts) if lefts else None
     stats.timed_out = left_s is not None
     _gap(stats, left_s, [f.cost_s for _, _, f in found])
@@ -193,8 +205,17 @@ def search(
     idx = DeviceIndex(cluster)
     plans: dict[str, Plan] = {}
     for _, _, f in sorted(found, key=lambda x: (-x[0], x[1])):
+        fo = folds.get(f.choice.cp)
         plan = build_plan(
-            classes, f.shape, f.choice, model=model.name, cluster=cluster.name, seq=seq, dtype=dtype, provenance=prov
+            fo.classes if fo is not None else classes,
+            f.shape,
+            f.choice,
+            model=model.name,
+            cluster=cluster.name,
+            seq=seq,
+            dtype=dtype,
+            provenance=prov,
+            folding=fo,
         )
         cost = estimate(plan, model, cluster, table, idx, calibration)
         if cost.feasible and plan.fingerprint() not in plans:
@@ -213,6 +234,13 @@ def search(
     return SearchResult(tuple(ranked), stats, base)
 
 
+def _shapes(model: ModelSpec, classes: list[DeviceClass], space: SearchSpace, max_dp: int) -> list:
+    shapes = list(pipeline_shapes(model, classes, space, max_dp)) if "pipeline" in space.families else []
+    if "replicas" in space.families:
+        shapes += list(replica_shapes(model, classes, space, max_dp))
+    return shapes
+
+
 def stack_variants(space: SearchSpace, classes: list[DeviceClass]) -> list[Stack]:
     """The stacks the search prices, one exact pass each: recompute every k-th block (k = 1 first),
     with fp8 linears too when the space allows them and every class has an fp8 peak; sequence
@@ -228,7 +256,11 @@ def _tag(item: tuple, stack: Stack) -> tuple:
     """A found entry of the pass over `stack`, its Choice carrying that stack."""
     f = item[2]
     choice = replace(
-        f.choice, recompute_every=stack.recompute_every, sequence_parallel=stack.sequence_parallel, fp8=stack.fp8
+        f.choice,
+        recompute_every=stack.recompute_every,
+        sequence_parallel=stack.sequence_parallel,
+        fp8=stack.fp8,
+        cp=stack.cp,
     )
     return (item[0], item[1], replace(f, choice=choice))
 

@@ -44,6 +44,10 @@ class SearchSpace:
     recompute_every: tuple[int, ...] = (1, 2)
     # fp8 linears (Plan.fp8), searched when every device class has an fp8 peak
     fp8: bool = False
+    # context-parallel degrees (StagePlan.cp); cp > 1 searched only from seq ≥ cp_min_seq, or when no
+    # plan without cp is feasible (planner.search.cp states the rule)
+    context_parallel: tuple[int, ...] = (1, 2, 4, 8)
+    cp_min_seq: int = 8192
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ depend on the width of a layer. What is kept, and why:
   L = lcm of the stages' tp, heads = L (multi-head) or 2L (grouped-query);
 - the plan's micro-batch size and batch shares.
 What shrinks: head dim DRY_HEAD_DIM (hidden = heads × head dim), ffn = 2 × hidden (a multiple of
-every tp), vocabulary DRY_VOCAB and sequence length DRY_SEQ. The plan's prediction, for the real
+every tp), vocabulary DRY_VOCAB and sequence length DRY_SEQ (rounded up to a multiple of 2·cp). The plan's prediction, for the real
 model, is dropped from the dry plan.
 """
 
@@ -42,7 +42,8 @@ def dry_run_model(model: ModelSpec, plan: Plan) -> ModelSpec:
         num_kv_heads=lcm_tp if grouped else None,
         ffn_hidden=2 * hidden,
         vocab_size=DRY_VOCAB,
-        seq_len=min(plan.seq_len, DRY_SEQ),
+        # a multiple of 2·cp: context parallelism cuts the sequence into 2·cp chunks
+        seq_len=min(plan.seq_len, -(-DRY_SEQ // (2 * plan.cp)) * 2 * plan.cp),
         tie_embeddings=model.tie_embeddings,
         learned_positions=model.learned_positions,
     )

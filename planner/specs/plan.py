@@ -17,6 +17,12 @@ must divide micro_batch_size). `micro_batch_size` is always the micro-batch of o
 which is what every stage boundary carries in total; with one dp for all stages, q_s = 1 and this is
 the plain replicated pipeline above. Example: stage 0 at tp2×dp1, stage 1 at tp1×dp2, dp = 1, one
 share; stage 1's two replicas each run half of every micro-batch.
+
+Context parallelism (`StagePlan.cp`, equal on every stage): each replica is cp × tp devices, listed
+cp-major (cp rank c of replica r uses `device_ids[(r·cp + c)·tp : (r·cp + c + 1)·tp]`), and each cp
+rank runs seq_len / cp tokens of every sample: chunks c and 2·cp − 1 − c of 2·cp equal chunks (the
+load-balanced causal split of Llama 3 / Megatron-LM), so 2·cp must divide seq_len. A stage has
+dp × cp × tp devices; gradients sum over its dp × cp ranks.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ Loss = Literal["torch", "vocab-parallel", "fused"]
 # the Plan fields added after version 1 was frozen: left out of the fingerprint at their default,
 # so a plan written before them keeps its id
 _LATER_DEFAULTS = {"attention": "sdpa", "loss": "torch", "dropout": False, "fp8": False}
-_LATER_STAGE_DEFAULTS = {"sequence_parallel": False, "recompute_every": 1}
+_LATER_STAGE_DEFAULTS = {"sequence_parallel": False, "recompute_every": 1, "cp": 1}
 
 
 class StagePlan(BaseModel):
@@ -70,6 +76,12 @@ class StagePlan(BaseModel):
         ge=1,
         description="with recompute='full', recompute one block in every k (torchtitan's layer AC frequency)",
     )
+    cp: int = Field(
+        default=1,
+        gt=0,
+        description="context parallelism: each replica's sequence split over cp ranks (2·cp load-balanced causal "
+        "chunks, K/V all-gathered per attention layer as Llama 3 trains); equal on every stage",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> StagePlan:
@@ -79,12 +91,10 @@ class StagePlan(BaseModel):
                 self.layer_end,
                 f"must be > layer_start={self.layer_start} (a stage owns at least one block)",
             )
-        if len(self.device_ids) != self.tp * self.dp:
-            raise MeshplanError(
-                "stage.device_ids",
-                len(self.device_ids),
-                f"a stage needs dp×tp = {self.dp}×{self.tp} = {self.dp * self.tp} devices",
-            )
+        if len(self.device_ids) != self.tp * self.cp * self.dp:
+            need = self.dp * self.cp * self.tp
+            shape = f"dp×cp×tp = {self.dp}×{self.cp}×{self.tp}" if self.cp > 1 else f"dp×tp = {self.dp}×{self.tp}"
+            raise MeshplanError("stage.device_ids", len(self.device_ids), f"a stage needs {shape} = {need} devices")
         if len(set(self.device_ids)) != len(self.device_ids):
             raise MeshplanError("stage.device_ids", list(self.device_ids), "a device appears twice in one stage")
         if self.recompute_every > 1 and self.recompute != "full":
@@ -100,7 +110,14 @@ class StagePlan(BaseModel):
         return self.layer_end - self.layer_start
 
     def replica_devices(self, r: int) -> tuple[int, ...]:
-        return self.device_ids[r * self.tp : (r + 1) * self.tp]
+        """Replica r's cp × tp devices, cp-major (cp rank c uses [c·tp, (c+1)·tp) of them)."""
+        w = self.tp * self.cp
+        return self.device_ids[r * w : (r + 1) * w]
+
+    def tp_devices(self, r: int, c: int = 0) -> tuple[int, ...]:
+        """The tp group of replica r's cp rank c."""
+        start = (r * self.cp + c) * self.tp
+        return self.device_ids[start : start + self.tp]
 
 
 class CostBreakdown(BaseModel):
@@ -114,6 +131,7 @@ class CostBreakdown(BaseModel):
     pp_comm_s: float = Field(ge=0, description="exposed send/recv between stages")
     dp_comm_s: float = Field(ge=0, description="exposed gradient sync / parameter gathers")
     tp_comm_s: float = Field(ge=0, description="tensor-parallel collectives inside blocks")
+    cp_comm_s: float = Field(default=0.0, ge=0, description="context parallelism's K/V exchange inside blocks")
     optimizer_s: float = Field(ge=0)
     tokens_per_s: float = Field(ge=0)
     mfu: float = Field(ge=0)
@@ -197,12 +215,31 @@ class Plan(BaseModel):
                     share,
                     f"must be a positive multiple of micro_batch_size={self.micro_batch_size}",
                 )
+        self._check_cp()
         if self.fp8 and self.dtype == "fp32":
             raise MeshplanError(
                 "fp8", True, "fp8 linears run under bf16/fp16 mixed precision (torchao, Transformer Engine); set dtype"
             )
         self._check_devices()
         return self
+
+    def _check_cp(self) -> None:
+        cps = [s.cp for s in self.stages]
+        if len(set(cps)) > 1:
+            raise MeshplanError(
+                "stages.cp",
+                cps,
+                "every stage needs the same cp: a boundary sends each cp rank's sequence chunk to the same cp rank "
+                "of the next stage; use one value",
+            )
+        cp = cps[0]
+        if cp > 1 and self.seq_len % (2 * cp):
+            raise MeshplanError(
+                "stages.cp",
+                cp,
+                f"context parallelism cuts seq_len={self.seq_len} into 2·cp = {2 * cp} equal load-balanced causal "
+                f"chunks; choose a cp with 2·cp dividing seq_len",
+            )
 
     def _check_devices(self) -> None:
         v = self.virtual_stages
@@ -233,6 +270,11 @@ class Plan(BaseModel):
     def dp(self) -> int:
         """Pipeline replicas: every stage's dp when they agree, else their gcd (see the docstring)."""
         return math.gcd(*(s.dp for s in self.stages))
+
+    @property
+    def cp(self) -> int:
+        """Context-parallel degree (equal on every stage)."""
+        return self.stages[0].cp
 
     @property
     def pp(self) -> int:
