@@ -106,10 +106,10 @@ class _UserErrorFilter:
         from planner.errors import MeshplanError
 
         exc = getattr(record, "exc_info", None)
-        if exc and isinstance(exc[1], MeshplanError):
+        if exc and (isinstance(exc[1], MeshplanError) or type(exc[1]).__name__ == "StoreDamagedError"):
             return False
         text = record.getMessage() if hasattr(record, "getMessage") else ""
-        return not any(name in text for name in ("MeshplanError", "UnknownNameError"))
+        return not any(name in text for name in ("MeshplanError", "UnknownNameError", "StoreDamagedError"))
 
 
 def _hide_user_error_tracebacks() -> None:

@@ -41,7 +41,7 @@ def _is_user_error(exc: BaseException) -> bool:
 
     if isinstance(exc, MeshplanError | FileNotFoundError | PermissionError | IsADirectoryError):
         return True
-    return type(exc).__name__ in {"StoreLockedError", "UserError"}
+    return type(exc).__name__ in {"StoreLockedError", "StoreDamagedError", "UserError"}
 
 
 if __name__ == "__main__":

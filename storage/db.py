@@ -1,10 +1,19 @@
-"""Open the DuckDB file briefly, apply migrations once, retry when another process holds the lock."""
+"""Open the DuckDB file briefly, apply migrations once, retry when another process holds the lock.
+
+Damage is named, never a traceback: a file DuckDB cannot read (garbage, truncated, bad checksums)
+or a table of the schema that is gone raises StoreDamagedError — the file, what is wrong, and how
+to recover — which the CLI prints as one line. Recovery needs a copy: the file is backed up to
+`<folder>/backups/` before migrations change an existing file and before `meshplan db --write`,
+and `restore` (`meshplan db --restore`) brings the newest copy back, keeping the damaged file aside.
+"""
 
 from __future__ import annotations
 
 import random
+import re
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -13,11 +22,66 @@ import duckdb
 import polars as pl
 
 LOCK_WAIT_S = 60.0
+KEEP_BACKUPS = 3  # per database file; each is a whole copy
 _migrated: set[str] = set()
+# what DuckDB says when the bytes of the file, not the query, are wrong
+_DAMAGE = ("not a valid duckdb database", "could not read enough bytes", "checksum", "corrupt", "invalid block")
+_MISSING_TABLE = re.compile(r"Table with name (\w+) does not exist")
 
 
 class StoreLockedError(RuntimeError):
     """Another process kept the DuckDB file locked for longer than the wait allowed."""
+
+
+class StoreDamagedError(RuntimeError):
+    """The DuckDB file cannot be used as it is; the message names the file, the damage and the way out."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path, self.what = path, what
+        super().__init__(f"{path} is damaged ({what}); {recovery_hint(path)}")
+
+
+def backup_dir(path: Path) -> Path:
+    return Path(path).parent / "backups"
+
+
+def backups(path: str | Path) -> list[Path]:
+    """Backups of the database at `path`, newest first."""
+    path = Path(path)
+    found = backup_dir(path).glob(f"{path.stem}-*.duckdb")
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def recovery_hint(path: Path) -> str:
+    found = backups(path)
+    if found:
+        return f"run `meshplan db --restore` to bring back the backup {found[0].name} (the damaged file is kept aside)"
+    return f"no backup exists; move it away (mv {path} {path}.damaged) and rerun to start an empty store"
+
+
+def _damage(path: Path, exc: Exception) -> StoreDamagedError | None:
+    """The StoreDamagedError `exc` means, or None when it is an ordinary query error."""
+    text = str(exc)
+    missing = _MISSING_TABLE.search(text) if isinstance(exc, duckdb.CatalogException) else None
+    if missing and missing.group(1) in schema_tables():
+        return StoreDamagedError(path, f"table {missing.group(1)} is missing")
+    low = text.lower()
+    if "not a valid duckdb" in low:
+        first = "not a DuckDB database file: garbage or overwritten bytes"
+    elif "could not read enough bytes" in low:
+        first = "truncated: DuckDB could not read enough bytes"
+    else:
+        first = re.sub(r'"[^"]*"', "the file", text.splitlines()[0] if text else type(exc).__name__)
+    if isinstance(exc, duckdb.IOException | duckdb.InternalException | duckdb.SerializationException) and any(
+        m in text.lower() for m in _DAMAGE
+    ):
+        return StoreDamagedError(path, first.removeprefix("IO Error: "))
+    return None
+
+
+def schema_tables() -> set[str]:
+    """Tables the migrations create: one of them missing means the file lost it."""
+    return {m.lower() for _, _, sql in migrations() for m in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", sql)}
 
 
 def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
@@ -32,6 +96,9 @@ def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnecti
                     raise StoreLockedError(
                         f"{path} stayed locked by another process for {wait_s:.0f} s; wait for it to finish"
                     ) from exc
+                damage = _damage(path, exc)
+                if damage is not None:
+                    raise damage from None
                 raise
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 0.5)
@@ -41,20 +108,71 @@ def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnecti
 def connect(
     path: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection to the store at `path`, migrated to the latest schema."""
+    """A short-lived connection to the store at `path`, migrated to the latest schema.
+
+    Raises StoreDamagedError when the file (on open or in any query run on it) turns out damaged."""
     path = Path(path)
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.exists():
         raise FileNotFoundError(f"no meshplan database at {path}; run `meshplan discover` first")
+    existed = path.is_file() and path.stat().st_size > 0
     con = _open(path, read_only, wait_s)
     try:
         if not read_only and str(path.resolve()) not in _migrated:
-            migrate(con)
+            migrate(con, before=(lambda: backup(con, path, "before-migration")) if existed else None)
             _migrated.add(str(path.resolve()))
         yield con
+    except duckdb.Error as exc:
+        damage = _damage(path, exc)
+        if damage is not None:
+            raise damage from None
+        raise
     finally:
         con.close()
+
+
+def backup(con: duckdb.DuckDBPyConnection, path: str | Path, reason: str) -> Path:
+    """Copy the database at `path` (open read-write on `con`, so nobody else writes it) to backups/.
+
+    CHECKPOINT first folds the write-ahead log into the file, so the copy is the whole database.
+    Only the newest KEEP_BACKUPS copies are kept."""
+    path = Path(path)
+    con.execute("CHECKPOINT")
+    folder = backup_dir(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S") + f"{time.time() % 1:.6f}"[1:].replace(".", "")
+    dst = folder / f"{path.stem}-{stamp}-{reason}.duckdb"
+    tmp = dst.with_name("." + dst.name)
+    shutil.copyfile(path, tmp)
+    tmp.replace(dst)  # a backup is whole or absent, never half-copied
+    for old in backups(path)[KEEP_BACKUPS:]:
+        old.unlink(missing_ok=True)
+    return dst
+
+
+def restore(path: str | Path) -> tuple[Path, Path | None]:
+    """Put the newest backup in place of the database at `path`; (backup used, where the old file went).
+
+    The replaced file (and its write-ahead log) is renamed aside, never deleted: nothing is lost."""
+    path = Path(path)
+    found = backups(path)
+    if not found:
+        raise FileNotFoundError(
+            f"no backup of {path} in {backup_dir(path)}; move the file away to start an empty store"
+        )
+    aside = None
+    if path.exists():
+        aside = path.with_name(f"{path.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.replace(aside)
+        wal = path.with_name(path.name + ".wal")
+        if wal.exists():
+            wal.replace(aside.with_name(aside.name + ".wal"))
+    tmp = path.with_name("." + path.name + ".restoring")
+    shutil.copyfile(found[0], tmp)
+    tmp.replace(path)
+    _migrated.discard(str(path.resolve()))
+    return found[0], aside
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -67,8 +185,10 @@ def migrations() -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Apply pending migrations, each in its own transaction; safe to run any number of times."""
+def migrate(con: duckdb.DuckDBPyConnection, before: Callable[[], object] | None = None) -> int:
+    """Apply pending migrations, each in its own transaction; safe to run any number of times.
+
+    `before` runs once, only when some migration is about to be applied (connect: the backup)."""
     con.execute(
         "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)"
     )
@@ -77,6 +197,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     for version, name, sql in migrations():
         if version in done:
             continue
+        if before is not None and done:  # an empty store (no versions yet) has nothing to back up
+            before()
+            before = None
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(sql)
@@ -94,14 +217,15 @@ def schema_version(path: str | Path) -> int:
         return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
 
 
-def query(path: str | Path, sql: str, params: list | None = None) -> pl.DataFrame:
-    """Run a read query and return a polars frame."""
-    with connect(path) as con:
-        return con.sql(sql, params=params).pl() if params else con.sql(sql).pl()
+def query(path: str | Path, sql: str, params: list | None = None, read_only: bool = False) -> pl.DataFrame:
+    """Run a query and return a polars frame (`read_only`: DuckDB refuses any write)."""
+    with connect(path, read_only=read_only) as con:
+        rel = con.sql(sql, params=params) if params else con.sql(sql)
+        return rel.pl() if rel is not None else pl.DataFrame()  # a statement (DROP, UPDATE) returns nothing
 
 
 def tables(path: str | Path) -> pl.DataFrame:
-    with connect(path) as con:
+    with connect(path, read_only=True) as con:
         return con.sql(
             "SELECT t.table_name AS table, t.estimated_size AS rows, t.column_count AS columns "
             "FROM duckdb_tables() t ORDER BY t.table_name"

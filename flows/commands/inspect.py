@@ -63,17 +63,43 @@ def models() -> None:
 @app.command()
 def db(
     sql: Annotated[str | None, typer.Argument(help="a SQL query to run; omit to list tables")] = None,
+    write: Annotated[
+        bool, typer.Option("--write", help="allow statements that change the database (backed up first)")
+    ] = False,
+    restore: Annotated[
+        bool, typer.Option("--restore", help="put the newest backup back (the current file is kept aside)")
+    ] = False,
 ) -> None:
-    """Show the tables of the meshplan database, or run a SQL query on it."""
+    """Show the tables of the meshplan database, or run a SQL query on it (read-only unless --write).
+
+    --write copies the file to <state>/backups/ before running the statement; --restore brings the
+    newest copy back (after a damaged file or a statement you regret) and renames the replaced file
+    aside, so nothing is deleted."""
     import duckdb
     from rich.console import Console
 
     from planner.errors import MeshplanError
-    from storage.db import query, tables
+    from storage import db as store
 
     path = db_path(load_settings())
+    if restore:
+        if sql is not None or write:
+            raise MeshplanError("--restore", sql, "restore takes no SQL and no --write; run it alone")
+        used, aside = store.restore(path)
+        kept = f"; the file it replaced is kept at {aside}" if aside else ""
+        print(f"restored {path} from backup {used}{kept}")
+        return
     try:
-        frame = tables(path) if sql is None else query(path, sql)
+        if sql is None:
+            frame = store.tables(path)
+        elif write:
+            with store.connect(path) as con:
+                print(f"backed up {path} to {store.backup(con, path, 'before-db-write')}")
+            frame = store.query(path, sql)
+        else:
+            frame = store.query(path, sql, read_only=True)
     except duckdb.Error as exc:
+        if "read-only mode" in str(exc):
+            raise MeshplanError("sql", sql, "this statement changes the database; add --write to run it") from None
         raise MeshplanError("sql", sql, str(exc).splitlines()[0]) from None
     Console().print(str(frame))
