@@ -1,10 +1,14 @@
 """Damage is named, never a traceback: a damaged DuckDB file, a dropped table, a write without --write.
 
-Real CLI processes on a real DuckDB file: each damaged case answers in one line (the file, what is
-wrong, `meshplan db --restore`), exits 1, and the backup brings the queue back with nothing deleted.
+On a real DuckDB file: each damaged case answers in one line (the file, what is wrong, `meshplan db
+--restore`), exits 1, and the backup brings the queue back with nothing deleted. A few commands run
+as real CLI processes; the rest run `flows.cli.main` in this process (the same code, no interpreter
+start per command).
 """
 
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +30,21 @@ def _one_line_error(out, *expected: str) -> str:
     return lines[0]
 
 
+def _in_process(capsys, monkeypatch, tmp_path: Path, *args: str) -> SimpleNamespace:
+    """`meshplan --state-dir tmp_path ARGS` through flows.cli.main in this process."""
+    from flows.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["meshplan", "--state-dir", str(tmp_path), *args])
+    capsys.readouterr()
+    try:
+        main()
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+
+
 def _queue(tmp_path: Path) -> Path:
     path = tmp_path / "meshplan.duckdb"
     submit_job(path, get_model("tiny"), 8, 4, job_id="ja")
@@ -36,21 +55,23 @@ def _job_ids(path: Path) -> list[str]:
     return db.query(path, "SELECT job_id FROM jobs ORDER BY job_id", read_only=True)["job_id"].to_list()
 
 
-def test_a_damaged_store_is_named_by_every_command_and_the_backup_restores_it(tmp_path):
+def test_a_damaged_store_is_named_by_every_command_and_the_backup_restores_it(tmp_path, capsys, monkeypatch):
     path = _queue(tmp_path)
     out = meshplan(tmp_path, "db", "--write", "UPDATE jobs SET priority = 5")  # backs the file up first
     assert out.returncode == 0 and "backed up" in out.stdout, out.stderr
     garbage = b"\x13\x37" * 40_000
     path.write_bytes(garbage)
 
+    expected = (str(path), "is damaged", "not a DuckDB database", "db --restore")
+    _one_line_error(meshplan(tmp_path, "jobs"), *expected)
     for args in (
         ["plan", "--model", "tiny", "--cluster", MIXED],
         ["estimate", "--plan", "tests/data/plan_v1.json", "--cluster", MIXED],
-        ["jobs"],
         ["db"],
         ["db", "SELECT * FROM jobs"],
+        ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "2"],
     ):
-        _one_line_error(meshplan(tmp_path, *args), str(path), "is damaged", "not a DuckDB database", "db --restore")
+        _one_line_error(_in_process(capsys, monkeypatch, tmp_path, *args), *expected)
 
     out = meshplan(tmp_path, "db", "--restore")
     assert out.returncode == 0, out.stderr
@@ -59,29 +80,29 @@ def test_a_damaged_store_is_named_by_every_command_and_the_backup_restores_it(tm
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("meshplan.duckdb.replaced-")]
     assert len(aside) == 1 and aside[0].read_bytes() == garbage  # the damaged file kept, not deleted
     assert _job_ids(path) == ["ja"]  # the queue is back
-    assert "ja" in meshplan(tmp_path, "jobs").stdout
 
 
-def test_a_truncated_store_is_named_with_the_way_out(tmp_path):
+def test_a_truncated_store_is_named_with_the_way_out(tmp_path, capsys, monkeypatch):
     path = _queue(tmp_path)
     path.write_bytes(path.read_bytes()[:20_000])  # cut inside the catalog (DuckDB reads blocks lazily)
     db._migrated.clear()
     with pytest.raises(db.StoreDamagedError, match="truncated") as err:
         _job_ids(path)
     assert str(path) in str(err.value) and "no backup exists; move it away" in str(err.value)
-    _one_line_error(meshplan(tmp_path, "jobs"), str(path), "truncated", "move it away")
+    _one_line_error(_in_process(capsys, monkeypatch, tmp_path, "jobs"), str(path), "truncated", "move it away")
 
 
-def test_db_is_read_only_unless_write_and_a_dropped_table_is_named(tmp_path):
+def test_db_is_read_only_unless_write_and_a_dropped_table_is_named(tmp_path, capsys, monkeypatch):
     path = _queue(tmp_path)
-    _one_line_error(meshplan(tmp_path, "db", "DROP TABLE jobs"), "DROP TABLE jobs", "add --write")
+    cli = lambda *args: _in_process(capsys, monkeypatch, tmp_path, *args)  # noqa: E731
+    _one_line_error(cli("db", "DROP TABLE jobs"), "DROP TABLE jobs", "add --write")
     assert _job_ids(path) == ["ja"]  # not dropped
 
-    out = meshplan(tmp_path, "db", "--write", "DROP TABLE jobs")
+    out = cli("db", "--write", "DROP TABLE jobs")
     assert out.returncode == 0, out.stderr
     _one_line_error(meshplan(tmp_path, "jobs"), str(path), "table jobs is missing", "db --restore")
 
-    out = meshplan(tmp_path, "db", "--restore")
+    out = cli("db", "--restore")
     assert out.returncode == 0 and "restored" in out.stdout, out.stderr
     assert _job_ids(path) == ["ja"]
 
