@@ -46,6 +46,7 @@ class TrainOutcome(_Outcome):
     final_detections: list[dict[str, Any]] = []  # slowdowns the monitor held at the end
     segments: list[dict[str, Any]] = []  # one per torchrun launch of the supervisor
     final_plan_json: str  # the plan the run finished on (after rebalances and relayouts)
+    events: list[dict[str, Any]] = []  # restarts, checkpoint fallbacks, resumes (storage/runs.py run_events)
 
 
 class ReplanOutcome(_Outcome):

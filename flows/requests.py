@@ -44,6 +44,9 @@ class TrainRequest(BaseModel):
     seed: int = _TRAIN.seed
     checkpoint_every: int = Field(default=_TRAIN.checkpoint_every, ge=0, description="0 = only at the end")
     resume: str = Field(default="auto", description="auto | none | a checkpoint or run folder")
+    fresh_start: bool = Field(
+        default=False, description="when every checkpoint of the run folder is unreadable, train from step 0"
+    )
     max_restarts: int = Field(default=_TRAIN.max_restarts, ge=0)
     runs_dir: str | None = Field(default=None, description="parent of the run folder; None = next to the database")
     timeout_s: float = Field(default=_TRAIN.timeout_s, gt=0, description="outer kill of the whole job")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.outcomes import TrainOutcome
@@ -32,8 +32,9 @@ from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
 from storage.pricing import machine_calibration
+from storage.runs import resume_records
 from tasks.replan import supervise_training
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
+from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_events, record_run
 
 
 def _read_plan(plan_path: str) -> Plan:
@@ -96,7 +97,9 @@ def measured_step_time_s(summary: list[dict[str, Any]]) -> float | None:
     return statistics.median(steady) if steady else None
 
 
-def report_markdown(run_id: str, plan: Plan, summary: list[dict[str, Any]], status: str) -> str:
+def report_markdown(
+    run_id: str, plan: Plan, summary: list[dict[str, Any]], status: str, events: list[dict[str, Any]] = ()
+) -> str:
     measured = measured_step_time_s(summary)
     predicted = plan.predicted.step_time_s if plan.predicted is not None else None
     ratio = f"{measured / predicted:.2f}×" if measured and predicted else "n/a"
@@ -112,6 +115,7 @@ def report_markdown(run_id: str, plan: Plan, summary: list[dict[str, Any]], stat
         f"| measured (median, slowest rank) | {fmt(measured)} |",
         f"| measured / predicted | {ratio} |",
         "",
+        *(["## Faults handled", *(f"- {e['kind']}: {e['message']}" for e in events), ""] if events else []),
         "| step | step time | max compute | max comm wait | loss | tokens/s |",
         "|---|---|---|---|---|---|",
     ]
@@ -159,6 +163,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     (run_dir / "plan.json").write_text(plan.to_json())
 
     record_run(db_path, run_id, plan, r.steps, str(run_dir))
+    first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
@@ -177,7 +182,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         optimizer=r.optimizer,
         seed=r.seed,
         checkpoint_every=r.checkpoint_every,
-        resume=r.resume,
+        resume="fresh-start" if r.fresh_start and r.resume == "auto" else r.resume,
         collective_timeout_s=r.collective_timeout_s,
         faults=r.faults,
         # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
@@ -220,12 +225,19 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():
         record_run(db_path, run_id, supervised["plan"], r.steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
+    events = record_events(db_path, run_id, str(run_dir), first_record)
+    refusal = next((e["message"] for e in events if e["kind"] == "error"), None)
+    events = [e for e in events if e["kind"] != "error"]
+    for e in events:  # WARNING: kept by the Prefect run's log at the CLI's log level, shown live on stderr
+        get_run_logger().warning(f"run {run_id}: {e['kind']}: {e['message']}")
     status = "completed" if state.is_completed() and not job_failed else "failed"
     message = f"torchrun exited {supervised['returncode']}" if job_failed else str(state.message)[:2000]
+    if refusal is not None:
+        message = refusal
     summary = close_run(db_path, run_id, status, None if status == "completed" else message)
     create_markdown_artifact(
         key="train-report",
-        markdown=report_markdown(run_id, plan, summary, status),
+        markdown=report_markdown(run_id, plan, summary, status, events),
         description=f"training run {run_id}: predicted vs measured step time",
     )
     if supervised is not None:
@@ -234,6 +246,8 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             markdown=decisions_markdown(run_id, supervised["decisions"]),
             description=f"re-planning decisions of run {run_id}",
         )
+    if refusal is not None:  # the ranks refused to start (every checkpoint unreadable): one line, no traceback
+        raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
     if job_failed:
         log = run_dir / "torchrun.log"
         raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
@@ -253,4 +267,5 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         final_detections=supervised["final_detections"] if supervised else [],
         segments=supervised["segments"] if supervised else [],
         final_plan_json=supervised["plan"].to_json() if supervised else plan.to_json(),
+        events=events,
     )

@@ -8,6 +8,7 @@ re-ran a step, the row written last wins.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -125,3 +126,76 @@ def run_steps(db_path: str | Path, run_id: str) -> pl.DataFrame:
 def step_metrics(db_path: str | Path, run_id: str) -> pl.DataFrame:
     with connect(db_path) as con:
         return con.sql("SELECT * FROM step_metrics WHERE run_id = ? ORDER BY step, rank", params=[run_id]).pl()
+
+
+def resume_records(run_dir: str | Path) -> list[dict]:
+    """The lines of <run>/resume.jsonl (worker/checkpoint.py resume_from), one per (re)start of a rank group."""
+    path = Path(run_dir) / "resume.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash mid-write says nothing reliable
+    return out
+
+
+def events_of(records: list[dict], first: int = 0) -> list[dict]:
+    """Run events (table run_events) of resume records; `first` is the first record's line number.
+
+    Why: a restart, a fallback past an unreadable checkpoint and a resume are handled by the ranks;
+    these rows are how they reach the console, the run row and the Prefect log instead of vanishing."""
+    events = []
+    for i, r in enumerate(records, start=first):
+        attempt = int(r.get("attempt") or 0)
+        found: list[tuple[str, str, int | None, str | None]] = []  # kind, message, step, checkpoint
+        if attempt > 0:
+            found.append(("restart", f"restart {attempt}: torchrun restarted the ranks after a failure", None, None))
+        for bad in r.get("rejected") or []:
+            found.append(
+                ("fallback", f"checkpoint {bad['checkpoint']} skipped: {bad['reason']}", None, bad["checkpoint"])
+            )
+        if r.get("fresh_start"):
+            found.append(
+                ("fresh_start", "every checkpoint is unreadable; started from step 0 (--fresh-start)", 0, None)
+            )
+        if r.get("checkpoint"):
+            found.append(("resume", f"resumed from step {r['step']} ({r['checkpoint']})", r["step"], r["checkpoint"]))
+        for k, (kind, message, step, ckpt) in enumerate(found):
+            events.append(
+                {
+                    "seq": i * 100 + k,
+                    "attempt": attempt,
+                    "kind": kind,
+                    "step": step,
+                    "checkpoint": ckpt,
+                    "message": message,
+                }
+            )
+    return events
+
+
+def record_run_events(db_path: str | Path, run_id: str, events: list[dict]) -> None:
+    """Store events on the run (an upsert on (run_id, seq): recording twice duplicates nothing)."""
+    if not events:
+        return
+    with connect(db_path) as con:
+        con.executemany(
+            """INSERT OR REPLACE INTO run_events (run_id, seq, attempt, kind, step, checkpoint, message)
+               VALUES (?, ?, ?, ?, ?, ?, ?)""",
+            [[run_id, e["seq"], e["attempt"], e["kind"], e["step"], e["checkpoint"], e["message"]] for e in events],
+        )
+
+
+def run_events(db_path: str | Path, run_id: str) -> list[dict]:
+    with connect(db_path) as con:
+        return (
+            con.sql(
+                "SELECT seq, attempt, kind, step, checkpoint, message FROM run_events WHERE run_id = ? ORDER BY seq",
+                params=[run_id],
+            )
+            .pl()
+            .to_dicts()
+        )

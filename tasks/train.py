@@ -21,7 +21,15 @@ from launcher.progress import StepProgress
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
 from storage.plans import load_plan
-from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
+from storage.runs import (
+    events_of,
+    finish_run,
+    ingest_step_metrics,
+    record_run_events,
+    resume_records,
+    run_steps,
+    start_run,
+)
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -75,3 +83,14 @@ def close_run(db_path: str, run_id: str, status: str, message: str | None = None
     """Mark the run finished; returns its per-step summary rows (view run_steps)."""
     finish_run(db_path, run_id, status, message)
     return run_steps(db_path, run_id).to_dicts()
+
+
+@task(name="record-run-events", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def record_events(db_path: str, run_id: str, run_dir: str, first_record: int) -> list[dict[str, Any]]:
+    """The restarts, checkpoint fallbacks and resumes of this launch (resume.jsonl lines from
+    `first_record` on), stored on the run (table run_events); a refusal is returned as kind "error"."""
+    records = resume_records(run_dir)[first_record:]
+    events = events_of(records, first_record)
+    record_run_events(db_path, run_id, events)
+    errors = [{"kind": "error", "message": r["error"]} for r in records if r.get("error")]
+    return events + errors[:1]

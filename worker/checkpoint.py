@@ -5,7 +5,9 @@ Layout of a run folder:
                                        size + sha256 of every file: worker/checkpoint_check.py)
     <run>/checkpoints/latest           text: "step_00000004"
     <run>/resume.jsonl                 one line per (re)start: the checkpoint it resumed from and
-                                       every newer one it skipped as corrupt, with the reason
+                                       every newer one it skipped as corrupt, with the reason (or
+                                       the error that stopped it); the flow turns these into run
+                                       events (storage/runs.py) shown on the console and in Prefect
 Every rank writes into `.tmp_step_<n>`; after DCP's own final barrier rank 0 writes meta.json,
 renames the folder to `step_<n>` and replaces `latest` via a temp file + os.replace, so a reader
 (or a resumed run) never sees a half-written checkpoint; a resumed run also checks the digests and
@@ -33,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec
 from worker import watchdog
 from worker.checkpoint_check import choose_resume, digest_folder, verify
@@ -109,19 +112,32 @@ def resume_from(resume: str, run_dir: Path) -> Path | None:
     """Collective: the verified checkpoint to resume from (see checkpoint_check.choose_resume), or None.
 
     Rank 0 appends what it chose and what it skipped to <run_dir>/resume.jsonl, so a fallback is on
-    record in the run folder, not only in the log."""
-    chosen, rejected = choose_resume(resume, run_dir)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        record = {
-            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    record in the run folder, not only in the log; a refusal (every checkpoint unreadable) is
+    recorded with its message before it is raised, for the flow to report in one line."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    try:
+        chosen, rejected = choose_resume(resume, run_dir)
+    except MeshplanError as exc:
+        _record(run_dir, {"attempt": attempt, "checkpoint": None, "step": None, "rejected": [], "error": str(exc)})
+        raise
+    _record(
+        run_dir,
+        {
+            "attempt": attempt,
             "checkpoint": str(chosen) if chosen else None,
             "step": checkpoint_step(chosen) if chosen else 0,
             "rejected": rejected,
-        }
+            "fresh_start": bool(resume == "fresh-start" and chosen is None and rejected),
+        },
+    )
+    return chosen
+
+
+def _record(run_dir: Path, record: dict[str, Any]) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         with (run_dir / "resume.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
-    return chosen
 
 
 def load(ckpt_dir: Path, parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> int:

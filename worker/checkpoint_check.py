@@ -160,27 +160,37 @@ def newest_valid(root: Path) -> tuple[Path | None, list[dict[str, str]]]:
 
 
 def choose_resume(resume: str, run_dir: Path) -> tuple[Path | None, list[dict[str, str]]]:
-    """Resolve --resume ("none" | "auto" | checkpoint folder | run folder) to a verified checkpoint.
+    """Resolve --resume ("none" | "auto" | "fresh-start" | checkpoint folder | run folder) to a verified checkpoint.
 
     An explicitly named checkpoint folder that fails its check is an error (the user asked for that
-    one); a run folder falls back to its newest valid checkpoint. Every skipped folder is printed
-    (rank 0) with its reason and returned for the record."""
+    one); a run folder falls back to its newest valid checkpoint. When checkpoints exist but none is
+    readable, "auto" stops the run (training from step 0 would silently throw their steps away):
+    only "fresh-start" — the user's explicit choice, `meshplan train --fresh-start` — starts over.
+    Every skipped folder is printed (rank 0) with its reason and returned for the record."""
     if resume == "none":
         return None, []
-    path = run_dir if resume == "auto" else Path(resume)
-    if resume != "auto" and (path / ".metadata").is_file():
+    auto = resume in ("auto", "fresh-start")
+    path = run_dir if auto else Path(resume)
+    if not auto and (path / ".metadata").is_file():
         reason = _problem_everywhere(path)
         if reason is not None:
             raise MeshplanError("--resume", resume, f"this checkpoint is corrupt: {reason}")
         return path, []
     chosen, rejected = newest_valid(path / "checkpoints")
-    if resume != "auto" and chosen is None:
+    if not auto and chosen is None:
         raise MeshplanError("--resume", resume, "not a checkpoint folder or a run folder with a valid checkpoint")
+    if resume == "auto" and chosen is None and rejected:
+        raise MeshplanError(
+            "checkpoints",
+            str(path / "checkpoints"),
+            f"all {len(rejected)} checkpoints are unreadable (newest {Path(rejected[0]['checkpoint']).name}: "
+            f"{rejected[0]['reason']}); repair or move them away, or pass --fresh-start to train from step 0",
+        )
     if rejected and (not dist.is_initialized() or dist.get_rank() == 0):
         for r in rejected:
             print(f"checkpoint: skipping {r['checkpoint']}: {r['reason']}", file=sys.stderr, flush=True)
         print(
-            f"checkpoint: resuming from {chosen if chosen is not None else 'scratch (no valid checkpoint)'}",
+            f"checkpoint: resuming from {chosen if chosen is not None else 'step 0 (--fresh-start: none is readable)'}",
             file=sys.stderr,
             flush=True,
         )

@@ -28,7 +28,9 @@ class TrainOptions:
     optimizer: str
     seed: int
     checkpoint_every: int  # 0 = only at the end
-    resume: str  # "auto" (latest in run_dir), "none", or a checkpoint folder (may come from another plan)
+    # "auto" (latest valid in run_dir; all unreadable stops the run), "fresh-start" (auto, but all
+    # unreadable starts from step 0), "none", or a checkpoint folder (may come from another plan)
+    resume: str
     timeout_s: float  # collective / store timeout
     dtype: str  # "auto": the plan's dtype on CUDA, fp32 on CPU
     faults: FaultSpec = NO_FAULTS  # injected faults (planner/specs/faults.py, acted on in worker/faults.py)
@@ -48,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--resume", default="auto")
+    p.add_argument("--resume", default="auto", help="auto | fresh-start | none | a checkpoint or run folder")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
     p.add_argument("--faults", default="", help="FaultSpec JSON (planner/specs/faults.py); empty = none")

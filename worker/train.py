@@ -337,7 +337,11 @@ def main(argv: list[str] | None = None) -> None:
     watchdog.start(opts.timeout_s, f" rank {os.environ.get('RANK', '?')}").beat("rendezvous")  # bounds hangs
     rank, _, device = init_distributed(opts.timeout_s)
     watchdog.beat("setup and resume")
-    train(opts, plan, spec, rank, device)
+    try:
+        train(opts, plan, spec, rank, device)
+    except MeshplanError as exc:  # e.g. every checkpoint unreadable: one line, not a traceback per rank
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     watchdog.beat("final barrier")
     dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
     dist.destroy_process_group()

@@ -39,6 +39,10 @@ def train(
     resume: Annotated[
         str, typer.Option("--resume", help="auto | none | a checkpoint or run folder (may be another plan's)")
     ] = "auto",
+    fresh_start: Annotated[
+        bool,
+        typer.Option("--fresh-start", help="train from step 0 when every checkpoint of the run is unreadable"),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     replan: Annotated[
         bool | None,
@@ -131,6 +135,7 @@ def train(
             "nnodes": nnodes,
             "node_rank": node_rank,
             "resume": resume,
+            "fresh_start": fresh_start,
             "runs_dir": str(Path(cfg.state.dir) / "runs"),
             "replan": nnodes == 1 if replan is None else replan,
             "replan_config": cfg.replan,
@@ -145,8 +150,15 @@ def train(
     if as_json:
         typer.echo(out.model_dump_json(indent=2))
         return
+    print_outcome(out)
+
+
+def print_outcome(out) -> None:
+    """The run's summary lines, with every fault the ranks survived: a handled fault is still news."""
     measured, predicted = out.measured_step_time_s, out.predicted_step_time_s
     typer.echo(f"run {out.run_id} {out.status}: {len(out.losses)} steps in {out.run_dir}")
+    for e in out.events:
+        typer.echo(f"{e['kind']}: {e['message']}")
     if measured is not None:
         typer.echo(
             f"step time measured {measured * 1e3:.1f} ms"

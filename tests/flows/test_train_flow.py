@@ -80,7 +80,43 @@ def _progress_lines(text: str) -> list[tuple[int, int, str]]:
     return [(int(m[1]), int(m[2]), m[0]) for m in PROGRESS.finditer(text)]
 
 
-def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys):
+def _meshplan_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`meshplan ARGS` through flows.cli.main in this process (so it uses the test's Prefect server)."""
+    from flows.cli import main
+
+    monkeypatch.setattr("sys.argv", ["meshplan", *args])
+    capsys.readouterr()
+    try:
+        main()
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _logs_with(text: str, wait_s: float = 20.0) -> list[str]:
+    """Prefect run-log messages containing `text` (the log handler ships them in the background)."""
+    import asyncio
+    import time
+
+    from prefect import get_client
+    from prefect.logging.handlers import APILogHandler
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_logs()
+
+    APILogHandler.flush()
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = [lg.message for lg in asyncio.run(read()) if text in lg.message]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys, monkeypatch):
     db = str(tmp_path / "m.duckdb")
     request = TrainRequest(
         plan_path=_plan_file(tmp_path),
@@ -123,6 +159,35 @@ def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys):
     assert 1 <= done[0] and done[-1] == 4
     last = lines[-1][2]
     assert f"loss {losses[-1]:.4f}" in last and "ETA 0:00:00" in last  # the run_steps loss of the last step
+    assert out.events == []  # a clean first run survived nothing
+
+    # A bit-flipped newest checkpoint: `meshplan train` falls back to step 2 and says so on the
+    # console, on the run (run_events) and in the Prefect run's log.
+    shard = ckpts / "step_00000004" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    cli = ["--state-dir", str(tmp_path), "--db", db, "train", "--plan", _plan_file(tmp_path), "--steps", "4"]
+    cli += ["--nproc-per-node", "2", "--data", "synthetic", "--run-id", "flow-run", "--no-replan"]
+    rc, stdout, stderr = _meshplan_main(monkeypatch, capsys, *cli)
+    assert rc == 0, stderr
+    assert "run flow-run completed" in stdout
+    assert f"fallback: checkpoint {ckpts / 'step_00000004'} skipped: __1_0.distcp sha256" in stdout
+    assert f"resume: resumed from step 2 ({ckpts / 'step_00000002'})" in stdout
+    from storage.runs import run_events
+
+    assert [(e["kind"], e["step"]) for e in run_events(db, "flow-run")] == [("fallback", None), ("resume", 2)]
+    assert _logs_with("run flow-run: fallback: checkpoint") and _logs_with("run flow-run: resume: resumed from step 2")
+
+    # Every checkpoint unreadable: the run stops, naming the folder and the way out, instead of
+    # silently training from step 0.
+    for meta in ckpts.glob("step_*/meta.json"):
+        meta.write_text("{garbage")
+    rc, stdout, stderr = _meshplan_main(monkeypatch, capsys, *cli)
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+    assert rc == 1 and "Traceback" not in stderr and len(lines) == 1, stderr
+    assert str(ckpts) in lines[0] and "checkpoints are unreadable" in lines[0] and "--fresh-start" in lines[0]
+    assert load_run(db, "flow-run")["status"] == "failed"
 
 
 def test_meshplan_train_shows_step_progress_while_the_supervised_job_runs(tmp_path):
