@@ -101,13 +101,11 @@ def _logs_with(text: str, wait_s: float = 20.0) -> list[str]:
     import time
 
     from prefect import get_client
-    from prefect.logging.handlers import APILogHandler
 
     async def read():
         async with get_client() as client:
             return await client.read_logs()
 
-    APILogHandler.flush()
     deadline = time.monotonic() + wait_s
     while True:
         found = [lg.message for lg in asyncio.run(read()) if text in lg.message]

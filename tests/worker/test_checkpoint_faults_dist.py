@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from planner.errors import MeshplanError
 from planner.specs.model import get_model
+from storage.runs import events_of, resume_records
 from tests.support.reference import train_reference
-from worker.checkpoint import load_full_model_state
+from worker.checkpoint import load_full_model_state, resume_from
 from worker.checkpoint_check import CorruptCheckpointError, newest_valid, problem
 
 pytestmark = pytest.mark.dist
@@ -76,6 +78,11 @@ def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(run_copy, torch
     record = json.loads((run_copy / "resume.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 2 and record["checkpoint"] == str(ckpts / STEP2)
     assert [r["checkpoint"] for r in record["rejected"]] == [str(ckpts / STEP4)]
+    events = events_of(resume_records(run_copy))  # what the flow stores on the run and prints
+    assert [(e["kind"], e["checkpoint"]) for e in events[-2:]] == [
+        ("fallback", str(ckpts / STEP4)),
+        ("resume", str(ckpts / STEP2)),
+    ]
     assert "step 2 loss" in proc.stdout and "step 0 loss" not in proc.stdout  # resumed at 2, not from scratch
     # steps 2..3 re-run from the step-2 state reproduce the uninterrupted reference; garbage would not
     ref4, _ = train_reference(spec, 8, 32, 4, "synthetic", 0, 0.5, "sgd")
@@ -136,3 +143,23 @@ def test_leftover_tmp_and_a_lost_marker_never_pick_a_partial_save(run_copy):
     assert newest_valid(ckpts) == (ckpts / STEP4, [])
     (ckpts / "latest").write_text(STEP2)  # the marker bounds the timeline: step 4 is an abandoned branch
     assert newest_valid(ckpts) == (ckpts / STEP2, [])
+
+
+def test_all_checkpoints_unreadable_stops_the_run_unless_fresh_start(run_copy):
+    """Garbage meta.json everywhere: "auto" refuses (naming the folder and --fresh-start) and records
+    why; "fresh-start" starts from step 0 and records that it did."""
+    ckpts = run_copy / "checkpoints"
+    for meta in ckpts.glob("step_*/meta.json"):
+        meta.write_text("\x00garbage")
+    with pytest.raises(MeshplanError, match="all 2 checkpoints are unreadable") as err:
+        resume_from("auto", run_copy)
+    assert str(ckpts) in str(err.value) and "--fresh-start" in str(err.value)
+    assert resume_records(run_copy)[-1]["error"] == str(err.value)
+    assert resume_from("fresh-start", run_copy) is None
+    last = resume_records(run_copy)[-1]
+    assert last["fresh_start"] and last["step"] == 0 and len(last["rejected"]) == 2
+    assert [e["kind"] for e in events_of([last])] == ["fallback", "fallback", "fresh_start"]
+    (ckpts / STEP2 / "meta.json").unlink()  # a run with no checkpoint at all still starts quietly at 0
+    for folder in ckpts.glob("step_*"):
+        shutil.rmtree(folder)
+    assert resume_from("auto", run_copy) is None

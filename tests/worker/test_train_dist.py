@@ -133,7 +133,16 @@ def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(tmp_path, torc
     they re-rendezvous under a fresh store prefix and finish — with the same weights as no crash."""
     from planner.specs.faults import FaultSpec
     from planner.specs.plan import parse_plan
-    from storage.runs import finish_run, ingest_step_metrics, load_run, start_run
+    from storage.runs import (
+        events_of,
+        finish_run,
+        ingest_step_metrics,
+        load_run,
+        record_run_events,
+        resume_records,
+        run_events,
+        start_run,
+    )
 
     kill = FaultSpec(kill_rank=1, kill_step=3).to_arg()
     plan = make_plan([(0, 2), (2, 4)])
@@ -158,3 +167,10 @@ def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(tmp_path, torc
     assert ingest_step_metrics(db, "crash", tmp_path) == 2 * 4
     finish_run(db, "crash", "completed")
     assert load_run(db, "crash")["restarts"] == 1
+    # the restart and its resume are events on the run, not only a restart count
+    record_run_events(db, "crash", events_of(resume_records(tmp_path)))
+    ckpt2 = str(tmp_path / "checkpoints" / "step_00000002")
+    assert [(e["kind"], e["attempt"], e["step"], e["checkpoint"]) for e in run_events(db, "crash")] == [
+        ("restart", 1, None, None),
+        ("resume", 1, 2, ckpt2),
+    ]
