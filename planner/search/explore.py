@@ -231,13 +231,16 @@ class Explorer:
         """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
         (interleaved holds even more)."""
         m = math.ceil(total_mb / shape.dp)
+        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        if lb * (1 - BOUND_MARGIN) >= self.bound():
+            self.counts.pruned += 1  # cannot win: no need to price the memory check below
+            return
         if (
             self.primary is not None
             and self.space.recompute
             and math.isinf(self._capped(shape, segs, m, mbs, sharding))
         ):
             return
-        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:
