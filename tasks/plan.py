@@ -12,12 +12,13 @@ from prefect.cache_policies import NO_CACHE
 
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
-from planner.search import NoFeasiblePlan, SearchResult, SearchSpace, search
+from planner.search import NoFeasiblePlan, SearchResult
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from storage import pricing
 from storage.pricing import PricingInputs, pricing_inputs
 from tasks.caching import stable_inputs
+from tasks.searching import run_search, search_args  # noqa: F401  (search_args: plan_flow's import)
 
 
 @task(name="prepare-search", cache_policy=NO_CACHE)
@@ -48,20 +49,9 @@ def search_plans(
     dtype: str = "bf16",
     fp8: bool = False,
 ) -> SearchResult | NoFeasiblePlan:
-    """planner.search.search with the inputs `prepare_search` read; `meshplan plan` calls this function too.
+    """tasks.searching.run_search as a cached task (`meshplan plan` calls that function directly).
     `fp8`: search fp8 linears too (SearchSpace.fp8)."""
-    return search(
-        model,
-        cluster,
-        profiles,
-        global_batch=global_batch,
-        seq=seq,
-        dtype=dtype,
-        top_k=top_k,
-        time_budget_s=time_budget_s,
-        calibration=calibration,
-        space=SearchSpace(fp8=True) if fp8 else None,
-    )
+    return run_search(model, cluster, profiles, global_batch, seq, top_k, time_budget_s, calibration, dtype, fp8)
 
 
 @task(name="store-plans", cache_policy=NO_CACHE)
@@ -69,28 +59,3 @@ def store_plans(db_path: str, result: SearchResult) -> str:
     from storage.plans import save_plans
 
     return save_plans(db_path, result.plans, result.baselines)
-
-
-def search_args(
-    model: ModelSpec,
-    inputs: PricingInputs,
-    global_batch: int,
-    seq: int,
-    top_k: int,
-    time_budget_s: float,
-    fp8: bool = False,
-) -> tuple:
-    """`search_plans`' arguments for these inputs: one mapping for plan_flow (which calls the cached
-    task) and `meshplan plan` (which calls its function), so both rank alike; seq 0 = the model's."""
-    return (
-        model,
-        inputs.cluster,
-        inputs.profiles,
-        global_batch,
-        seq or model.seq_len,
-        top_k,
-        time_budget_s,
-        inputs.calibration,
-        inputs.dtype,
-        fp8,
-    )

@@ -100,14 +100,14 @@ def plan(
     from planner.specs.model import get_model
     from storage.plans import save_plans
     from storage.pricing import pricing_inputs
-    from tasks.plan import search_args, search_plans
+    from tasks.searching import run_search, search_args  # no Prefect: tasks.plan imports it
 
     m = given if given is not None else get_model(cfg.model)
     # the inputs and the search function plan_flow's tasks use, with the same config: the same ranking
     inputs = pricing_inputs(path, m, cluster, snapshot, cfg.profile.dtype)
     spec, source = inputs.cluster, inputs.profile_source
     s = cfg.search
-    res = search_plans.fn(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8))
+    res = run_search(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8))
     if isinstance(res, NoFeasiblePlan):
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))

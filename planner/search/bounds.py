@@ -87,6 +87,7 @@ class Bounds:
         self.interleaved = "interleaved-1f1b" in space.schedules and self.v_max > 1
         self.recs = (False, True) if space.recompute else (False,)
         self._floor: dict[tuple[int, int, int], float] = {}
+        self._shape: dict[tuple, float] = {}
         self._dom: dict[tuple[int, int, int], bool] = {}
         # keyed on Pricer.link_id(dplink)
         self._slope: dict[tuple, float] = {}
@@ -144,7 +145,22 @@ class Bounds:
         return out
 
     def shape(self, shape: Shape, mbs: int) -> float:
-        """A cheap lower bound on any candidate of the shape: compute and TP traffic only."""
+        """A cheap lower bound on any candidate of the shape: compute and TP traffic only. It does not
+        depend on the order of a pipeline's class segments, so every ordering of the same segments
+        shares one computation (the number of orderings is what grows with device kinds)."""
+        key = (
+            shape.family,
+            tuple(sorted((g.cls, g.tp, g.stages) for g in shape.segments)),
+            shape.dp,
+            shape.groups,
+            mbs,
+        )
+        out = self._shape.get(key)
+        if out is None:
+            out = self._shape[key] = self._shape_of(shape, mbs)
+        return out
+
+    def _shape_of(self, shape: Shape, mbs: int) -> float:
         L, total_mb = self.L, self.gb // mbs
         if shape.family == "pipeline":
             a = [(self.a_floor(g.cls, g.tp, mbs), g.stages) for g in shape.segments]

@@ -20,8 +20,9 @@ bound shows it cannot enter the kept set, or by the recompute dominance rule
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from planner.cost.devices import cross_node_link
@@ -78,7 +79,10 @@ class Explorer:
         # nodes still to expand and candidates still to solve, each a heap on its lower bound
         self.nodes: list[tuple[float, int, Callable[[], None]]] = []
         self.leaves: list[tuple[float, int, Callable[[], None]]] = []
-        self.seq_no = 0
+        # tie-breaks of the heaps; explorers that share the heaps (search.py) share it too
+        self.ticket: Iterator[int] = itertools.count(1)
+        # what record() does to a Choice: search.py tags it with the pass's stack
+        self.tag: Callable[[Choice], Choice] = lambda c: c
         self.expanded: set[Shape] = set()
         self.loosest: dict[tuple, StageArrays | None] = {}
         self.capped: dict[tuple, float] = {}
@@ -90,8 +94,7 @@ class Explorer:
         return -self.found[0][0] if len(self.found) >= self.keep else math.inf
 
     def record(self, cost: float, shape: Shape, choice: Choice) -> None:
-        self.seq_no += 1
-        item = (-cost, self.seq_no, Found(cost, shape, choice))
+        item = (-cost, next(self.ticket), Found(cost, shape, self.tag(choice)))
         if len(self.found) < self.keep:
             heapq.heappush(self.found, item)
         elif cost < -self.found[0][0]:
@@ -102,8 +105,7 @@ class Explorer:
         if lb >= self.bound():
             self.counts.pruned += 1
             return
-        self.seq_no += 1
-        heapq.heappush(self.leaves if leaf else self.nodes, (lb, self.seq_no, run))
+        heapq.heappush(self.leaves if leaf else self.nodes, (lb, next(self.ticket), run))
 
     def _push_leaf(self, lb: float, run: Callable[[], None]) -> None:
         """A candidate: +inf bound when no split fits in memory (counted infeasible, never solved)."""
@@ -114,14 +116,24 @@ class Explorer:
 
     # the loop ---------------------------------------------------------------------------------------
 
-    def run(self, shapes: list[Shape], over_budget: Callable[[], bool]) -> float | None:
-        """Explore until the frontier is empty or cannot beat the kept set (None), or the budget cuts
-        it: then the smallest bound left on the frontier."""
+    def share(self, other: Explorer) -> None:
+        """Explore together with `other` (another pass: stack variant, cp degree): one kept set, one
+        frontier, so nodes of every pass are expanded best-first against the best plan of any pass,
+        and a budget cut's smallest bound left covers every pass."""
+        self.found, self.nodes, self.leaves, self.ticket = other.found, other.nodes, other.leaves, other.ticket
+
+    def seed(self, shapes: list[Shape]) -> None:
+        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape."""
         for sh in shapes:
             for mbs in self.mbs_opts:
                 if self.global_batch // mbs >= sh.dp:
                     lb = self.bounds.shape(sh, mbs)
                     self.push(lb, self._shape_node(sh, mbs, lb))
+
+    def run(self, shapes: list[Shape], over_budget: Callable[[], bool]) -> float | None:
+        """Explore until the frontier is empty or cannot beat the kept set (None), or the budget cuts
+        it: then the smallest bound left on the frontier (shared: every sharing explorer's)."""
+        self.seed(shapes)
         while self.nodes or self.leaves:
             # candidates before nodes: a candidate that can still enter the kept set is solved as soon
             # as it exists (a depth-first dive), so good plans come early and a budget cut keeps them;
@@ -219,13 +231,16 @@ class Explorer:
         """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
         (interleaved holds even more)."""
         m = math.ceil(total_mb / shape.dp)
+        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        if lb * (1 - BOUND_MARGIN) >= self.bound():
+            self.counts.pruned += 1  # cannot win: no need to price the memory check below
+            return
         if (
             self.primary is not None
             and self.space.recompute
             and math.isinf(self._capped(shape, segs, m, mbs, sharding))
         ):
             return
-        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:

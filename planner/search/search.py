@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.cost import COST_MODEL_VERSION, estimate
@@ -145,50 +146,32 @@ def search(
     mbs_opts = [b for b in space.micro_batch_sizes if global_batch % b == 0]
     max_dp = max((global_batch // b for b in mbs_opts), default=0)
     shapes = _shapes(model, classes, space, max_dp)
-    found: list = []
-    seq_no = 0
-    lefts: list[float] = []
-    variants = stack_variants(space, classes)
-    # context parallelism: after the plain passes, one pass per stack variant and cp degree over the
-    # cp-folded classes, where planner.search.cp's rule says cp can help
-    passes: list[tuple[Folding | None, Stack, list]] = [(None, v, shapes) for v in variants]
+    # one exact pass per stack variant (and, for context parallelism, per cp degree over the
+    # cp-folded classes where planner.search.cp's rule says cp can help), all explored together on
+    # one frontier (Explorer.share): best-first over every pass, pruned against the best plan of any
+    plain: list[tuple[Folding | None, Stack, list]] = [(None, v, shapes) for v in stack_variants(space, classes)]
     folds: dict[int, Folding] = {}
-    v_i = 0
-    while v_i < len(passes):
-        fold, variant, pass_shapes = passes[v_i]
-        pass_classes = fold.classes if fold is not None else classes
-        # one exact pass per stack variant, seeded with the best plans of the passes before it, so
-        # its bounds prune against them from the start (each pass is exact in its part of the space)
-        pr = Pricer(model, pass_classes, table, dtype, seq, calibration, stack=variant)
-        bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
-        ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
-        ex.found, ex.seq_no = list(found), seq_no
-        if variant.recompute_every > 1:
-            base = ex.prefixes
-            ex.prefixes = lambda pp, base=base: [k for k in base(pp) if k > 0]  # k = 0 was priced already
 
-        def over_budget(ex: Explorer = ex) -> bool:
-            # anytime: stop at the budget once something was found (a hard stop at 10× the budget)
-            spent = time.perf_counter() - t0
-            return spent > time_budget_s and (bool(ex.found) or spent > 10 * time_budget_s)
+    def cp_passes(found_plain: bool) -> list[tuple[Folding | None, Stack, list]]:
+        out: list[tuple[Folding | None, Stack, list]] = []
+        for c in cp_degrees(space, classes, seq, found_plain):
+            folds[c] = fo = fold_classes(classes, c)
+            cp_shapes = _shapes(model, fo.classes, space, max_dp)
+            out += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes)]
+        return out
 
-        seeded = {id(item[2]) for item in ex.found}
-        left = ex.run(pass_shapes, over_budget)
-        found = [item if id(item[2]) in seeded else _tag(item, variant) for item in ex.found]
-        seq_no = ex.seq_no
-        for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
-            setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))
-        if v_i == len(variants) - 1 and fold is None:
-            for c in cp_degrees(space, classes, seq, bool(found)):
-                folds[c] = fo = fold_classes(classes, c)
-                cp_shapes = _shapes(model, fo.classes, space, max_dp)
-                passes += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes)]
-        if left is not None:
-            # the budget is spent; later variants are unexplored and nothing bounds them but 0
-            lefts.append(left if v_i == len(passes) - 1 else 0.0)
-            break
-        v_i += 1
-    left_s = min(lefts) if lefts else None
+    # from seq ≥ cp_min_seq cp is searched whatever the plain passes find: one group; below, only
+    # when they find nothing (a second group)
+    groups = [plain + cp_passes(True)]
+    found: list = []
+    left_s: float | None = None
+    spent = lambda: time.perf_counter() - t0  # noqa: E731
+    while groups and left_s is None:
+        group = groups.pop(0)
+        left_s = _explore(group, classes, model, table, space, seq, dtype, calibration, global_batch, top_k,
+                          found, stats, spent, time_budget_s)  # fmt: skip
+        if not found and left_s is None and not folds:
+            groups = [g for g in [cp_passes(False)] if g]
     stats.timed_out = left_s is not None
     _gap(stats, left_s, [f.cost_s for _, _, f in found])
     stats.wall_s = time.perf_counter() - t0
@@ -234,6 +217,54 @@ def search(
     return SearchResult(tuple(ranked), stats, base)
 
 
+def _explore(
+    passes: list[tuple[Folding | None, Stack, list]],
+    classes: list[DeviceClass],
+    model: ModelSpec,
+    table: ProfileTable,
+    space: SearchSpace,
+    seq: int,
+    dtype: str,
+    calibration: Calibration | None,
+    global_batch: int,
+    top_k: int,
+    found: list,
+    stats: SearchStats,
+    spent: Callable[[], float],
+    budget_s: float,
+) -> float | None:
+    """Explore the passes on one frontier (Explorer.share), adding their plans to `found` (a heap
+    the explorers keep); None when complete, else the smallest lower bound left on the frontier."""
+    exs: list[Explorer] = []
+    for fold, variant, _ in passes:
+        pr = Pricer(model, fold.classes if fold is not None else classes, table, dtype, seq, calibration, stack=variant)
+        bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
+        ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
+        ex.found = found
+        if exs:
+            ex.share(exs[0])
+        ex.tag = lambda c, v=variant: replace(
+            c, recompute_every=v.recompute_every, sequence_parallel=v.sequence_parallel, fp8=v.fp8, cp=v.cp
+        )
+        if variant.recompute_every > 1:
+            base = ex.prefixes
+            ex.prefixes = lambda pp, base=base: [k for k in base(pp) if k > 0]  # k = 0 is the k = 1 pass's
+        exs.append(ex)
+
+    def over_budget() -> bool:
+        # anytime: stop at the budget once something was found (a hard stop at 10× the budget)
+        s = spent()
+        return s > budget_s and (bool(found) or s > 10 * budget_s)
+
+    for ex, (_, _, shapes) in zip(exs[1:], passes[1:], strict=True):
+        ex.seed(shapes)
+    left = exs[0].run(passes[0][2], over_budget) if exs else None
+    for ex in exs:
+        for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
+            setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))
+    return left
+
+
 def _shapes(model: ModelSpec, classes: list[DeviceClass], space: SearchSpace, max_dp: int) -> list:
     shapes = list(pipeline_shapes(model, classes, space, max_dp)) if "pipeline" in space.families else []
     if "replicas" in space.families:
@@ -250,19 +281,6 @@ def stack_variants(space: SearchSpace, classes: list[DeviceClass]) -> list[Stack
     ks = [1] + sorted({k for k in space.recompute_every if k > 1} if space.recompute else set())
     sp = space.sequence_parallel and all(c.kind != "cpu" for c in classes)
     return [Stack(sequence_parallel=sp, recompute_every=k, fp8=f) for f in fp8s for k in ks]
-
-
-def _tag(item: tuple, stack: Stack) -> tuple:
-    """A found entry of the pass over `stack`, its Choice carrying that stack."""
-    f = item[2]
-    choice = replace(
-        f.choice,
-        recompute_every=stack.recompute_every,
-        sequence_parallel=stack.sequence_parallel,
-        fp8=stack.fp8,
-        cp=stack.cp,
-    )
-    return (item[0], item[1], replace(f, choice=choice))
 
 
 def _gap(stats: SearchStats, left_s: float | None, costs: list[float]) -> None:
