@@ -46,6 +46,7 @@ class TrainOutcome(_Outcome):
     final_detections: list[dict[str, Any]] = []  # slowdowns the monitor held at the end
     segments: list[dict[str, Any]] = []  # one per torchrun launch of the supervisor
     final_plan_json: str  # the plan the run finished on (after rebalances and relayouts)
+    slurm_job_id: str | None = None  # the sbatch job that ran it (executor slurm)
 
 
 class ReplanOutcome(_Outcome):

@@ -1,0 +1,209 @@
+"""The Slurm executor: a launch as one sbatch job, followed to its end, cancelled when we stop.
+
+A launch (launcher.launch.Launch) on N nodes becomes one batch script (`sbatch_script`):
+- `--nodes N --ntasks-per-node 1`: one torchrun agent a node, started by `srun`;
+- the rendezvous on the first allocated node (`scontrol show hostnames $SLURM_JOB_NODELIST`, its
+  `NodeAddr`), on a port derived from the job id;
+- torchrun's *static* rendezvous with `--node-rank $SLURM_NODEID`, as the several-node path of
+  launcher.launch: it numbers global ranks node-major (node_rank × nproc + local_rank) and in the
+  allocation's node order, deterministically — the plan's device ids are those global ranks, so a
+  stage lands on the node the plan put it on (c10d's dynamic rendezvous numbers nodes in the order
+  they join);
+- NCCL or gloo as the plan's device says (worker.train picks it); on a loopback cluster (nodes whose
+  address is 127.x, as in the tests) gloo and NCCL are pinned to `lo`;
+- every node first checks it sees the run folder: the ranks read the plan, write telemetry and
+  checkpoints there, so it must be on storage every node shares; a node that does not see it exits
+  3 with a line saying so (`NOT_SHARED_EXIT`).
+The script is what a user may also submit by hand (`meshplan train --executor slurm --dry-run`
+prints it). `run_slurm` submits it (`sbatch --parsable`), follows it with `squeue`, reads its end
+with `scontrol show job` (or `sacct` where accounting runs), and `scancel`s it on timeout or
+interruption, returning only once Slurm no longer lists it.
+
+Stdlib only, like launcher.launch: the flow process imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from launcher.launch import Launch, torchrun_command
+from planner.errors import MeshplanError
+
+NOT_SHARED_EXIT = 3
+NODE_SCRIPT_VARS = ("--node-rank", "--master-addr", "--master-port")
+_SLURM_FAILED = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What sbatch is told beyond the launch: where and as whom the job runs (None = Slurm's default)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # sbatch --time, e.g. 01:00:00
+    nodelist: str | None = None  # sbatch --nodelist, e.g. n[1-2]
+    job_name: str | None = None
+
+
+class SlurmError(MeshplanError):
+    """sbatch refused the job, or a Slurm command is missing."""
+
+
+def sbatch_script(launch: Launch, opts: SlurmOptions = SlurmOptions(), python: str = sys.executable) -> str:
+    """The batch script of `launch` (one task a node; see the module docstring)."""
+    if launch.nnodes < 1:
+        raise MeshplanError("--nnodes", launch.nnodes, "give at least 1 node")
+    run_dir = Path(launch.run_dir)
+    # the several-node torchrun command, its per-node values left to the node (shell variables)
+    cmd = torchrun_command(replace(launch, nnodes=max(launch.nnodes, 2), node_rank=0, rdzv_endpoint="h:1"), python)
+    if launch.nnodes == 1:  # a one-node job has no --nnodes 2 to keep
+        cmd[cmd.index("--nnodes") + 1] = "1"
+    values = {
+        "--node-rank": '"$SLURM_NODEID"',
+        "--master-addr": '"$MESHPLAN_HEAD_ADDR"',
+        "--master-port": '"$MESHPLAN_PORT"',
+    }
+    parts: list[str] = []
+    it = iter(range(len(cmd)))
+    for i in it:
+        parts.append(shlex.quote(cmd[i]))
+        if cmd[i] in values:
+            parts.append(values[cmd[i]])
+            next(it)
+    sbatch = [
+        f"--job-name={opts.job_name or 'meshplan-' + launch.run_id}",
+        f"--nodes={launch.nnodes}",
+        "--ntasks-per-node=1",
+        f"--output={run_dir / 'slurm-%j.out'}",
+    ]
+    sbatch += [f"--partition={opts.partition}"] if opts.partition else []
+    sbatch += [f"--account={opts.account}"] if opts.account else []
+    sbatch += [f"--time={opts.time_limit}"] if opts.time_limit else []
+    sbatch += [f"--nodelist={opts.nodelist}"] if opts.nodelist else []
+    plan = shlex.quote(launch.plan_path)
+    lines = [
+        "#!/bin/bash",
+        f"# meshplan run {launch.run_id}: {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), written by launcher/slurm.py",
+        *(f"#SBATCH {s}" for s in sbatch),
+        "set -euo pipefail",
+        f"cd {shlex.quote(os.getcwd())}",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MESHPLAN_HEAD_ADDR=$(scontrol show node \"$head_node\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
+        "export MESHPLAN_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        'case "$MESHPLAN_HEAD_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo ;; esac',
+        "meshplan_node() {  # on every node: the run folder must be there, then its torchrun agent",
+        f"  if [ ! -f {plan} ]; then",
+        f'    echo "meshplan: node $(hostname) ($SLURMD_NODENAME) does not see the run folder {run_dir}:'
+        f' put it on storage every node shares (meshplan train --runs-dir)" >&2',
+        f"    exit {NOT_SHARED_EXIT}",
+        "  fi",
+        "  exec " + " ".join(parts),
+        "}",
+        "export -f meshplan_node",
+        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c meshplan_node",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _slurm(*cmd: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError:
+        raise SlurmError(
+            "--executor", "slurm", f"`{cmd[0]}` is not on PATH: run on a Slurm login node, or use --executor local"
+        ) from None
+
+
+def submit(script_path: Path) -> str:
+    """sbatch the script; the job id."""
+    out = _slurm("sbatch", "--parsable", str(script_path))
+    if out.returncode != 0:
+        raise SlurmError("--executor", "slurm", f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str) -> tuple[str, int | None]:
+    """(state, exit code or None while it runs): squeue while Slurm lists the job, then its record."""
+    q = _slurm("squeue", "-h", "-j", job_id, "-o", "%T")
+    if q.returncode == 0 and q.stdout.strip():
+        return q.stdout.strip().split()[0], None
+    show = _slurm("scontrol", "show", "job", job_id)
+    fields = dict(f.split("=", 1) for f in show.stdout.split() if "=" in f) if show.returncode == 0 else {}
+    if "JobState" not in fields:  # purged from slurmctld's memory: accounting, where it runs
+        acct = _slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode")
+        line = acct.stdout.strip().splitlines()[0] if acct.returncode == 0 and acct.stdout.strip() else ""
+        if not line:
+            return "UNKNOWN", 1
+        state, code = line.split("|")
+        fields = {"JobState": state.split()[0], "ExitCode": code}
+    state = fields["JobState"]
+    if state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"):
+        return state, None
+    code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+    rc = int(code) if code.isdigit() else 1
+    if state == "COMPLETED":
+        return state, rc
+    return state, rc or (128 + int(sig) if sig.isdigit() and int(sig) else 1)
+
+
+def cancel(job_id: str, wait_s: float = 60.0) -> None:
+    """scancel the job and wait until Slurm lists it no more (its processes are gone on every node)."""
+    _slurm("scancel", job_id)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        q = _slurm("squeue", "-h", "-j", job_id, "-o", "%T")
+        if q.returncode != 0 or not q.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class SlurmResult:
+    job_id: str
+    state: str
+    returncode: int
+    wall_s: float
+
+
+def run_slurm(
+    launch: Launch,
+    opts: SlurmOptions,
+    timeout_s: float,
+    on_submit: Callable[[str], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
+) -> SlurmResult:
+    """Submit `launch` as a batch job and follow it to its end; `on_submit(job_id)` once sbatch took
+    it. Raises TimeoutError past `timeout_s` (the job cancelled); an interruption cancels it too."""
+    run_dir = Path(launch.run_dir)
+    script = run_dir / "sbatch.sh"
+    script.write_text(sbatch_script(launch, opts))
+    t0 = time.monotonic()
+    job_id = submit(script)
+    try:
+        if on_submit is not None:
+            on_submit(job_id)
+        while True:
+            state, rc = job_state(job_id)
+            if rc is not None:
+                return SlurmResult(job_id, state, rc, time.monotonic() - t0)
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"slurm job {job_id} ran past {timeout_s:.0f} s; it was cancelled (scancel)")
+            if on_poll is not None:
+                on_poll()
+            time.sleep(poll_s)
+    except BaseException:  # timed out, interrupted (Ctrl-C, flow cancelled): the job goes with us
+        cancel(job_id)
+        raise
+
+
+def job_log(run_dir: str | Path, job_id: str) -> Path:
+    """The batch job's output (every node's torchrun, through srun)."""
+    return Path(run_dir) / f"slurm-{job_id}.out"
