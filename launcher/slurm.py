@@ -37,7 +37,6 @@ from launcher.launch import Launch, torchrun_command
 from planner.errors import MeshplanError
 
 NOT_SHARED_EXIT = 3
-NODE_SCRIPT_VARS = ("--node-rank", "--master-addr", "--master-port")
 _SLURM_FAILED = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
@@ -57,29 +56,40 @@ class SlurmError(MeshplanError):
 
 
 def sbatch_script(launch: Launch, opts: SlurmOptions = SlurmOptions(), python: str = sys.executable) -> str:
-    """The batch script of `launch` (one task a node; see the module docstring)."""
-    if launch.nnodes < 1:
-        raise MeshplanError("--nnodes", launch.nnodes, "give at least 1 node")
-    run_dir = Path(launch.run_dir)
-    # the several-node torchrun command, its per-node values left to the node (shell variables)
-    cmd = torchrun_command(replace(launch, nnodes=max(launch.nnodes, 2), node_rank=0, rdzv_endpoint="h:1"), python)
-    if launch.nnodes == 1:  # a one-node job has no --nnodes 2 to keep
-        cmd[cmd.index("--nnodes") + 1] = "1"
-    values = {
-        "--node-rank": '"$SLURM_NODEID"',
-        "--master-addr": '"$MESHPLAN_HEAD_ADDR"',
-        "--master-port": '"$MESHPLAN_PORT"',
-    }
-    parts: list[str] = []
-    it = iter(range(len(cmd)))
-    for i in it:
-        parts.append(shlex.quote(cmd[i]))
-        if cmd[i] in values:
-            parts.append(values[cmd[i]])
-            next(it)
+    """The batch script of a training launch (one task a node; see the module docstring)."""
+    cmd = torchrun_command(replace(launch, nnodes=2, node_rank=0, rdzv_endpoint="h:1"), python)
+    worker = cmd[cmd.index("worker.train") - 1 :]  # `-m worker.train ARGS`, after torchrun's own options
+    return batch_script(
+        f"meshplan-{launch.run_id}", launch.nnodes, launch.nproc_per_node, launch.run_dir, worker, opts,
+        must_see=launch.plan_path, max_restarts=launch.max_restarts, python=python,
+    )  # fmt: skip
+
+
+def batch_script(
+    job_name: str,
+    nnodes: int,
+    nproc_per_node: int,
+    run_dir: str | Path,
+    worker: list[str],
+    opts: SlurmOptions = SlurmOptions(),
+    must_see: str | None = None,
+    max_restarts: int = 0,
+    python: str = sys.executable,
+) -> str:
+    """A batch script running `python -m torch.distributed.run ... WORKER` on `nnodes` nodes, one agent
+    a node (`worker`: `-m module ARGS`); every node first checks it sees `must_see` (a file in the
+    run folder), and the job's output goes to `run_dir/slurm-<job id>.out`."""
+    if nnodes < 1:
+        raise MeshplanError("--nnodes", nnodes, "give at least 1 node")
+    run_dir = Path(run_dir)
+    torchrun = [
+        shlex.quote(python), "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--node-rank", '"$SLURM_NODEID"',
+        "--master-addr", '"$MESHPLAN_HEAD_ADDR"', "--master-port", '"$MESHPLAN_PORT"',
+        "--nproc-per-node", str(nproc_per_node), "--max-restarts", str(max_restarts),
+    ]  # fmt: skip
     sbatch = [
-        f"--job-name={opts.job_name or 'meshplan-' + launch.run_id}",
-        f"--nodes={launch.nnodes}",
+        f"--job-name={opts.job_name or job_name}",
+        f"--nodes={nnodes}",
         "--ntasks-per-node=1",
         f"--output={run_dir / 'slurm-%j.out'}",
     ]
@@ -87,10 +97,10 @@ def sbatch_script(launch: Launch, opts: SlurmOptions = SlurmOptions(), python: s
     sbatch += [f"--account={opts.account}"] if opts.account else []
     sbatch += [f"--time={opts.time_limit}"] if opts.time_limit else []
     sbatch += [f"--nodelist={opts.nodelist}"] if opts.nodelist else []
-    plan = shlex.quote(launch.plan_path)
+    check = shlex.quote(must_see or str(run_dir))
     lines = [
         "#!/bin/bash",
-        f"# meshplan run {launch.run_id}: {launch.nnodes} node(s) x {launch.nproc_per_node} rank(s), written by launcher/slurm.py",
+        f"# {job_name}: {nnodes} node(s) x {nproc_per_node} rank(s), written by meshplan (launcher/slurm.py)",
         *(f"#SBATCH {s}" for s in sbatch),
         "set -euo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
@@ -99,12 +109,13 @@ def sbatch_script(launch: Launch, opts: SlurmOptions = SlurmOptions(), python: s
         "export MESHPLAN_PORT=$((20000 + SLURM_JOB_ID % 20000))",
         'case "$MESHPLAN_HEAD_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo ;; esac',
         "meshplan_node() {  # on every node: the run folder must be there, then its torchrun agent",
-        f"  if [ ! -f {plan} ]; then",
-        f'    echo "meshplan: node $(hostname) ($SLURMD_NODENAME) does not see the run folder {run_dir}:'
-        f' put it on storage every node shares (meshplan train --runs-dir)" >&2',
+        f"  if [ ! -e {check} ]; then",
+        f'    echo "meshplan: node $(hostname) ($SLURMD_NODENAME) does not see {check}:'
+        f' put the run folder on storage every node shares (meshplan --state-dir / train --runs-dir)" >&2',
         f"    exit {NOT_SHARED_EXIT}",
         "  fi",
-        "  exec " + " ".join(parts),
+        '  export MESHPLAN_NODE_NAME="${SLURMD_NODENAME:-$(hostname)}"  # the node as Slurm names it (--nodelist)',
+        "  exec " + " ".join([*torchrun, *(shlex.quote(w) for w in worker)]),
         "}",
         "export -f meshplan_node",
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c meshplan_node",
@@ -180,11 +191,21 @@ def run_slurm(
     on_poll: Callable[[], None] | None = None,
     poll_s: float = 0.5,
 ) -> SlurmResult:
-    """Submit `launch` as a batch job and follow it to its end; `on_submit(job_id)` once sbatch took
-    it. Raises TimeoutError past `timeout_s` (the job cancelled); an interruption cancels it too."""
-    run_dir = Path(launch.run_dir)
-    script = run_dir / "sbatch.sh"
+    """Submit a training launch as a batch job (its script kept as `run_dir/sbatch.sh`) and follow it."""
+    script = Path(launch.run_dir) / "sbatch.sh"
     script.write_text(sbatch_script(launch, opts))
+    return run_batch(script, timeout_s, on_submit, on_poll, poll_s)
+
+
+def run_batch(
+    script: Path,
+    timeout_s: float,
+    on_submit: Callable[[str], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
+) -> SlurmResult:
+    """sbatch `script` and follow the job to its end; `on_submit(job_id)` once sbatch took it. Raises
+    TimeoutError past `timeout_s` (the job cancelled); an interruption cancels it too."""
     t0 = time.monotonic()
     job_id = submit(script)
     try:

@@ -91,3 +91,16 @@ def test_a_run_past_its_timeout_is_cancelled(tmp_path, slurm):
     assert out.returncode != 0
     assert "cancelled" in out.stdout + out.stderr
     assert slurm.run("squeue", "-h").strip() == ""  # scancel'd: nothing left queued or running
+
+
+def test_discovery_measures_two_allocated_nodes_into_one_snapshot(tmp_path, slurm):
+    out = meshplan(
+        tmp_path, "--set", "discover.repeats=2", "--set", "discover.message_sizes=[1024, 65536]",
+        "--set", "discover.matmul_size=128", "discover", "--executor", "slurm", "--nodes", "2", "--num-ranks", "1",
+        "--json", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    summary = json.loads(out.stdout)
+    assert (summary["num_nodes"], summary["num_devices"], summary["source"]) == (2, 2, "probe")
+    assert {d["node"] for d in summary["devices"]} == {"n1", "n2"}  # Slurm's node names, not the shared hostname
+    assert any(f["link_class"] == "inter-node" for f in summary["fits"]), summary["fits"]
