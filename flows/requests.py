@@ -28,6 +28,9 @@ class SlurmRequest(BaseModel):
     account: str | None = Field(default=None, description="sbatch --account")
     time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 01:00:00")
     nodelist: str | None = Field(default=None, description="sbatch --nodelist, e.g. n[1-2]")
+    constraint: str | None = Field(default=None, description="sbatch --constraint: the node kind as a feature")
+    gres: str | None = Field(default=None, description="sbatch --gres, e.g. gpu:a100:8")
+    requeue: bool | None = Field(default=None, description="None: the cluster's default; False: --no-requeue")
 
 
 class TrainRequest(BaseModel):

@@ -231,7 +231,9 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         slurm = None
         if r.executor == "slurm":
             o = r.slurm
-            slurm = SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)
+            slurm = SlurmOptions(
+                o.partition, o.account, o.time_limit, o.nodelist, constraint=o.constraint, gres=o.gres, requeue=o.requeue
+            )
         state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, slurm, db_path, return_state=True)
     supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
     job_failed = supervised is not None and supervised["returncode"] != 0

@@ -49,6 +49,9 @@ class SlurmOptions:
     time_limit: str | None = None  # sbatch --time, e.g. 01:00:00
     nodelist: str | None = None  # sbatch --nodelist, e.g. n[1-2]
     job_name: str | None = None
+    constraint: str | None = None  # sbatch --constraint: the node kind, where nodes carry it as a feature
+    gres: str | None = None  # sbatch --gres, e.g. gpu:a100:8
+    requeue: bool | None = None  # None: the cluster's default; False: --no-requeue (meshplan decides what follows)
 
 
 class SlurmError(MeshplanError):
@@ -97,6 +100,9 @@ def batch_script(
     sbatch += [f"--account={opts.account}"] if opts.account else []
     sbatch += [f"--time={opts.time_limit}"] if opts.time_limit else []
     sbatch += [f"--nodelist={opts.nodelist}"] if opts.nodelist else []
+    sbatch += [f"--constraint={opts.constraint}"] if opts.constraint else []
+    sbatch += [f"--gres={opts.gres}"] if opts.gres else []
+    sbatch += [] if opts.requeue is None else ["--requeue" if opts.requeue else "--no-requeue"]
     check = shlex.quote(must_see or str(run_dir))
     lines = [
         "#!/bin/bash",
@@ -223,6 +229,97 @@ def run_batch(
     except BaseException:  # timed out, interrupted (Ctrl-C, flow cancelled): the job goes with us
         cancel(job_id)
         raise
+
+
+UNAVAILABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "INVAL", "UNKNOWN", "REBOOT", "FUTURE")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node as `scontrol show nodes` reports it."""
+
+    name: str
+    state: str  # e.g. IDLE, ALLOCATED, MIXED, DOWN*, IDLE+DRAIN
+    cpus: int
+    gpus: int  # gres gpu count (0: none)
+    gpu_type: str | None  # gres gpu type (gpu:a100:8 -> a100)
+    features: tuple[str, ...]
+
+    @property
+    def available(self) -> bool:
+        """Up and schedulable: not down, drained, failing, unresponsive, powered off or in maintenance."""
+        flags = self.state.upper().replace("*", "+NOT_RESPONDING").split("+")
+        return not any(f.startswith(u) for f in flags for u in UNAVAILABLE)
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in line.split() if "=" in f)
+
+
+def slurm_nodes(partition: str | None = None) -> list[SlurmNode]:
+    """The cluster's nodes (of `partition`), in Slurm's order."""
+    out = _slurm("scontrol", "show", "nodes", "-o")
+    if out.returncode != 0:
+        raise SlurmError("--executor", "slurm", f"scontrol show nodes failed: {out.stderr.strip()}")
+    nodes = []
+    for line in out.stdout.splitlines():
+        f = _fields(line)
+        if "NodeName" not in f or (partition and partition not in f.get("Partitions", "").split(",")):
+            continue
+        gpus, gpu_type = 0, None
+        for g in f.get("Gres", "(null)").split(","):
+            parts = g.split("(")[0].split(":")
+            if parts[0] == "gpu" and len(parts) >= 2:
+                gpus += int(parts[-1]) if parts[-1].isdigit() else 0
+                gpu_type = parts[1] if len(parts) == 3 else gpu_type
+        feats = tuple(x for x in f.get("AvailableFeatures", "(null)").split(",") if x and x != "(null)")
+        nodes.append(
+            SlurmNode(f["NodeName"], f.get("State", "UNKNOWN"), int(f.get("CPUTot", "0")), gpus, gpu_type, feats)
+        )
+    return nodes
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """`n[1-2],gpu7` -> ['n1', 'n2', 'gpu7'] (scontrol show hostnames)."""
+    if not text or text in ("(null)", "None"):
+        return []
+    out = _slurm("scontrol", "show", "hostnames", text)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+
+
+def slurm_jobs() -> list[SlurmJob]:
+    """Jobs Slurm lists now (pending, running, completing), with the nodes each holds."""
+    out = _slurm("squeue", "-h", "-o", "%i|%j|%T|%N")
+    if out.returncode != 0:
+        raise SlurmError("--executor", "slurm", f"squeue failed: {out.stderr.strip()}")
+    jobs = []
+    for line in out.stdout.splitlines():
+        if line.count("|") == 3:
+            job_id, name, state, nodes = line.split("|")
+            jobs.append(SlurmJob(job_id, name, state, tuple(expand_hostlist(nodes))))
+    return jobs
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job ran on, in its allocation's order (node rank order), while Slurm remembers it."""
+    show = _slurm("scontrol", "show", "job", job_id)
+    return expand_hostlist(_fields(show.stdout).get("NodeList", "")) if show.returncode == 0 else []
+
+
+def lost_node_rank(job_id: str) -> int:
+    """The node rank (index in the job's node list) of the first of its nodes Slurm now reports
+    unavailable; -1 when none is (or Slurm no longer remembers the job)."""
+    nodes = job_nodes(job_id)
+    down = {n.name for n in slurm_nodes() if not n.available}
+    return next((i for i, name in enumerate(nodes) if name in down), -1)
 
 
 def job_log(run_dir: str | Path, job_id: str) -> Path:

@@ -16,9 +16,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.control import TelemetryTail
-from launcher.launch import Launch, log_tail, run_local_nodes, run_logged, torchrun_command
+from launcher.launch import Launch, NodeFailed, log_tail, run_local_nodes, run_logged, torchrun_command
 from launcher.progress import StepProgress
-from launcher.slurm import SlurmOptions, job_log, run_slurm
+from launcher.slurm import SlurmOptions, job_log, lost_node_rank, run_slurm
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
 from storage.plans import load_plan
@@ -74,6 +74,8 @@ def launch_training(
             progress.update(tail.read_new())
             if res.returncode != 0:
                 out = job_log(launch.run_dir, res.job_id)
+                if res.state == "NODE_FAIL":  # a node of the allocation went down: name it, as run_local_nodes does
+                    raise NodeFailed(lost_node_rank(res.job_id), res.returncode, out)
                 raise RuntimeError(
                     f"slurm job {res.job_id} ended {res.state}, exit {res.returncode} ({out}):\n{log_tail(out)}"
                 )

@@ -50,7 +50,8 @@ def _bin(name: str) -> str:
 class SlurmCluster:
     root: Path
     nodes: tuple[str, ...] = ("n1", "n2")
-    cpus: int = 2
+    cpus: int = 1  # one rank a node: the tests' jobs ask for one task a node, and this machine has 2 cores
+    features: str = "cpu"  # the node kind meshplan reads (typed GPU gres does not register on these fake nodes)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -96,10 +97,10 @@ class SlurmCluster:
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
                 f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-                f"CPUs={self.cpus} RealMemory=2000 State=UNKNOWN"
+                f"CPUs={self.cpus} RealMemory=2000 Features={self.features} State=UNKNOWN"
             )
         lines.append(
-            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
         )
         self.conf.write_text("\n".join(lines) + "\n")
 
