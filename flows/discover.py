@@ -17,6 +17,8 @@ from typing import Any
 
 from prefect import flow
 
+from launcher.slurm import SlurmOptions
+from planner.errors import MeshplanError
 from tasks.discover import (
     ingest_snapshot,
     load_cluster,
@@ -25,6 +27,7 @@ from tasks.discover import (
     read_cluster_file,
     record_cluster,
     run_netbench,
+    run_netbench_slurm,
     snapshot_exists,
 )
 
@@ -43,8 +46,13 @@ def discover_flow(
     timeout_s: float = 300.0,
     run_dir: str | None = None,
     snapshot_file: str | None = None,
+    slurm_nodes: int = 0,
+    slurm: SlurmOptions | None = None,
 ) -> dict[str, Any]:
-    """Record the hardware; returns {fingerprint, reused, source, name, num_nodes, num_devices}."""
+    """Record the hardware; returns {fingerprint, reused, source, name, num_nodes, num_devices}.
+
+    `slurm_nodes` > 0: measure that many Slurm-allocated nodes as one batch job (`num_ranks` a node;
+    the run folder `run_dir` must be on storage they share) and store one snapshot of all of them."""
     if snapshot_file:
         return _summary(ingest_snapshot(db_path, snapshot_file), False, "probe", db_path)
     if cluster_file:
@@ -52,6 +60,15 @@ def discover_flow(
         existed = snapshot_exists(db_path, "file-" + cluster.fingerprint())
         fingerprint = record_cluster(db_path, cluster)
         return _summary(fingerprint, existed, "file", db_path, cluster)
+
+    if slurm_nodes > 0:
+        if run_dir is None:
+            raise MeshplanError("--executor", "slurm", "discovery through Slurm needs a run folder the nodes share")
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        sizes = list(message_sizes or DEFAULT_SIZES)
+        bench = run_netbench_slurm.with_options(timeout_seconds=timeout_s + 60)
+        path = bench(run_dir, slurm_nodes, num_ranks, sizes, repeats, matmul_size, timeout_s, slurm or SlurmOptions())
+        return _summary(ingest_snapshot(db_path, path), False, "probe", db_path)
 
     ident = probe_identity(num_ranks)
     if not refresh and snapshot_exists(db_path, ident["fingerprint"]):

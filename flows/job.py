@@ -41,6 +41,7 @@ from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
 from storage.jobs import get_job, job_model, set_job_run, transition
 from tasks.schedule import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
+from tasks.slurm import slurm_resources
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
 # fields, and poll_s (its replan_config's telemetry poll)
@@ -79,8 +80,11 @@ def job_flow(
     timeout_s: float = 900.0,
     max_failures: int = 1,
     time_budget_s: float = SEARCH_BUDGET_S,
+    executor: str = "local",
+    slurm_partition: str | None = None,
 ) -> JobOutcome:
-    """Run the job to its end; returns its JobOutcome (flows/outcomes.py): one segment per launch."""
+    """Run the job to its end; returns its JobOutcome (flows/outcomes.py): one segment per launch.
+    `executor="slurm"`: each launch is an sbatch job on the allocation's kind and node count."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
     try:
@@ -96,7 +100,8 @@ def job_flow(
         (run_dir / "model.json").write_text(model.model_dump_json(indent=2))
     segments: list[JobSegment] = []
     try:
-        _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s)
+        slurm = (executor, slurm_partition)
+        _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s, slurm)
     except (KeyboardInterrupt, SystemExit):  # the runner was stopped: its ranks are down (run_logged)
         if get_job(db_path, job_id)["state"] in ("running", "resizing"):
             step = checkpoint_step(run_dir)
@@ -116,6 +121,7 @@ def _run(
     timeout_s: float,
     max_failures: int,
     time_budget_s: float,
+    slurm: tuple[str, str | None] = ("local", None),
 ) -> None:
     """The launch loop of job_flow; appends one record per launch to `segments`."""
     failures = 0
@@ -146,7 +152,7 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
-        request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen)
+        request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen, *slurm)
         error, survivors = None, None
         try:
             train_flow(db_path, request, job_id)
@@ -207,8 +213,18 @@ def _request(
     run_dir: Path,
     timeout_s: float,
     seen: int,
+    executor: str = "local",
+    partition: str | None = None,
 ) -> TrainRequest:
-    """This launch's TrainRequest: the job's submitted options (checked by _train_options) on this segment's plan."""
+    """This launch's TrainRequest: the job's submitted options (checked by _train_options) on this segment's plan.
+
+    Locally, one runner per node of the allocation, its nodes this machine's (a simulated cluster);
+    through Slurm, one sbatch job on that many nodes of the kind, never requeued by Slurm itself (a
+    lost node is this loop's to re-plan around)."""
+    slurm: dict[str, Any] = {}
+    if executor == "slurm":
+        res = slurm_resources(alloc.kind, alloc.per_node, partition)
+        slurm = {"executor": "slurm", "slurm": {"partition": partition, **res, "requeue": False}}
     return parse(
         TrainRequest,
         {
@@ -218,12 +234,13 @@ def _request(
             # one runner per node of the allocation; its nodes are this machine's (a simulated cluster)
             "nproc_per_node": alloc.per_node,
             "nnodes": alloc.num_nodes,
-            "local_nodes": alloc.num_nodes > 1,
+            "local_nodes": alloc.num_nodes > 1 and executor == "local",
             "runs_dir": str(run_dir.parent),
             "resume": "auto",
             "timeout_s": timeout_s,
             "control_from_version": seen,
             "model_json": str(run_dir / "model.json") if row.get("model_json") else None,
+            **slurm,
         },
         f"job {row['job_id']} train options",
     )
@@ -241,10 +258,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("cluster_path")
     p.add_argument("--runs-dir", default=None)
     p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--executor", choices=("local", "slurm"), default="local")
+    p.add_argument("--partition", default=None, help="Slurm partition (executor slurm)")
     args = p.parse_args(argv)
     # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (STACK.md §3.6)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    job_flow(args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s)
+    job_flow(
+        args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s,
+        executor=args.executor, slurm_partition=args.partition,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class TrainOutcome(_Outcome):
     segments: list[dict[str, Any]] = []  # one per torchrun launch of the supervisor
     final_plan_json: str  # the plan the run finished on (after rebalances and relayouts)
     events: list[dict[str, Any]] = []  # restarts, checkpoint fallbacks, resumes (storage/runs.py run_events)
+    slurm_job_id: str | None = None  # the sbatch job that ran it (executor slurm)
 
 
 class ReplanOutcome(_Outcome):

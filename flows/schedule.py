@@ -23,6 +23,7 @@ from planner.schedule.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S
 from tasks.schedule import alloc_text, apply_round, decide_round, read_state, reconcile_runners
+from tasks.slurm import read_slurm_cluster
 
 
 def _read(path: str, what: str) -> str:
@@ -43,11 +44,21 @@ def scheduler_flow(
     launch: bool = True,
     runs_dir: str | None = None,
     timeout_s: float = 900.0,
+    executor: str = "local",
+    slurm_partition: str | None = None,
 ) -> SchedulerOutcome:
     """One round (its SchedulerOutcome: flows/outcomes.py). `speed_table`: measured iteration times (sim_lookup.csv format) instead of the planner's
     prices; `policy_options`: Policy's fields (relaunch_s, min_gain_s, ...); `runs_dir`: where the
-    jobs' run folders go (default: `runs/` next to the database)."""
+    jobs' run folders go (default: `runs/` next to the database). `executor="slurm"`: the cluster is
+    read from Slurm each round (tasks/slurm.py; `cluster_path` gives its kinds' figures and links) and
+    each job runs as sbatch jobs in `slurm_partition`."""
     spec = parse_cluster_toml(_read(cluster_path, "--cluster"), cluster_path)
+    runner_args: list[str] = []
+    if executor == "slurm":
+        spec = read_slurm_cluster(spec, slurm_partition)
+        runner_args = ["--executor", "slurm"] + (["--partition", slurm_partition] if slurm_partition else [])
+    elif executor != "local":
+        raise MeshplanError("--executor", executor, "use local (this machine's ranks) or slurm (sbatch)")
     pol = Policy(policy, **(policy_options or {}))
     planner_speed = PlannerSpeed.from_cluster(spec, time_budget_s=time_budget_s)
     speed = TableSpeed(parse_lookup(_read(speed_table, "--speed"), speed_table)) if speed_table else planner_speed
@@ -55,7 +66,7 @@ def scheduler_flow(
     cl, queue, running = read_state(db_path, spec, speed)
     d = decide_round(cl, queue, running, pol, speed)
     runs = runs_dir or str(Path(db_path).resolve().parent / "runs")
-    done = apply_round(db_path, d, cluster_path, runs, launch, timeout_s)
+    done = apply_round(db_path, d, cluster_path, runs, launch, timeout_s, runner_args)
     lines = [
         f"# Scheduler round ({policy})",
         "",

@@ -27,6 +27,7 @@ from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
+from launcher.slurm import SlurmOptions
 from planner.errors import MeshplanError
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
@@ -129,19 +130,9 @@ def report_markdown(
     return "\n".join(lines)
 
 
-@flow(name="train", log_prints=True)
-def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -> TrainOutcome:
-    """Train under a plan (`request`: flows/requests.py); `run_id` names the run folder (reuse one to
-    resume its checkpoint; None = the plan's fingerprint and the time).
-
-    `request.replan` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
-    `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
-    relayout by checkpoint → relaunch), with `request.replan_config`'s settings. `request.faults` are
-    injected into the ranks (planner/specs/faults.py). `show_progress` shows steps done / total, loss,
-    step time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal,
-    else a line on stdout every few steps. `control_from_version`: control.json messages up to this
-    version are not this launch's (default: every message already in the run folder).
-    """
+def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = None) -> tuple[Plan, ModelSpec, Launch]:
+    """Check the request against its plan and model, make the run folder with the plan the ranks read,
+    and build the launch: what `train_flow` runs, and what `--executor slurm --dry-run` prints."""
     r = request
     if (r.plan_path is None) == (r.plan_id is None):
         raise MeshplanError(
@@ -162,8 +153,6 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.json").write_text(plan.to_json())
 
-    record_run(db_path, run_id, plan, r.steps, str(run_dir))
-    first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
@@ -192,7 +181,32 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         if r.control_from_version is None
         else r.control_from_version,
     )
+    return plan, spec, launch
+
+
+@flow(name="train", log_prints=True)
+def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -> TrainOutcome:
+    """Train under a plan (`request`: flows/requests.py); `run_id` names the run folder (reuse one to
+    resume its checkpoint; None = the plan's fingerprint and the time).
+
+    `request.replan` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
+    `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
+    relayout by checkpoint → relaunch), with `request.replan_config`'s settings. `request.faults` are
+    injected into the ranks (planner/specs/faults.py). `show_progress` shows steps done / total, loss,
+    step time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal,
+    else a line on stdout every few steps. `control_from_version`: control.json messages up to this
+    version are not this launch's (default: every message already in the run folder).
+    """
+    r = request
+    plan, spec, launch = prepare_launch(db_path, r, run_id)
+    run_id, run_dir = launch.run_id, Path(launch.run_dir)
+    record_run(db_path, run_id, plan, r.steps, str(run_dir))
+    first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's
     poll_s = r.replan_config.poll_s
+    if r.executor == "slurm" and (r.replan or r.local_nodes):
+        raise MeshplanError(
+            "--executor", "slurm", "Slurm runs the plan's nodes itself; drop --replan and local nodes (use --no-replan)"
+        )
     if r.replan:
         if r.nnodes != 1:
             raise MeshplanError(
@@ -219,7 +233,19 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             return_state=True,
         )
     else:
-        state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, return_state=True)
+        slurm = None
+        if r.executor == "slurm":
+            o = r.slurm
+            slurm = SlurmOptions(
+                o.partition,
+                o.account,
+                o.time_limit,
+                o.nodelist,
+                constraint=o.constraint,
+                gres=o.gres,
+                requeue=o.requeue,
+            )
+        state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, slurm, db_path, return_state=True)
     supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
     job_failed = supervised is not None and supervised["returncode"] != 0
     if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():
@@ -254,7 +280,10 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     if status != "completed":
         state.result()  # re-raises the launch error: the flow run fails with it
     measured = measured_step_time_s(summary)
-    print(f"run {run_id}: {len(summary)} steps, measured step {measured}, telemetry rows {rows}")
+    launched = state.result() if not r.replan else {}
+    slurm_job = launched.get("slurm_job_id") if isinstance(launched, dict) else None
+    on = f" (slurm job {slurm_job})" if slurm_job else ""
+    print(f"run {run_id}{on}: {len(summary)} steps, measured step {measured}, telemetry rows {rows}")
     return TrainOutcome(
         run_id=run_id,
         run_dir=str(run_dir),
@@ -268,4 +297,5 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         segments=supervised["segments"] if supervised else [],
         final_plan_json=supervised["plan"].to_json() if supervised else plan.to_json(),
         events=events,
+        slurm_job_id=slurm_job,
     )

@@ -69,6 +69,12 @@ def start_run(db_path: str | Path, run_id: str, plan: Plan, num_steps: int, run_
         )
 
 
+def set_run_executor(db_path: str | Path, run_id: str, executor: str, slurm_job_id: str | None = None) -> None:
+    """Which executor launched the run, and the Slurm job id when it was Slurm (shown by `meshplan db`)."""
+    with connect(db_path) as con:
+        con.execute("UPDATE runs SET executor = ?, slurm_job_id = ? WHERE run_id = ?", [executor, slurm_job_id, run_id])
+
+
 def finish_run(db_path: str | Path, run_id: str, status: str, message: str | None = None) -> None:
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {STATUSES}")

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from launcher.host import identify
+from launcher.slurm import SlurmOptions, batch_script, job_log, run_batch
 from planner.errors import MeshplanError
 from planner.measure.discovery import (
     cluster_from_snapshot,
@@ -124,6 +125,33 @@ def run_netbench(
     if res.returncode != 0 or not out.is_file():
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"netbench exited {res.returncode}; last lines:\n{tail}")
+    return str(out)
+
+
+@task(name="run-netbench-slurm", retries=0, cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_user_error)
+def run_netbench_slurm(
+    run_dir: str,
+    nodes: int,
+    ranks_per_node: int,
+    message_sizes: list[int],
+    repeats: int,
+    matmul_size: int,
+    timeout_s: float,
+    slurm: SlurmOptions,
+) -> str:
+    """worker.netbench on `nodes` Slurm-allocated nodes as one batch job (launcher/slurm.py): the links
+    between them measured too; returns the snapshot rank 0 wrote into the (shared) run folder."""
+    out = Path(run_dir) / "snapshot.json"
+    out.unlink(missing_ok=True)
+    worker = ["-m", "worker.netbench", "--out", str(out), "--message-sizes", ",".join(map(str, message_sizes))]
+    worker += ["--repeats", str(repeats), "--matmul-size", str(matmul_size)]
+    script = Path(run_dir) / "sbatch.sh"
+    script.write_text(batch_script("meshplan-discover", nodes, ranks_per_node, run_dir, worker, slurm, str(run_dir)))
+    res = run_batch(script, timeout_s, on_submit=lambda j: get_run_logger().info(f"discovery: slurm job {j} submitted"))
+    if res.returncode != 0 or not out.is_file():
+        log = job_log(run_dir, res.job_id)
+        tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-15:]) if log.is_file() else ""
+        raise RuntimeError(f"netbench slurm job {res.job_id} ended {res.state}, exit {res.returncode}:\n{tail}")
     return str(out)
 
 

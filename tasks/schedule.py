@@ -132,7 +132,9 @@ def request_stop(run_dir: str) -> bool:
     return True
 
 
-def start_runner(db_path: str, job_id: str, cluster_path: str, runs_dir: str, timeout_s: float) -> int:
+def start_runner(
+    db_path: str, job_id: str, cluster_path: str, runs_dir: str, timeout_s: float, runner_args: list[str] | None = None
+) -> int:
     """Start the job's elastic runner (`python -m flows.job`) in a session of its own; its pid.
 
     It reports to this process's Prefect API when there is one (a served scheduler, the test
@@ -142,14 +144,20 @@ def start_runner(db_path: str, job_id: str, cluster_path: str, runs_dir: str, ti
     log = Path(runs_dir) / job_id / "job.log"
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
     cmd = [sys.executable, "-m", "flows.job", paths[0], job_id, paths[1], "--runs-dir", paths[2]]
-    cmd += ["--timeout-s", repr(timeout_s)]
+    cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]
     api = PREFECT_API_URL.value()
     return start_logged(cmd, log, {"PREFECT_API_URL": api} if api else None).pid
 
 
 @task(name="apply-round", cache_policy=NO_CACHE, retries=0)
 def apply_round(
-    db_path: str, d: Decision, cluster_path: str, runs_dir: str, launch: bool = True, timeout_s: float = 900.0
+    db_path: str,
+    d: Decision,
+    cluster_path: str,
+    runs_dir: str,
+    launch: bool = True,
+    timeout_s: float = 900.0,
+    runner_args: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Record every choice as a transition and act on it; returns what was done, one dict per job."""
     done: list[dict[str, Any]] = []
@@ -162,7 +170,7 @@ def apply_round(
         if a.kind == "start":
             transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
             set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
-            pid = start_runner(db_path, a.job_id, cluster_path, runs_dir, timeout_s) if launch else None
+            pid = start_runner(db_path, a.job_id, cluster_path, runs_dir, timeout_s, runner_args) if launch else None
             if pid is not None:
                 set_job_run(db_path, a.job_id, runner_pid=pid)
             done.append({"job_id": a.job_id, "action": "start", "allocation": alloc, "runner_pid": pid})

@@ -12,12 +12,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.control import TelemetryTail
-from launcher.launch import Launch, log_tail, run_local_nodes, run_logged, torchrun_command
+from launcher.launch import Launch, NodeFailed, log_tail, run_local_nodes, run_logged, torchrun_command
 from launcher.progress import StepProgress
+from launcher.slurm import SlurmOptions, job_log, lost_node_rank, run_slurm
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
 from storage.plans import load_plan
@@ -28,6 +29,7 @@ from storage.runs import (
     record_run_events,
     resume_records,
     run_steps,
+    set_run_executor,
     start_run,
 )
 
@@ -51,18 +53,47 @@ def record_run(db_path: str, run_id: str, plan: Plan, steps: int, run_dir: str) 
 
 @task(name="launch-training", retries=0, cache_policy=NO_CACHE)
 def launch_training(
-    launch: Launch, timeout_s: float, show_progress: bool = False, poll_s: float = 0.5
+    launch: Launch,
+    timeout_s: float,
+    show_progress: bool = False,
+    poll_s: float = 0.5,
+    slurm: SlurmOptions | None = None,
+    db_path: str | None = None,
 ) -> dict[str, Any]:
     """Run torchrun to completion; {returncode, wall_s}. A non-zero exit raises with the log's tail.
 
     While it runs, the ranks' telemetry is polled every `poll_s` for the progress display
     (launcher/progress.py); the whole process group is killed past `timeout_s` or when interrupted.
+    `slurm`: run it as one sbatch job instead (launcher/slurm.py), its job id logged in this task run
+    and stored on the run row (`db_path`); timeout and interruption `scancel` it.
     """
     log = Path(launch.run_dir) / "torchrun.log"
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
     with StepProgress(launch.steps, enabled=show_progress) as progress:
         poll = lambda: progress.update(tail.read_new())  # noqa: E731
+        if slurm is not None:
+
+            def submitted(job_id: str) -> None:
+                get_run_logger().info(f"run {launch.run_id}: slurm job {job_id} submitted ({launch.nnodes} node(s))")
+                if db_path is not None:
+                    set_run_executor(db_path, launch.run_id, "slurm", job_id)
+
+            res = run_slurm(launch, slurm, timeout_s, on_submit=submitted, on_poll=poll, poll_s=poll_s)
+            progress.update(tail.read_new())
+            if res.returncode != 0:
+                out = job_log(launch.run_dir, res.job_id)
+                if res.state == "NODE_FAIL":  # a node of the allocation went down: name it, as run_local_nodes does
+                    raise NodeFailed(lost_node_rank(res.job_id), res.returncode, out)
+                raise RuntimeError(
+                    f"slurm job {res.job_id} ended {res.state}, exit {res.returncode} ({out}):\n{log_tail(out)}"
+                )
+            return {
+                "returncode": 0,
+                "wall_s": res.wall_s,
+                "launch": dataclasses.asdict(launch),
+                "slurm_job_id": res.job_id,
+            }
         if launch.local_nodes and launch.nnodes > 1:  # every node here: one runner each (NodeFailed names a lost one)
             rc, wall_s = 0, run_local_nodes(launch, timeout_s, on_poll=poll, poll_s=poll_s)
         else:

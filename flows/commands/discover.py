@@ -17,8 +17,17 @@ def discover(
     num_ranks: Annotated[int | None, typer.Option("--num-ranks", help="CPU ranks to probe (no GPU)")] = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="re-measure even if this hardware is stored")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local: this machine | slurm: --nodes allocated nodes, one sbatch job")
+    ] = "local",
+    nodes: Annotated[int, typer.Option("--nodes", help="slurm: nodes to allocate and measure")] = 2,
+    partition: Annotated[str | None, typer.Option("--partition", help="slurm: sbatch --partition")] = None,
+    nodelist: Annotated[str | None, typer.Option("--nodelist", help="slurm: sbatch --nodelist")] = None,
 ) -> None:
-    """Discover the hardware: probe compute, memory and network (torchrun), or record a cluster file."""
+    """Discover the hardware: probe compute, memory and network (torchrun), or record a cluster file.
+
+    --executor slurm measures --nodes nodes of a Slurm cluster (links between them too) as one batch
+    job; the state folder must be on storage the nodes share."""
     extra = []
     if cluster is not None:
         extra.append(f"discover.cluster={json.dumps(str(cluster))}")  # a JSON string is a TOML string
@@ -27,6 +36,12 @@ def discover(
     if refresh:
         extra.append("discover.refresh=true")
     cfg = load_settings(extra)
+    from planner.errors import MeshplanError
+
+    if executor not in ("local", "slurm"):
+        raise MeshplanError("--executor", executor, "use local (this machine) or slurm (sbatch)")
+    if executor == "slurm" and (nodes < 1 or cfg.discover.cluster):
+        raise MeshplanError("--nodes", nodes, "give 1 or more nodes to measure (and no --cluster file)")
     if cfg.discover.cluster:
         _check_cluster_file(Path(cfg.discover.cluster))
     prefect_env(cfg)
@@ -35,6 +50,15 @@ def discover(
     from storage.hardware import load_snapshot
 
     d, path = cfg.discover, db_path(cfg)
+    slurm = {}
+    if executor == "slurm":
+        from datetime import UTC, datetime
+
+        from launcher.slurm import SlurmOptions
+
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(cfg.state.dir).resolve() / "runs" / f"discover-{stamp}"
+        slurm = {"slurm_nodes": nodes, "slurm": SlurmOptions(partition, nodelist=nodelist), "run_dir": str(run_dir)}
     summary = discover_flow(
         db_path=str(path),
         cluster_file=d.cluster or None,
@@ -44,6 +68,7 @@ def discover(
         repeats=d.repeats,
         matmul_size=d.matmul_size,
         timeout_s=d.timeout_s,
+        **slurm,
     )
     snap = load_snapshot(path, summary["fingerprint"])
     if as_json:

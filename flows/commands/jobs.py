@@ -161,6 +161,10 @@ def schedule_cluster(
     ] = None,
     name: Annotated[str, typer.Option("--name", help="deployment name")] = "cluster",
     launch: Annotated[bool, typer.Option("--launch/--no-launch", help="act on real ranks, or record only")] = True,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local: this machine's ranks | slurm: nodes read from Slurm, sbatch jobs")
+    ] = "local",
+    partition: Annotated[str | None, typer.Option("--partition", help="slurm: the partition to schedule")] = None,
 ) -> None:
     """Serve scheduler_flow as a deployment on the `meshplan ui` server: one round every --every (Ctrl-C stops)."""
     import os
@@ -172,6 +176,8 @@ def schedule_cluster(
     from planner.schedule import POLICIES
 
     seconds = parse_every(every)
+    if executor not in ("local", "slurm"):
+        raise MeshplanError("--executor", executor, "use local (this machine's ranks) or slurm (sbatch)")
     if policy not in POLICIES:
         raise MeshplanError("--policy", policy, f"choose one of {', '.join(POLICIES)}")
     for what, path in (("--cluster", cluster), ("--speed", speed)):
@@ -193,6 +199,8 @@ def schedule_cluster(
         "policy": policy,
         "speed_table": str(speed.resolve()) if speed else None,
         "launch": launch,
+        "executor": executor,
+        "slurm_partition": partition,
     }
     typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
     scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)

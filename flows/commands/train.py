@@ -68,6 +68,13 @@ def train(
             "--dry-run", help="run the plan's exact layout on local CPU ranks, model scaled down (default 2 steps)"
         ),
     ] = False,
+    executor: Annotated[
+        str, typer.Option("--executor", help="local: torchrun here | slurm: one sbatch job, one task a node")
+    ] = "local",
+    partition: Annotated[str | None, typer.Option("--partition", help="slurm: sbatch --partition")] = None,
+    account: Annotated[str | None, typer.Option("--account", help="slurm: sbatch --account")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="slurm: sbatch --time, e.g. 01:00:00")] = None,
+    nodelist: Annotated[str | None, typer.Option("--nodelist", help="slurm: sbatch --nodelist")] = None,
     model: ModelOpt = None,
     layers: LayersOpt = None,
     hidden: HiddenOpt = None,
@@ -82,7 +89,8 @@ def train(
 
     A plan made for a custom model trains it when given its dimensions again (`--model custom
     --layers ...` or `--model FILE.toml`, as for `meshplan plan`); they must be the plan's model's.
-    --dry-run proves a plan launches before GPU hours are spent on it (flows/dryrun.py)."""
+    --dry-run proves a plan launches before GPU hours are spent on it (flows/dryrun.py); with
+    --executor slurm it prints the batch script instead (launcher/slurm.py), for submitting by hand."""
     extra = []
     for field, value in (
         ("steps", steps),
@@ -102,7 +110,9 @@ def train(
     if plan is not None and not plan.is_file():
         raise MeshplanError("--plan", str(plan), "no such file; pass a plan JSON file")
 
-    if dry_run:
+    if executor not in ("local", "slurm"):
+        raise MeshplanError("--executor", executor, "use local (torchrun here) or slurm (sbatch)")
+    if dry_run and executor == "local":
         _dry_run(cfg, plan, plan_id, steps, run_id, as_json)
         return
 
@@ -143,9 +153,24 @@ def train(
             "faults": faults,
             "show_progress": not as_json,
             "model_json": model_json,
+            "executor": executor,
+            "slurm": {"partition": partition, "account": account, "time_limit": time_limit, "nodelist": nodelist},
         },
         "train",
     )
+    if executor == "slurm" and request.replan and replan is None:
+        request = request.model_copy(update={"replan": False})  # Slurm runs the nodes; no live monitor here
+    if dry_run:  # --executor slurm: the batch script, the run folder made, nothing submitted
+        from flows.train import prepare_launch
+        from launcher.slurm import SlurmOptions, sbatch_script
+
+        o = request.slurm
+        _, _, launch = prepare_launch(str(db_path(cfg)), request, run_id)
+        script = Path(launch.run_dir) / "sbatch.sh"
+        script.write_text(sbatch_script(launch, SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)))
+        typer.echo(script.read_text(), nl=False)
+        typer.echo(f"# written to {script}; submit it with: sbatch {script}", err=True)
+        return
     out = train_flow(str(db_path(cfg)), request, run_id)
     if as_json:
         typer.echo(out.model_dump_json(indent=2))
@@ -156,7 +181,8 @@ def train(
 def print_outcome(out) -> None:
     """The run's summary lines, with every fault the ranks survived: a handled fault is still news."""
     measured, predicted = out.measured_step_time_s, out.predicted_step_time_s
-    typer.echo(f"run {out.run_id} {out.status}: {len(out.losses)} steps in {out.run_dir}")
+    on = f" (slurm job {out.slurm_job_id})" if out.slurm_job_id else ""
+    typer.echo(f"run {out.run_id}{on} {out.status}: {len(out.losses)} steps in {out.run_dir}")
     for e in out.events:
         typer.echo(f"{e['kind']}: {e['message']}")
     if measured is not None:
