@@ -34,6 +34,7 @@ from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
+from launcher.slurm import SlurmPreempted
 from planner.errors import MeshplanError
 from planner.schedule import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
@@ -153,12 +154,13 @@ def _run(
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
         request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen, *slurm)
-        error, survivors = None, None
+        error, survivors, preempted = None, None, False
         try:
             train_flow(db_path, request, job_id)
         except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             survivors = _surviving(parse_alloc(alloc), exc)
+            preempted = isinstance(exc, SlurmPreempted)
         ex = read_exit(run_dir)
         end = checkpoint_step(run_dir)
         segments.append(
@@ -180,7 +182,7 @@ def _run(
             break
         if error is None:
             continue  # asked to exit: a resize (state resizing) or a stop (cancelled); the row says which
-        failures += 1
+        failures += 0 if preempted else 1  # a preemption is Slurm's choice, not the job's failure
         state = get_job(db_path, job_id)["state"]
         if state not in ("running", "resizing"):
             break

@@ -54,6 +54,10 @@ class SlurmOptions:
     requeue: bool | None = None  # None: the cluster's default; False: --no-requeue (meshplan decides what follows)
 
 
+class SlurmPreempted(RuntimeError):
+    """Slurm ended the job to give its nodes to another (state PREEMPTED): not the job's failure."""
+
+
 class SlurmError(MeshplanError):
     """sbatch refused the job, or a Slurm command is missing."""
 

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from launcher.control import TelemetryTail
 from launcher.launch import Launch, NodeFailed, log_tail, run_local_nodes, run_logged, torchrun_command
 from launcher.progress import StepProgress
-from launcher.slurm import SlurmOptions, job_log, lost_node_rank, run_slurm
+from launcher.slurm import SlurmOptions, SlurmPreempted, job_log, lost_node_rank, run_slurm
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
 from storage.plans import load_plan
@@ -85,6 +85,8 @@ def launch_training(
                 out = job_log(launch.run_dir, res.job_id)
                 if res.state == "NODE_FAIL":  # a node of the allocation went down: name it, as run_local_nodes does
                     raise NodeFailed(lost_node_rank(res.job_id), res.returncode, out)
+                if res.state == "PREEMPTED":  # Slurm took the nodes back (a job launched with --no-requeue)
+                    raise SlurmPreempted(f"slurm job {res.job_id} was preempted ({out})")
                 raise RuntimeError(
                     f"slurm job {res.job_id} ended {res.state}, exit {res.returncode} ({out}):\n{log_tail(out)}"
                 )

@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import duckdb
@@ -79,22 +81,42 @@ def test_dry_run_prints_the_batch_script_and_submits_nothing(tmp_path, slurm):
     assert slurm.run("squeue", "-h").strip() == ""
 
 
-def test_two_node_plan_trains_through_slurm_and_matches_one_process(tmp_path, slurm):
-    out = meshplan(
-        tmp_path, *SGD, "train", "--plan", str(_plan(tmp_path)), "--executor", "slurm", "--nnodes", "2",
-        "--nproc-per-node", "1", "--steps", "3", "--run-id", "s", timeout=280,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    run_dir = tmp_path / "runs" / "s"
-    assert_matches_reference(run_dir, "tiny", 3)
+def test_two_node_plan_trains_through_slurm_resumes_when_requeued_and_matches_one_process(tmp_path, slurm):
+    """A pp2 plan, one rank a node, as one sbatch job. Mid-run `scontrol requeue` (what preemption with
+    requeue does): Slurm kills the ranks and runs the batch script again; the ranks resume from the
+    run folder's latest checkpoint and the run ends with the weights of the single-process run,
+    every step after the checkpoint trained again exactly once. The job id is on the run row."""
+    cmd = [
+        sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *SGD, "--set", "train.checkpoint_every=5",
+        "train", "--plan", str(_plan(tmp_path)), "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
+        "--steps", "30", "--run-id", "q",
+    ]  # fmt: skip
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run_dir = tmp_path / "runs" / "q"
+    try:
+        wait_until(lambda: len(rank0_rows(run_dir)) >= 12, "10 steps checkpointed", 150)
+        job_id = slurm.run("squeue", "-h", "-n", "meshplan-q", "-o", "%i").strip()
+        slurm.run("scontrol", "requeue", job_id)
+        wait_until(lambda: "PENDING" in slurm.run("squeue", "-h", "-j", job_id, "-o", "%T"), "the requeue", 60)
+        slurm.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")  # Slurm holds a requeued job 2 min
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert_matches_reference(run_dir, "tiny", 30)
+    steps = [r["step"] for r in rank0_rows(run_dir)]
+    back = [(a, b) for a, b in zip(steps, steps[1:], strict=False) if b <= a]
+    assert len(back) == 1 and back[0][1] % 5 == 0 and back[0][1] >= 10, steps  # once, to a checkpoint
+    assert steps[-1] == 29
     with duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True) as con:
-        status, executor, job_id = con.execute("select status, executor, slurm_job_id from runs").fetchall()[0]
-    assert (status, executor) == ("completed", "slurm") and job_id.isdigit()
-    assert f"slurm job {job_id}" in out.stdout
-    # one agent on each node: the job's output names both nodes' ranks, node-major (rank 0 on n1)
+        status, executor, stored_id = con.execute("select status, executor, slurm_job_id from runs").fetchall()[0]
+    assert (status, executor, stored_id) == ("completed", "slurm", job_id)
+    assert f"slurm job {job_id}" in out and (run_dir / f"slurm-{job_id}.out").is_file()
     ranks = {json.loads(f.read_text().splitlines()[0])["rank"] for f in (run_dir / "telemetry").glob("rank_*.jsonl")}
     assert ranks == {0, 1}
-    assert (run_dir / f"slurm-{job_id}.out").is_file()
 
 
 def test_a_run_past_its_timeout_is_cancelled(tmp_path, slurm):
