@@ -33,7 +33,7 @@ from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
 from storage.pricing import machine_calibration
 from tasks.replan import supervise_training
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
+from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
 
 
 def _read_plan(plan_path: str) -> Plan:
@@ -159,6 +159,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     (run_dir / "plan.json").write_text(plan.to_json())
 
     record_run(db_path, run_id, plan, r.steps, str(run_dir))
+    generation = open_generation(db_path, run_id, str(run_dir))  # before any rank: earlier launches fenced off
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
@@ -180,6 +181,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         resume=r.resume,
         collective_timeout_s=r.collective_timeout_s,
         faults=r.faults,
+        generation=generation,
         # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
         # ended it for a resize) is not this launch's order; a caller that read the job's state
         # passes the version it had seen before, so a newer order is obeyed (flows/job.py)

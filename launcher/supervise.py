@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.control import TelemetryTail, exit_path, read_control, read_exit, write_control
-from launcher.launch import Launch, job_exited, kill_group, start_logged, torchrun_command
+from launcher.launch import Launch, job_exited, kill_group, launch_env, start_logged, torchrun_command
 from launcher.progress import StepProgress
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -80,7 +80,7 @@ class Supervisor:
         while True:
             exit_path(run_dir).unlink(missing_ok=True)
             t_start = time.time()  # wall clock: compared with the ranks' wall_time_s
-            proc = start_logged(torchrun_command(launch), run_dir / "torchrun.log")
+            proc = start_logged(torchrun_command(launch), run_dir / "torchrun.log", launch_env(launch))
             segment = {
                 "plan_fingerprint": monitor.plan.fingerprint(),
                 "world_size": monitor.world_size,

@@ -84,6 +84,12 @@ def telemetry_files(run_dir: str | Path) -> list[str]:
     return sorted(str(p) for p in (Path(run_dir) / "telemetry").glob("rank_*.jsonl") if p.stat().st_size > 0)
 
 
+def set_run_generation(db_path: str | Path, run_id: str, generation: int) -> None:
+    """Record the generation of the run's current launch (migration 0013)."""
+    with connect(db_path) as con:
+        con.execute("UPDATE runs SET generation = ? WHERE run_id = ?", [generation, run_id])
+
+
 def ingest_step_metrics(db_path: str | Path, run_id: str, run_dir: str | Path) -> int:
     """Upsert every telemetry line of the run folder; returns the number of (rank, step) rows ingested."""
     files = telemetry_files(run_dir)

@@ -15,13 +15,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from launcher.control import TelemetryTail
-from launcher.launch import Launch, log_tail, run_local_nodes, run_logged, torchrun_command
+from launcher.control import TelemetryTail, begin_generation
+from launcher.group import RUN_TAG, stop_labelled
+from launcher.launch import Launch, launch_env, log_tail, run_label, run_local_nodes, run_logged, torchrun_command
 from launcher.progress import StepProgress
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
 from storage.plans import load_plan
-from storage.runs import finish_run, ingest_step_metrics, run_steps, start_run
+from storage.runs import finish_run, ingest_step_metrics, run_steps, set_run_generation, start_run
 
 
 @task(name="load-stored-plan", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -41,6 +42,23 @@ def record_run(db_path: str, run_id: str, plan: Plan, steps: int, run_dir: str) 
     start_run(db_path, run_id, plan, steps, run_dir)
 
 
+@task(name="open-generation", retries=0, cache_policy=NO_CACHE)
+def open_generation(db_path: str, run_id: str, run_dir: str) -> int:
+    """Fence off every earlier launch of the run folder; returns this launch's generation.
+
+    In this order: the new number goes into control.json (an older rank that reads it at a step or
+    checkpoint boundary exits, publishing nothing), every process labelled with the run folder is
+    stopped and seen gone (a SIGKILLed runner's orphaned agent and ranks included), and the number
+    is recorded on the run's row — all before this launch's first rank starts, so the checkpoint it
+    resumes from can no longer change under it."""
+    generation = begin_generation(run_dir)
+    stopped = stop_labelled(RUN_TAG, run_label(run_dir))
+    set_run_generation(db_path, run_id, generation)
+    if stopped:
+        print(f"run {run_id}: generation {generation} stopped {stopped} process(es) of earlier generations")
+    return generation
+
+
 @task(name="launch-training", retries=0, cache_policy=NO_CACHE)
 def launch_training(
     launch: Launch, timeout_s: float, show_progress: bool = False, poll_s: float = 0.5
@@ -58,7 +76,8 @@ def launch_training(
         if launch.local_nodes and launch.nnodes > 1:  # every node here: one runner each (NodeFailed names a lost one)
             rc, wall_s = 0, run_local_nodes(launch, timeout_s, on_poll=poll, poll_s=poll_s)
         else:
-            rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s, on_poll=poll, poll_s=poll_s)
+            cmd, env = torchrun_command(launch), launch_env(launch)
+            rc, wall_s = run_logged(cmd, log, timeout_s, on_poll=poll, poll_s=poll_s, extra_env=env)
         progress.update(tail.read_new())
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")
