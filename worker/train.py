@@ -51,7 +51,7 @@ from planner.errors import MeshplanError
 from planner.runtime import check_launchable, cp_positions, is_uniform, loss_weight
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
-from worker import checkpoint, watchdog
+from worker import checkpoint, teardown, watchdog
 from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
@@ -353,23 +353,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
         code = SUPERSEDED_EXIT_CODE
     watchdog.beat("final barrier")
-    clean_exit(code)
+    teardown.end_process_group()  # barrier first: without it gloo sporadically aborts at exit (STACK.md §1.3)
+    watchdog.stop()
+    teardown.exit_now(code)
 
 
 SUPERSEDED_EXIT_CODE = 4  # not 0: a runner that still watches must not count a fenced-off launch as finished
-
-
-def clean_exit(code: int = 0) -> None:
-    """End a rank that finished its work without the gloo teardown abort (STACK.md §1.3: `terminate
-    called without an active exception`, exit -6, in a share of runs under load): a barrier before
-    destroy_process_group, then flush and os._exit, so no interpreter or C++ static teardown runs
-    after the process group is gone."""
-    dist.barrier()
-    dist.destroy_process_group()
-    watchdog.stop()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
