@@ -30,7 +30,7 @@ from planner.specs.dryrun import dry_run_model, dry_run_plan
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from storage.runs import step_metrics
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
+from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
 
 
 def read_plan_file(plan_path: str) -> Plan:
@@ -89,6 +89,7 @@ def dry_run_flow(
     (run_dir / "plan.json").write_text(dry.to_json())
     (run_dir / "model.json").write_text(tiny.model_dump_json(indent=2))
     record_run(db_path, run_id, dry, steps, str(run_dir))
+    generation = open_generation(db_path, run_id, str(run_dir))  # every launch of a run folder is fenced
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
@@ -100,6 +101,7 @@ def dry_run_flow(
         checkpoint_every=0,  # one checkpoint, after the last step: the layout's save path runs too
         resume="none",
         collective_timeout_s=collective_timeout_s,
+        generation=generation,
     )
     print(f"dry run {run_id}: {dry.num_devices} CPU ranks, {steps} steps of plan {plan.fingerprint()}")
     state = launch_training(launch, timeout_s, show_progress, return_state=True)
