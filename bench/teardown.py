@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench stops its busy loop too
     root = Path(tempfile.mkdtemp(prefix="meshplan-teardown-"))
     (root / "plan.json").write_text(json.dumps(tp2_plan()))
     busy = group.start([sys.executable, "-c", "while True: pass"])  # the other core

@@ -22,6 +22,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+import rundir
 from flows.outcomes import TrainOutcome
 from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
@@ -156,12 +157,12 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
     run_dir = run_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(plan.to_json())
+    rundir.plan_path(run_dir).write_text(plan.to_json())
 
     record_run(db_path, run_id, plan, r.steps, str(run_dir))
     generation = open_generation(db_path, run_id, str(run_dir))  # before any rank: earlier launches fenced off
     launch = Launch(
-        plan_path=str(run_dir / "plan.json"),
+        plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
         steps=r.steps,
@@ -237,7 +238,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             description=f"re-planning decisions of run {run_id}",
         )
     if job_failed:
-        log = run_dir / "torchrun.log"
+        log = rundir.node_log(run_dir)
         raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
     if status != "completed":
         state.result()  # re-raises the launch error: the flow run fails with it

@@ -29,15 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import rundir
+
 ACTIONS = ("rebalance", "checkpoint_exit")
 
 
-def control_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "control.json"
-
-
-def exit_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "exit.json"
+control_path, exit_path = rundir.control_path, rundir.exit_path  # the run folder's module owns the layout
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
@@ -61,7 +58,7 @@ def read_control(run_dir: str | Path) -> dict[str, Any] | None:
 def _locked(run_dir: str | Path) -> Iterator[None]:
     """Hold the run folder's control lock (flock: released when the holder dies, whatever kills it)."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    with (Path(run_dir) / ".control.lock").open("a") as f:
+    with rundir.control_lock_path(run_dir).open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -116,12 +113,12 @@ class TelemetryTail:
     """New complete lines of every `<run>/telemetry/rank_*.jsonl` since the last call."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.dir = Path(run_dir) / "telemetry"
+        self.run_dir = run_dir
         self._offsets: dict[Path, int] = {}
 
     def read_new(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        for f in sorted(self.dir.glob("rank_*.jsonl")):
+        for f in rundir.telemetry_files(self.run_dir):
             pos = self._offsets.get(f, 0)
             with f.open("rb") as fh:
                 fh.seek(pos)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import rundir
 from launcher.group import GEN_TAG, RUN_TAG, _job_tags, forget, job_processes, start, stop  # noqa: F401
 from planner.errors import MeshplanError
 from planner.specs.faults import NO_FAULTS, FaultSpec
@@ -202,9 +203,7 @@ def run_logged(
     return rc, time.monotonic() - t0
 
 
-def node_log(run_dir: str | Path, node_rank: int) -> Path:
-    """Node 0's torchrun log is the run's `torchrun.log` (as with one node); node R's `torchrun.nodeR.log`."""
-    return Path(run_dir) / ("torchrun.log" if node_rank == 0 else f"torchrun.node{node_rank}.log")
+node_log = rundir.node_log
 
 
 def run_local_nodes(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
+import rundir
 from planner.specs.plan import Plan
 from storage.db import connect
 
@@ -81,7 +82,7 @@ def finish_run(db_path: str | Path, run_id: str, status: str, message: str | Non
 
 
 def telemetry_files(run_dir: str | Path) -> list[str]:
-    return sorted(str(p) for p in (Path(run_dir) / "telemetry").glob("rank_*.jsonl") if p.stat().st_size > 0)
+    return [str(p) for p in rundir.telemetry_files(run_dir) if p.stat().st_size > 0]
 
 
 def set_run_generation(db_path: str | Path, run_id: str, generation: int) -> None:

@@ -9,12 +9,12 @@ idempotent upserts, so their short retries (a briefly locked file) are safe.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import rundir
 from launcher.control import TelemetryTail, begin_generation
 from launcher.group import RUN_TAG, stop_labelled
 from launcher.launch import Launch, launch_env, log_tail, run_label, run_local_nodes, run_logged, torchrun_command
@@ -68,7 +68,7 @@ def launch_training(
     While it runs, the ranks' telemetry is polled every `poll_s` for the progress display
     (launcher/progress.py); the whole process group is killed past `timeout_s` or when interrupted.
     """
-    log = Path(launch.run_dir) / "torchrun.log"
+    log = rundir.node_log(launch.run_dir)
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
     with StepProgress(launch.steps, enabled=show_progress) as progress:
