@@ -24,6 +24,7 @@ from flows.schedule import scheduler_flow
 from launcher.group import RUN_TAG, labelled
 from launcher.launch import run_label
 from planner.specs.model import get_model
+from rundir import segment_plan_path
 from storage.db import query
 from storage.jobs import get_job, submit_job
 from tests.flows.test_elastic_job import ATOL, CLUSTER, rank0_rows, wait_until
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.flow]
 
 # 2 ranks only: the speed table prices no other size, so the job is admitted on 2 and stays there
 TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\ntiny,cpu,2,1,2,0.5\n"
-STEPS, BATCH = 240, 8
+STEPS, BATCH = 120, 8
 TRAIN = {"data": "synthetic", "optimizer": "sgd", "lr": 0.01, "checkpoint_every": 10}
 
 
@@ -64,16 +65,22 @@ def test_a_sigkilled_runners_orphans_are_fenced_off_and_the_relaunch_matches_an_
         wait_until(lambda: len(rank0_rows(run_dir)) >= n + 5, "the orphaned ranks to keep training", 60)
         orphans = labelled(RUN_TAG, run_label(run_dir))
         assert orphans, "the runner's agent and ranks outlived it (the bug's setup)"
-        # frozen while the scheduler's round re-admits the job, thawed once the new runner is started:
-        # they are still training when it launches, however long the round took on a loaded machine
+        # frozen while the scheduler's round re-admits the job, thawed when the new runner has planned
+        # (its segment plan is rewritten, its launch follows): still training when that launch begins,
+        # however long the round and the runner's start took on a loaded machine
         for pid in orphans:
             os.kill(pid, signal.SIGSTOP)
+        planned = segment_plan_path(run_dir, 0).stat().st_mtime_ns
+        thawed = False
         t_end = time.monotonic() + 300
         while get_job(db, "a")["state"] not in ("finished", "failed") and time.monotonic() < t_end:
             round_()  # requeues the job (its runner is gone), then admits it again
-            for pid in orphans if get_job(db, "a")["runner_pid"] != runner else ():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            if not thawed and get_job(db, "a")["runner_pid"] != runner:
+                wait_until(lambda: segment_plan_path(run_dir, 0).stat().st_mtime_ns != planned, "the new plan", 120)
+                for pid in orphans:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                thawed = True
             time.sleep(1.0)
     finally:  # a failed assertion must not leave ranks behind
         for pid in labelled(RUN_TAG, run_label(run_dir)):
