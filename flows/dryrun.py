@@ -22,6 +22,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+import rundir
 from launcher.launch import Launch
 from planner.errors import MeshplanError
 from planner.report.dryrun import dry_run_report
@@ -30,7 +31,7 @@ from planner.specs.dryrun import dry_run_model, dry_run_plan
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from storage.runs import step_metrics
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_run
+from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
 
 
 def read_plan_file(plan_path: str) -> Plan:
@@ -86,20 +87,22 @@ def dry_run_flow(
     run_id = run_id or f"dry-{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(dry.to_json())
-    (run_dir / "model.json").write_text(tiny.model_dump_json(indent=2))
+    rundir.plan_path(run_dir).write_text(dry.to_json())
+    rundir.model_path(run_dir).write_text(tiny.model_dump_json(indent=2))
     record_run(db_path, run_id, dry, steps, str(run_dir))
+    generation = open_generation(db_path, run_id, str(run_dir))  # every launch of a run folder is fenced
     launch = Launch(
-        plan_path=str(run_dir / "plan.json"),
+        plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
         steps=steps,
         nproc_per_node=dry.num_devices,
-        model_json=str(run_dir / "model.json"),
+        model_json=str(rundir.model_path(run_dir)),
         data="synthetic",
         checkpoint_every=0,  # one checkpoint, after the last step: the layout's save path runs too
         resume="none",
         collective_timeout_s=collective_timeout_s,
+        generation=generation,
     )
     print(f"dry run {run_id}: {dry.num_devices} CPU ranks, {steps} steps of plan {plan.fingerprint()}")
     state = launch_training(launch, timeout_s, show_progress, return_state=True)

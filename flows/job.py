@@ -29,6 +29,7 @@ from typing import Any
 
 from prefect import flow
 
+import rundir
 from flows.outcomes import JobOutcome, JobSegment
 from flows.requests import TrainRequest
 from flows.train import train_flow
@@ -98,7 +99,7 @@ def job_flow(
     set_job_run(db_path, job_id, run_dir=str(run_dir))
     model = job_model(row)
     if model is not None:  # a custom model: its dimensions travel to the ranks in the run folder
-        (run_dir / "model.json").write_text(model.model_dump_json(indent=2))
+        rundir.model_path(run_dir).write_text(model.model_dump_json(indent=2))
     segments: list[JobSegment] = []
     try:
         slurm = (executor, slurm_partition)
@@ -149,7 +150,7 @@ def _run(
                 f"pp={plan.pp} dp={plan.dp} tp={plan.stages[0].tp}",
                 alloc,
             )
-        plan_path = run_dir / "plans" / f"segment_{len(segments)}.json"
+        plan_path = rundir.segment_plan_path(run_dir, len(segments))
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
@@ -241,7 +242,7 @@ def _request(
             "resume": "auto",
             "timeout_s": timeout_s,
             "control_from_version": seen,
-            "model_json": str(run_dir / "model.json") if row.get("model_json") else None,
+            "model_json": str(rundir.model_path(run_dir)) if row.get("model_json") else None,
             **slurm,
         },
         f"job {row['job_id']} train options",

@@ -13,6 +13,7 @@ machine (`local_nodes`: a CPU "cluster" of simulated nodes) are launched by one 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+import rundir
 from flows.outcomes import TrainOutcome
 from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
@@ -35,7 +37,15 @@ from planner.validation import parse
 from storage.pricing import machine_calibration
 from storage.runs import resume_records
 from tasks.replan import supervise_training
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, record_events, record_run
+from tasks.train import (
+    close_run,
+    ingest_telemetry,
+    launch_training,
+    load_stored_plan,
+    open_generation,
+    record_events,
+    record_run,
+)
 
 
 def _read_plan(plan_path: str) -> Plan:
@@ -151,10 +161,10 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
     run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
     run_dir = run_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(plan.to_json())
+    rundir.plan_path(run_dir).write_text(plan.to_json())
 
     launch = Launch(
-        plan_path=str(run_dir / "plan.json"),
+        plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
         steps=r.steps,
@@ -201,6 +211,8 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     plan, spec, launch = prepare_launch(db_path, r, run_id)
     run_id, run_dir = launch.run_id, Path(launch.run_dir)
     record_run(db_path, run_id, plan, r.steps, str(run_dir))
+    # before any rank starts: every earlier launch of this run folder fenced off (tasks/train.py)
+    launch = dataclasses.replace(launch, generation=open_generation(db_path, run_id, str(run_dir)))
     first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's
     poll_s = r.replan_config.poll_s
     if r.executor == "slurm" and (r.replan or r.local_nodes):
@@ -275,7 +287,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     if refusal is not None:  # the ranks refused to start (every checkpoint unreadable): one line, no traceback
         raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
     if job_failed:
-        log = run_dir / "torchrun.log"
+        log = rundir.node_log(run_dir)
         raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
     if status != "completed":
         state.result()  # re-raises the launch error: the flow run fails with it

@@ -9,25 +9,32 @@ same step. Actions:
   DCP checkpoint and exits 0; rank 0 then writes `<run_dir>/exit.json` {step, version, checkpoint_s}
   so the flow can tell a requested exit from a finished run and relaunch with the new plan.
 
+Generations (fencing): every launch of a run folder is a generation, numbered from 1.
+`begin_generation` writes the new number into control.json (`generation`, beside the message)
+before any rank of the launch starts; a rank reads it at every step boundary and before it
+publishes a checkpoint, and exits once a newer generation exists (worker/train.py,
+worker/checkpoint.py). Writers of control.json (the scheduler's orders, a new generation) hold
+`<run_dir>/.control.lock` for their read-modify-write, so neither loses the other's field.
+
 `TelemetryTail` reads the ranks' JSONL telemetry incrementally while they write it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import rundir
 
 ACTIONS = ("rebalance", "checkpoint_exit")
 
 
-def control_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "control.json"
-
-
-def exit_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "exit.json"
+control_path, exit_path = rundir.control_path, rundir.exit_path  # the run folder's module owns the layout
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
@@ -47,13 +54,51 @@ def read_control(run_dir: str | Path) -> dict[str, Any] | None:
     return msg
 
 
+@contextmanager
+def _locked(run_dir: str | Path) -> Iterator[None]:
+    """Hold the run folder's control lock (flock: released when the holder dies, whatever kills it)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with rundir.control_lock_path(run_dir).open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read_raw(run_dir: str | Path) -> dict[str, Any]:
+    try:
+        msg = json.loads(control_path(run_dir).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return msg if isinstance(msg, dict) else {}
+
+
+def read_generation(run_dir: str | Path) -> int:
+    """The run folder's current generation (0: never launched under fencing)."""
+    gen = _read_raw(run_dir).get("generation", 0)
+    return gen if isinstance(gen, int) else 0
+
+
+def begin_generation(run_dir: str | Path) -> int:
+    """Open the next generation of the run folder; returns its number. Every rank of an earlier one
+    that reads control.json from now on knows it is superseded."""
+    with _locked(run_dir):
+        msg = _read_raw(run_dir)
+        gen = read_generation(run_dir) + 1
+        write_json_atomic(control_path(run_dir), {"version": 0, **msg, "generation": gen})
+    return gen
+
+
 def write_control(run_dir: str | Path, action: str, **fields: Any) -> int:
-    """Publish a new control message; returns its version (previous version + 1)."""
+    """Publish a new control message; returns its version (previous version + 1). The generation stays."""
     if action not in ACTIONS:
         raise ValueError(f"control action {action!r} is not one of {ACTIONS}")
-    old = read_control(run_dir)
-    version = (old["version"] if old else 0) + 1
-    write_json_atomic(control_path(run_dir), {"version": version, "action": action, **fields})
+    with _locked(run_dir):
+        old = read_control(run_dir)
+        version = (old["version"] if old else 0) + 1
+        gen = {"generation": g} if (g := read_generation(run_dir)) else {}
+        write_json_atomic(control_path(run_dir), {"version": version, "action": action, **fields, **gen})
     return version
 
 
@@ -68,12 +113,12 @@ class TelemetryTail:
     """New complete lines of every `<run>/telemetry/rank_*.jsonl` since the last call."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        self.dir = Path(run_dir) / "telemetry"
+        self.run_dir = run_dir
         self._offsets: dict[Path, int] = {}
 
     def read_new(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        for f in sorted(self.dir.glob("rank_*.jsonl")):
+        for f in rundir.telemetry_files(self.run_dir):
             pos = self._offsets.get(f, 0)
             with f.open("rb") as fh:
                 fh.seek(pos)

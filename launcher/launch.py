@@ -15,22 +15,24 @@ process bound and handed to it, and waits for all of them; when one node's runne
 others are taken down at once (their ranks would only wait for it), and `NodeFailed` names it.
 
 The launcher runs in its own session/process group with an outer timeout; on timeout or when the
-caller is interrupted the whole group (agent and ranks) is killed, so no rank outlives its run.
+caller is interrupted the whole group (agent and ranks) is stopped (launcher/group.py, the one way
+every subprocess runner starts and stops its group), so no rank outlives its run. Every process of
+a launch carries its run folder and generation in its environment (`launch_env`), so the next
+launch of that folder stops an earlier generation by label even after its runner was SIGKILLed.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import rundir
+from launcher.group import GEN_TAG, RUN_TAG, _job_tags, forget, job_processes, start, stop  # noqa: F401
 from planner.errors import MeshplanError
 from planner.specs.faults import NO_FAULTS, FaultSpec
 
@@ -57,6 +59,7 @@ class Launch:
     collective_timeout_s: float = 300.0
     faults: FaultSpec = NO_FAULTS  # fault injection, passed whole as `--faults JSON` (worker/faults.py)
     control_from_version: int = 0
+    generation: int = 0  # this launch's generation (launcher/control.py); ranks exit once it is superseded
     local_nodes: bool = False  # every node's runner on this machine, loopback master (run_local_nodes)
 
 
@@ -134,114 +137,45 @@ def torchrun_command(
         cmd += ["--faults", launch.faults.to_arg()]
     if launch.control_from_version:
         cmd += ["--control-from-version", str(launch.control_from_version)]
+    if launch.generation:
+        cmd += ["--generation", str(launch.generation)]
     return cmd
 
 
 LOOPBACK = "127.0.0.1"
-JOB_TAG = "MESHPLAN_JOB"  # start_logged/run_logged put a fresh value in each job's environment
-_job_tags: dict[int, str] = {}  # launcher pid -> its job's tag, until kill_group
+# starting and stopping the ranks' process group is launcher/group.py's, for every subprocess runner alike
+kill_group, job_exited = stop, forget
 
 
-def job_processes(pid: int, tag: str | None = None) -> set[int]:
-    """Live processes of the job launched as `pid` (Linux /proc; empty elsewhere), zombies excluded.
-
-    Its descendants by parent links, and every process whose environment holds the job's tag: that
-    also finds a rank after its agent died (re-parented; in a session of its own), and never
-    another job's process."""
-    parent: dict[int, int] = {}
-    found: set[int] = set()
-    needle = f"{JOB_TAG}={tag}".encode() if tag else None
-    for d in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
-        try:
-            if not d.name.isdigit():
-                continue
-            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]  # after "(comm)"
-            if state in ("Z", "X"):  # dead, waiting to be reaped
-                continue
-            parent[int(d.name)] = int(ppid)
-            if needle and needle in (d / "environ").read_bytes().split(b"\0"):
-                found.add(int(d.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    tree, frontier = {pid}, {pid}
-    while frontier:
-        frontier = {c for c, p in parent.items() if p in frontier} - tree
-        tree |= frontier
-    return found | (tree - {pid})
+def launch_env(launch: Launch) -> dict[str, str]:
+    """The labels every process of this launch carries: its run folder and generation, so the next
+    launch of the run folder finds (and stops) them by label even when their runner is gone."""
+    return {RUN_TAG: run_label(launch.run_dir), GEN_TAG: str(launch.generation)}
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, the launcher's process group AND every rank under it; return once all are dead.
-
-    torchrun starts each rank in a session of its own, so killing the launcher's group alone would
-    orphan the ranks — and a frozen rank never acts on the agent's SIGTERM. The ranks are listed
-    before anything is signalled (found by parent links while the agent lives) and again by the
-    job's tag after it died. A SIGKILLed process takes a moment to die (longer on a busy machine;
-    a frozen one too), so the last step repeats until /proc shows none of them alive (at most 10 s):
-    returning earlier let a frozen rank be seen alive after the kill."""
-    tag = _job_tags.pop(proc.pid, None)
-    listed = {p: _start_time(p) for p in job_processes(proc.pid, tag)}  # pid -> start time: pids get reused
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    deadline = time.monotonic() + 10.0  # the agent stops its ranks when it can; these are the ones it could not
-    while time.monotonic() < deadline:
-        left = job_processes(proc.pid, tag) | {p for p, t in listed.items() if t and _start_time(p) == t}
-        if not left - {os.getpid()}:
-            break
-        for pid in left - {os.getpid()}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        time.sleep(0.05)
-
-
-def _start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot), or None once it is dead or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
+def run_label(run_dir: str | Path) -> str:
+    return str(Path(run_dir).resolve())
 
 
 def _popen_logged(
     cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen:
-    """Start `cmd` in its own session/process group, output appended to `log_path`, tagged for kill_group."""
-    tag = uuid.uuid4().hex
-    env = {**os.environ, **(extra_env or {}), JOB_TAG: tag}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, pass_fds=pass_fds
-        )
-    _job_tags[proc.pid] = tag
-    return proc
+    return start(cmd, log_path, extra_env, pass_fds)
 
 
 def start_logged(cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `cmd` in its own process group, output appended to `log_path`; the caller waits, and then
     calls `job_exited` (or `kill_group` to take it down). `extra_env` is added to this environment."""
-    return _popen_logged(cmd, log_path, extra_env)
-
-
-def job_exited(proc: subprocess.Popen) -> None:
-    """Forget the tag of a job that exited by itself (kill_group forgets it when it kills the job)."""
-    _job_tags.pop(proc.pid, None)
+    return start(cmd, log_path, extra_env)
 
 
 def run_logged(
-    cmd: list[str], log_path: Path, timeout_s: float, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5
+    cmd: list[str],
+    log_path: Path,
+    timeout_s: float,
+    on_poll: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, float]:
     """Run `cmd` in its own process group, output appended to `log_path`; (returncode, wall seconds).
 
@@ -250,7 +184,7 @@ def run_logged(
     """
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    proc = _popen_logged(cmd, log_path)
+    proc = _popen_logged(cmd, log_path, extra_env)
     try:
         while True:
             wait_s = deadline - time.monotonic()
@@ -269,9 +203,7 @@ def run_logged(
     return rc, time.monotonic() - t0
 
 
-def node_log(run_dir: str | Path, node_rank: int) -> Path:
-    """Node 0's torchrun log is the run's `torchrun.log` (as with one node); node R's `torchrun.nodeR.log`."""
-    return Path(run_dir) / ("torchrun.log" if node_rank == 0 else f"torchrun.node{node_rank}.log")
+node_log = rundir.node_log
 
 
 def run_local_nodes(
@@ -288,7 +220,8 @@ def run_local_nodes(
     try:
         for r in range(launch.nnodes):
             cmd = torchrun_command(launch, local_node=(r, port, fd if r == 0 else None))
-            procs.append(_popen_logged(cmd, node_log(launch.run_dir, r), pass_fds=(fd,) if r == 0 else ()))
+            env, fds = launch_env(launch), (fd,) if r == 0 else ()
+            procs.append(_popen_logged(cmd, node_log(launch.run_dir, r), env, fds))
             if r == 0:
                 listener.close()  # node 0 holds its own copy
         running = dict(enumerate(procs))

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import rundir
 from launcher.control import TelemetryTail, exit_path, read_control, read_exit, write_control
-from launcher.launch import Launch, job_exited, kill_group, start_logged, torchrun_command
+from launcher.launch import Launch, job_exited, kill_group, launch_env, start_logged, torchrun_command
 from launcher.progress import StepProgress
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -80,7 +81,7 @@ class Supervisor:
         while True:
             exit_path(run_dir).unlink(missing_ok=True)
             t_start = time.time()  # wall clock: compared with the ranks' wall_time_s
-            proc = start_logged(torchrun_command(launch), run_dir / "torchrun.log")
+            proc = start_logged(torchrun_command(launch), rundir.node_log(run_dir), launch_env(launch))
             segment = {
                 "plan_fingerprint": monitor.plan.fingerprint(),
                 "world_size": monitor.world_size,
@@ -128,7 +129,7 @@ class Supervisor:
             costs = dataclasses.replace(
                 costs, checkpoint_save_s=float(ex.get("checkpoint_s") or costs.checkpoint_save_s)
             )
-            (run_dir / "plan.json").write_text(new_plan.to_json())
+            rundir.plan_path(run_dir).write_text(new_plan.to_json())
             launch = dataclasses.replace(
                 launch,
                 nproc_per_node=new_plan.num_devices,

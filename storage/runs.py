@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+import rundir
 from planner.specs.plan import Plan
 from storage.db import connect
 
@@ -88,7 +89,13 @@ def finish_run(db_path: str | Path, run_id: str, status: str, message: str | Non
 
 
 def telemetry_files(run_dir: str | Path) -> list[str]:
-    return sorted(str(p) for p in (Path(run_dir) / "telemetry").glob("rank_*.jsonl") if p.stat().st_size > 0)
+    return [str(p) for p in rundir.telemetry_files(run_dir) if p.stat().st_size > 0]
+
+
+def set_run_generation(db_path: str | Path, run_id: str, generation: int) -> None:
+    """Record the generation of the run's current launch (migration 0013)."""
+    with connect(db_path) as con:
+        con.execute("UPDATE runs SET generation = ? WHERE run_id = ?", [generation, run_id])
 
 
 def ingest_step_metrics(db_path: str | Path, run_id: str, run_dir: str | Path) -> int:

@@ -9,8 +9,6 @@ fingerprint). A MeshplanError is the user's to fix, so no task retries it.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from launcher import group
 from launcher.host import identify
 from launcher.slurm import SlurmOptions, batch_script, job_log, run_batch
 from planner.errors import MeshplanError
@@ -70,25 +69,9 @@ def probe_identity(num_ranks: int) -> dict[str, Any]:
 
 
 def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run cmd in its own process group and kill the whole group on timeout (torchrun leaves orphans otherwise)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-                out, err = proc.communicate(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
-        raise TimeoutError(f"netbench ran past {timeout_s:.0f} s and was killed: {' '.join(cmd)}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Run cmd as a group of its own (launcher/group.py): stopped whole — torchrun's ranks included —
+    on a timeout or when this process is interrupted."""
+    return group.run(cmd, timeout_s, "netbench", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, cwd)
 
 
 @task(

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from launcher import group
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
 from planner.measure.profiles import CommFit, ProfileKey, ProfileTable
 from planner.specs.model import ModelSpec
@@ -38,23 +37,9 @@ WORKER = [sys.executable, "-m", "worker.profile_layers"]
 
 
 def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.CompletedProcess[str]:
-    """Run in its own process group (killed whole on timeout); one thread so timings stay stable."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=None if show_stderr else subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise TimeoutError(f"profiler ran past {timeout_s:.0f} s and was killed") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err or "")
+    """Run as a group of its own (launcher/group.py: stopped whole on a timeout or when this process is
+    interrupted or SIGTERMed); one thread so timings stay stable."""
+    return group.run(cmd, timeout_s, "profiler", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, None, show_stderr)
 
 
 @task(name="local-device", retries=2, retry_delay_seconds=2, timeout_seconds=180, cache_policy=NO_CACHE)

@@ -14,7 +14,6 @@ made and be refused, or start a second runner).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import rundir
 from launcher.control import read_control, write_control
 from launcher.launch import start_logged
 from planner.errors import MeshplanError
@@ -71,16 +71,7 @@ def job_from_row(row: dict) -> Job:
     )
 
 
-def checkpoint_step(run_dir: str | Path | None) -> int:
-    """Steps saved by the run folder's latest checkpoint (0: none): worker/checkpoint.py's layout."""
-    if not run_dir:
-        return 0
-    root = Path(run_dir) / "checkpoints"
-    try:
-        name = (root / "latest").read_text().strip()
-        return int(json.loads((root / name / "meta.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
+checkpoint_step = rundir.latest_checkpoint_step  # the run folder's module owns the layout
 
 
 @task(name="read-queue", cache_policy=NO_CACHE)
@@ -141,7 +132,7 @@ def start_runner(
     harness), so its flow runs show next to the round that started it."""
     from prefect.settings import PREFECT_API_URL
 
-    log = Path(runs_dir) / job_id / "job.log"
+    log = rundir.job_log(Path(runs_dir) / job_id)
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
     cmd = [sys.executable, "-m", "flows.job", paths[0], job_id, paths[1], "--runs-dir", paths[2]]
     cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]

@@ -9,14 +9,24 @@ idempotent upserts, so their short retries (a briefly locked file) are safe.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from launcher.control import TelemetryTail
-from launcher.launch import Launch, NodeFailed, log_tail, run_local_nodes, run_logged, torchrun_command
+import rundir
+from launcher.control import TelemetryTail, begin_generation
+from launcher.group import RUN_TAG, stop_labelled
+from launcher.launch import (
+    Launch,
+    NodeFailed,
+    launch_env,
+    log_tail,
+    run_label,
+    run_local_nodes,
+    run_logged,
+    torchrun_command,
+)
 from launcher.progress import StepProgress
 from launcher.slurm import SlurmOptions, SlurmPreempted, job_log, lost_node_rank, run_slurm
 from planner.errors import MeshplanError
@@ -30,6 +40,7 @@ from storage.runs import (
     resume_records,
     run_steps,
     set_run_executor,
+    set_run_generation,
     start_run,
 )
 
@@ -51,6 +62,23 @@ def record_run(db_path: str, run_id: str, plan: Plan, steps: int, run_dir: str) 
     start_run(db_path, run_id, plan, steps, run_dir)
 
 
+@task(name="open-generation", retries=0, cache_policy=NO_CACHE)
+def open_generation(db_path: str, run_id: str, run_dir: str) -> int:
+    """Fence off every earlier launch of the run folder; returns this launch's generation.
+
+    In this order: the new number goes into control.json (an older rank that reads it at a step or
+    checkpoint boundary exits, publishing nothing), every process labelled with the run folder is
+    stopped and seen gone (a SIGKILLed runner's orphaned agent and ranks included), and the number
+    is recorded on the run's row — all before this launch's first rank starts, so the checkpoint it
+    resumes from can no longer change under it."""
+    generation = begin_generation(run_dir)
+    stopped = stop_labelled(RUN_TAG, run_label(run_dir))
+    set_run_generation(db_path, run_id, generation)
+    if stopped:
+        print(f"run {run_id}: generation {generation} stopped {stopped} process(es) of earlier generations")
+    return generation
+
+
 @task(name="launch-training", retries=0, cache_policy=NO_CACHE)
 def launch_training(
     launch: Launch,
@@ -67,7 +95,7 @@ def launch_training(
     `slurm`: run it as one sbatch job instead (launcher/slurm.py), its job id logged in this task run
     and stored on the run row (`db_path`); timeout and interruption `scancel` it.
     """
-    log = Path(launch.run_dir) / "torchrun.log"
+    log = rundir.node_log(launch.run_dir)
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
     with StepProgress(launch.steps, enabled=show_progress) as progress:
@@ -99,7 +127,8 @@ def launch_training(
         if launch.local_nodes and launch.nnodes > 1:  # every node here: one runner each (NodeFailed names a lost one)
             rc, wall_s = 0, run_local_nodes(launch, timeout_s, on_poll=poll, poll_s=poll_s)
         else:
-            rc, wall_s = run_logged(torchrun_command(launch), log, timeout_s, on_poll=poll, poll_s=poll_s)
+            cmd, env = torchrun_command(launch), launch_env(launch)
+            rc, wall_s = run_logged(cmd, log, timeout_s, on_poll=poll, poll_s=poll_s, extra_env=env)
         progress.update(tail.read_new())
     if rc != 0:
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")

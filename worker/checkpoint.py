@@ -2,14 +2,17 @@
 
 Layout of a run folder:
     <run>/checkpoints/step_00000004/   .metadata, __<rank>_0.distcp files, meta.json (step, plan,
-                                       size + sha256 of every file: worker/checkpoint_check.py)
+                                       generation that wrote it, size + sha256 of every file:
+                                       worker/checkpoint_check.py)
     <run>/checkpoints/latest           text: "step_00000004"
     <run>/resume.jsonl                 one line per (re)start: the checkpoint it resumed from and
                                        every newer one it skipped as corrupt, with the reason (or
                                        the error that stopped it); the flow turns these into run
                                        events (storage/runs.py) shown on the console and in Prefect
 Every rank writes into `.tmp_step_<n>`; after DCP's own final barrier rank 0 writes meta.json,
-renames the folder to `step_<n>` and replaces `latest` via a temp file + os.replace, so a reader
+renames the folder to `step_<n>` and replaces `latest` via a temp file + os.replace — unless a newer
+generation of the run folder exists (control.json), in which case nothing is published and the
+ranks raise Superseded: a fenced-off launch never leaves a checkpoint to resume from. So a reader
 (or a resumed run) never sees a half-written checkpoint; a resumed run also checks the digests and
 falls back to the newest valid earlier checkpoint (worker/checkpoint_check.py). With several nodes the run folder must be
 on a shared file system (rank 0 renames what every rank wrote).
@@ -35,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from launcher.control import read_generation
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec
 from worker import watchdog
@@ -42,6 +46,14 @@ from worker.checkpoint_check import choose_resume, digest_folder, verify
 from worker.model import Decoder
 
 _OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class Superseded(RuntimeError):
+    """A newer generation of the run folder exists (launcher/control.py): this launch must stop."""
+
+    def __init__(self, mine: int, current: int) -> None:
+        self.mine, self.current = mine, current
+        super().__init__(f"generation {mine} is superseded by generation {current}; exiting without publishing")
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -58,6 +70,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def checkpoint_step(ckpt_dir: Path) -> int:
     return int(json.loads((ckpt_dir / "meta.json").read_text())["step"])
+
+
+def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    """A verified checkpoint's meta.json (step, plan, generation, file digests)."""
+    return json.loads((ckpt_dir / "meta.json").read_text())
 
 
 def _part_states(parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> list[tuple[dict, dict]]:
@@ -95,6 +112,12 @@ def save(
     dcp.save(_merged(_part_states(parts, optims)), checkpoint_id=str(tmp))
     dist.barrier()
     files = digest_folder(tmp)  # collective; rank 0 gets every file's size + sha256
+    current = [read_generation(run_dir) if rank == 0 else 0]  # the fence: a superseded launch publishes nothing
+    dist.broadcast_object_list(current, src=0)
+    if meta.get("generation") and current[0] > meta["generation"]:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise Superseded(meta["generation"], current[0])
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "files": files}, indent=2))
         if final.exists():  # the same step saved again (a restarted run): replace it whole

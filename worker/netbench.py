@@ -414,3 +414,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    from worker.teardown import exit_now
+
+    exit_now(0)  # no interpreter teardown after the process group is gone (worker/teardown.py)

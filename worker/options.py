@@ -35,6 +35,7 @@ class TrainOptions:
     dtype: str  # "auto": the plan's dtype on CUDA, fp32 on CPU
     faults: FaultSpec = NO_FAULTS  # injected faults (planner/specs/faults.py, acted on in worker/faults.py)
     control_from_version: int = 0  # control.json versions <= this were applied before (a relaunch)
+    generation: int = 0  # the launch's generation (launcher/control.py); 0 = not fenced
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
     p.add_argument("--faults", default="", help="FaultSpec JSON (planner/specs/faults.py); empty = none")
     p.add_argument("--control-from-version", type=int, default=0, help="ignore control.json versions up to this")
+    p.add_argument("--generation", type=int, default=0, help="this launch's generation; exit once superseded")
     return p
 
 
@@ -80,6 +82,7 @@ def parse_options(argv: list[str] | None = None) -> TrainOptions:
         dtype=a.dtype,
         faults=faults,
         control_from_version=a.control_from_version,
+        generation=a.generation,
     )
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+import rundir
 
-def telemetry_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / "telemetry" / f"rank_{rank:05d}.jsonl"
+telemetry_path = rundir.telemetry_path  # the run folder's module owns the layout
 
 
 def sync_device(device: torch.device) -> None:

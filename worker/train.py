@@ -46,12 +46,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from launcher.control import exit_path, read_control, write_json_atomic
+from launcher.control import exit_path, read_control, read_generation, write_json_atomic
 from planner.errors import MeshplanError
 from planner.runtime import check_launchable, cp_positions, is_uniform, loss_weight
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
-from worker import checkpoint, watchdog
+from worker import checkpoint, teardown, watchdog
 from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
@@ -192,6 +192,7 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
         "tokens": len(rows) // layout.num_slices * plan.seq_len // layout.cp,
         "plan_fingerprint": plan.fingerprint(),
         "checkpoint_load_s": load_s,
+        "generation": opts.generation,
     }
 
 
@@ -207,13 +208,17 @@ def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
 
 
 def poll_control(opts: TrainOptions, rank: int, step: int, applied: int) -> dict | None:
-    """Rank 0 reads control.json; every rank gets the same new message (or None) at the same step."""
-    box: list[dict | None] = [None]
+    """Rank 0 reads control.json; every rank gets the same new message (or None) at the same step,
+    or raises Superseded at the same step once a newer generation of the run folder exists."""
+    box: list = [None, 0]
     if rank == 0:
         msg = read_control(opts.run_dir)
         if msg is not None and msg["version"] > applied and step >= int(msg.get("at_step", 0)):
             box[0] = msg
+        box[1] = read_generation(opts.run_dir)
     dist.broadcast_object_list(box, src=0)
+    if opts.generation and box[1] > opts.generation:
+        raise checkpoint.Superseded(opts.generation, box[1])
     return box[0]
 
 
@@ -227,6 +232,9 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
         sync.before_send = faults.delay_send
     optims = [make_optimizer(p.parameters(), opts.optimizer, opts.lr) for p in parts]
     ckpt = resolve_resume(opts)
+    written_by = checkpoint.read_meta(ckpt).get("generation", 0) if ckpt is not None else 0
+    if opts.generation and written_by > opts.generation:  # a newer launch already saved: this one is stale
+        raise checkpoint.Superseded(opts.generation, written_by)
     t_load = time.perf_counter()
     start = checkpoint.load(ckpt, parts, optims) if ckpt is not None else 0
     load_s = time.perf_counter() - t_load if ckpt is not None else 0.0
@@ -240,6 +248,7 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log = StepLog(opts.run_dir, rank, _static_fields(opts, plan, layout, attempt, load_s))
     meta = {"plan_fingerprint": plan.fingerprint(), "model": spec.name, "world_size": world}
+    meta |= {"generation": opts.generation} if opts.generation else {}
     version = opts.control_from_version
     for step in range(start, opts.steps):
         watchdog.beat(f"step {step}")
@@ -337,15 +346,23 @@ def main(argv: list[str] | None = None) -> None:
     watchdog.start(opts.timeout_s, f" rank {os.environ.get('RANK', '?')}").beat("rendezvous")  # bounds hangs
     rank, _, device = init_distributed(opts.timeout_s)
     watchdog.beat("setup and resume")
+    code = 0
     try:
         train(opts, plan, spec, rank, device)
+    except checkpoint.Superseded as exc:  # every rank raises it at the same boundary (a broadcast verdict)
+        print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
+        code = SUPERSEDED_EXIT_CODE
     except MeshplanError as exc:  # e.g. every checkpoint unreadable: one line, not a traceback per rank
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.stdout.flush()
+        os._exit(2)  # no barrier: a rank that refused may not be met by its peers; no teardown to abort
     watchdog.beat("final barrier")
-    dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
-    dist.destroy_process_group()
+    teardown.end_process_group()  # barrier first: without it gloo sporadically aborts at exit (STACK.md §1.3)
     watchdog.stop()
+    teardown.exit_now(code)
+
+
+SUPERSEDED_EXIT_CODE = 4  # not 0: a runner that still watches must not count a fenced-off launch as finished
 
 
 if __name__ == "__main__":

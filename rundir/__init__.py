@@ -1,0 +1,114 @@
+"""The run folder, one owner for its layout (stdlib only: the bottom of the house).
+
+Every layer that touches a run folder — the ranks (worker), the launcher, the tasks, storage's
+telemetry ingest and the flows — names its files through this module, so a file is spelled once
+and the scheduler reads the latest checkpoint's step with the same code the ranks' layout implies
+(no layer re-implements another's reader because it may not import it).
+
+    <run>/plan.json                  the plan the ranks read (flows/train.py copies it in)
+    <run>/model.json                 a custom model's ModelSpec (dry runs, custom-model jobs)
+    <run>/plans/segment_N.json       a job's plan for its N-th launch (flows/job.py)
+    <run>/torchrun.log               node 0's agent and ranks; torchrun.nodeR.log for node R
+    <run>/job.log                    a queued job's runner (tasks/schedule.py)
+    <run>/telemetry/rank_RRRRR.jsonl one JSON line per rank and step (worker/telemetry.py)
+    <run>/checkpoints/step_NNNNNNNN/ a DCP checkpoint and its meta.json (worker/checkpoint.py)
+    <run>/checkpoints/latest         text: the newest published checkpoint's folder name
+    <run>/resume.jsonl               one line per (re)start: what it resumed from, what it skipped
+    <run>/control.json               flow → ranks orders and the generation (launcher/control.py)
+    <run>/.control.lock              held while control.json is read-modified-written
+    <run>/exit.json                  rank 0's note of a requested checkpoint-and-exit
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PLAN = "plan.json"
+MODEL = "model.json"
+TORCHRUN_LOG = "torchrun.log"
+JOB_LOG = "job.log"
+TELEMETRY = "telemetry"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+META = "meta.json"
+RESUME_LOG = "resume.jsonl"
+CONTROL = "control.json"
+CONTROL_LOCK = ".control.lock"
+EXIT = "exit.json"
+
+
+def plan_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / PLAN
+
+
+def model_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / MODEL
+
+
+def segment_plan_path(run_dir: str | Path, n: int) -> Path:
+    return Path(run_dir) / "plans" / f"segment_{n}.json"
+
+
+def node_log(run_dir: str | Path, node_rank: int = 0) -> Path:
+    """Node 0's torchrun log is the run's `torchrun.log` (as with one node); node R's `torchrun.nodeR.log`."""
+    return Path(run_dir) / (TORCHRUN_LOG if node_rank == 0 else f"torchrun.node{node_rank}.log")
+
+
+def job_log(run_dir: str | Path) -> Path:
+    return Path(run_dir) / JOB_LOG
+
+
+def telemetry_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / TELEMETRY
+
+
+def telemetry_path(run_dir: str | Path, rank: int) -> Path:
+    return telemetry_dir(run_dir) / f"rank_{rank:05d}.jsonl"
+
+
+def telemetry_files(run_dir: str | Path) -> list[Path]:
+    """Every rank's telemetry file, in rank order."""
+    return sorted(telemetry_dir(run_dir).glob("rank_*.jsonl"))
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def latest_marker(run_dir: str | Path) -> Path:
+    return checkpoints_dir(run_dir) / LATEST
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return checkpoints_dir(run_dir) / f"step_{step:08d}"
+
+
+def resume_log(run_dir: str | Path) -> Path:
+    return Path(run_dir) / RESUME_LOG
+
+
+def control_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONTROL
+
+
+def control_lock_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONTROL_LOCK
+
+
+def exit_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / EXIT
+
+
+def latest_checkpoint_step(run_dir: str | Path | None) -> int:
+    """Steps saved by the run folder's latest published checkpoint (0: none, or unreadable).
+
+    Only the marker and meta.json's `step` are read (the flow side's progress figure); resuming
+    verifies the folder's digests first (worker/checkpoint_check.py)."""
+    if not run_dir:
+        return 0
+    try:
+        name = latest_marker(run_dir).read_text().strip()
+        return int(json.loads((checkpoints_dir(run_dir) / name / META).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0

@@ -1,0 +1,91 @@
+"""One way to stop a process group (launcher/group.py): nothing it started outlives a timeout or a SIGTERM.
+
+A grandchild in a session of its own (as torchrun starts each rank) is out of reach of a
+process-group kill; the group's tag in its environment still finds it. And `meshplan profile`,
+SIGTERMed while its profiler subprocess measures, takes `worker.profile_layers` down with it
+(before, the profiler kept measuring under pid 1 for over ten minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from launcher import group
+
+# a child that starts a grandchild in a session of its own, then waits: a process-group kill misses it
+SPAWNER = (
+    "import subprocess, sys, time;"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
+    "time.sleep(300)"
+)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_timed_out_group_is_stopped_whole_its_detached_grandchild_included():
+    mark = uuid.uuid4().hex
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="spawner ran past 2 s and was stopped"):
+        group.run([sys.executable, "-c", SPAWNER], 2.0, "spawner", {"MESHPLAN_TEST_MARK": mark})
+    assert not group.labelled("MESHPLAN_TEST_MARK", mark), "nothing of the group is alive"
+    assert time.monotonic() - t0 < 30
+
+
+def test_stop_labelled_finds_processes_whose_parent_is_gone():
+    mark = uuid.uuid4().hex
+    proc = group.start([sys.executable, "-c", SPAWNER], extra_env={"MESHPLAN_TEST_MARK": mark})
+    try:
+        deadline = time.monotonic() + 30
+        while len(group.labelled("MESHPLAN_TEST_MARK", mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # the grandchild is re-parented, as a SIGKILLed runner's ranks are
+        proc.wait(timeout=10)
+        assert len(group.labelled("MESHPLAN_TEST_MARK", mark)) == 1
+        assert group.stop_labelled("MESHPLAN_TEST_MARK", mark) == 1
+        assert not group.labelled("MESHPLAN_TEST_MARK", mark)
+    finally:
+        group.forget(proc)
+        for pid in group.labelled("MESHPLAN_TEST_MARK", mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.flow
+def test_sigterm_to_meshplan_profile_leaves_no_profiler_alive(tmp_path):
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1", MESHPLAN_TEST_MARK=mark)
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "profile", "--model", "gpt2-small"]
+    cli = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def profilers() -> set[int]:
+        return {p for p in group.labelled("MESHPLAN_TEST_MARK", mark) if "worker.profile_layers" in _cmdline(p)}
+
+    try:
+        deadline = time.monotonic() + 240
+        while not {p for p in profilers() if "--print-device" not in _cmdline(p)} and time.monotonic() < deadline:
+            assert cli.poll() is None, cli.stderr.read() if cli.stderr else ""
+            time.sleep(0.2)
+        assert profilers(), "the profiler subprocess started"
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(timeout=60)
+        assert not profilers(), "SIGTERM to meshplan profile stopped its profiler too"
+    finally:
+        for pid in group.labelled("MESHPLAN_TEST_MARK", mark) | ({cli.pid} if cli.poll() is None else set()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        cli.wait(timeout=10)
