@@ -73,6 +73,8 @@ from planner.cost.runtimes import (  # noqa: E402
     fit_figures,
     price_under,
     profile_named,
+    slots,
+    MIN_RUNS_FOR_MICROBATCH,
 )
 from planner.errors import MeshplanError  # noqa: E402
 from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec  # noqa: E402
@@ -347,11 +349,11 @@ def fit(cases: list[Case], kernels: KernelEfficiency | None = None, label: str =
     """(kernel_scale, microbatch_s) fitted on the measured cases (planner.cost.runtimes.fit_figures)."""
     ran = [c for c in cases if c.measured_s is not None]
 
-    def pairs(scale: float, mb: float) -> list[tuple[float, float]]:
-        rs, _ = price(ran, Figures(scale, mb), kernels)
-        return [(r.cost.step_time_s, r.case.measured_s) for r in rs]  # type: ignore[misc]
+    def rows(scale: float) -> list[tuple[float, int, float]]:
+        rs, _ = price(ran, Figures(scale, 0.0), kernels)
+        return [(r.cost.step_time_s, slots(r.case.plan), r.case.measured_s) for r in rs]  # type: ignore[misc]
 
-    scale, mb = fit_figures(pairs, len(ran))
+    scale, mb = fit_figures(rows, fit_microbatch=len(ran) >= MIN_RUNS_FOR_MICROBATCH)
     return Figures(scale, mb, len(ran), f"fitted on {len(ran)} rows{': ' + label if label else ''}")
 
 
@@ -381,28 +383,33 @@ def three_shot(cases: list[Case]) -> tuple[list[Case], list[Case]]:
     return [c for c in ran if c.run_id in pick], [c for c in cases if c.run_id not in pick]
 
 
-def family_tables(cases: list[Case], kernels: KernelEfficiency | None = None) -> tuple[str, dict]:
-    """Per family: prior, fitted on all dev rows, leave-that-family-out, 3-shot; the tables and the numbers."""
+def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple[str, dict]:
+    """Per family, four columns, all on the unfitted kernel prior (`kernels`) so that only the
+    runtime figures (planner.cost.runtimes.Figures) are fitted:
+    - prior: no figures fitted;
+    - fit all: the family's runtime figures fitted on all its development rows (in-sample: the ceiling);
+    - leave-family-out: one set of figures fitted on every other family's rows (what a runtime with no
+      measured run of its own gets from the others);
+    - 3-shot: kernel_scale fitted on 3 of the family's rows (random.Random(SEED)), scored on the rest
+      (what `meshplan calibrate` does with 3 runs)."""
     fams = sorted({c.family for c in cases})
-    all_fig = fit(cases, kernels, "all families")
-    blob: dict = {"all_rows_figures": all_fig.__repr__(), "families": {}}
+    blob: dict = {"kernels": kernels.source, "seed": SEED, "families": {}}
     lines = [
-        f"figures fitted on all dev rows: kernel_scale {all_fig.kernel_scale:.3f}, "
-        f"microbatch_s {1e3 * (all_fig.microbatch_s or 0):.2f} ms ({all_fig.source})",
-        "cell = MAPE% / bias% / ran-called-OOM (failed-OOM-trials-not-called-OOM)",
+        f"runtime figures per family; kernels {kernels.source}",
+        "cell = MAPE% / bias% / ran-called-OOM (failed-OOM-trials-not-called-OOM / failed trials)",
     ]
-    head = f"{'family':15} {'n':>4} {'prior':>24} {'fit all':>24} {'leave-family-out':>24} {'3-shot':>24}"
+    head = f"{'family':15} {'n':>4} {'prior':>26} {'fit all':>26} {'leave-family-out':>26} {'3-shot':>26}"
     lines += [head, "-" * len(head)]
     for fam in fams:
         mine = [c for c in cases if c.family == fam]
         others = [c for c in cases if c.family != fam]
+        own = fit(mine, kernels, f"all {fam} rows")
         lofo = fit(others, kernels, f"all but {fam}")
         shots, rest = three_shot(mine)
-        # 3-shot: the leave-family-out figures re-fitted on 3 of the family's rows (what calibrate does)
         shot_fig = fit(shots, kernels, f"3 {fam} rows {[c.run_id for c in shots]}")
         cols = {
             "prior": price(mine, PRIOR_FIGURES, kernels)[0],
-            "fit_all": price(mine, all_fig, kernels)[0],
+            "fit_all": price(mine, own, kernels)[0],
             "leave_family_out": price(mine, lofo, kernels)[0],
             "three_shot": price(rest, shot_fig, kernels)[0],
         }
@@ -412,13 +419,14 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency | None = None) ->
             for s in sums.values()
         ]
         n = sum(c.measured_s is not None for c in mine)
-        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>24}" for c in cells))
+        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>26}" for c in cells))
         blob["families"][fam] = {
             "summaries": sums,
-            "leave_family_out_figures": repr(lofo),
-            "three_shot_figures": repr(shot_fig),
+            "figures": {"fit_all": repr(own), "leave_family_out": repr(lofo), "three_shot": repr(shot_fig)},
             "three_shot_rows": [c.run_id for c in shots],
         }
+    for fam, b in blob["families"].items():
+        lines.append(f"  {fam}: {b['figures']}")
     return "\n".join(lines), blob
 
 

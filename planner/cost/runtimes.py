@@ -200,25 +200,39 @@ def price_under(
     return with_overheads(p, cost, profile, figures)
 
 
+# Fewer measured runs than this fit kernel_scale alone (microbatch_s stays the prior): with 3 runs of
+# similar micro-batch counts the two figures trade off and the per-micro-batch cost runs away.
+MIN_RUNS_FOR_MICROBATCH = 6
+
+
 def fit_figures(
-    price, rows: int, scale_bounds: tuple[float, float] = (0.15, 4.0), max_mb_s: float = 2.0
+    price, scale_bounds: tuple[float, float] = (0.15, 4.0), max_mb_s: float = 5.0, fit_microbatch: bool = True
 ) -> tuple[float, float]:
-    """(kernel_scale, microbatch_s) minimising mean squared log(predicted / measured) over the runs
-    `price(scale, mb_s)` returns as (predicted, measured) pairs: golden-section search per figure
-    (log-space for the scale), 3 coordinate sweeps from (1, 0). Pure; the caller prices."""
+    """(kernel_scale, microbatch_s) minimising the mean squared log(predicted / measured) over runs.
 
-    def loss(scale: float, mb: float) -> float:
-        pairs = price(scale, mb)
-        return sum(math.log(p / m) ** 2 for p, m in pairs) / max(1, len(pairs))
+    `price(scale)` returns, per run, (predicted step at microbatch_s = 0, its slot count, measured):
+    the per-micro-batch cost adds slots × microbatch_s, so for each scale (golden-section search in
+    log space) the best microbatch_s ≥ 0 is a cheap 1-D search without pricing again. Pure: the
+    caller prices."""
 
-    scale, mb = 1.0, 0.0
-    lo, hi = math.log(scale_bounds[0]), math.log(scale_bounds[1])
-    for _ in range(3):
-        scale = math.exp(golden(lambda x, mb=mb: loss(math.exp(x), mb), lo, hi))
-        mb = golden(lambda x, sc=scale: loss(sc, x), 0.0, max_mb_s)
-        if loss(scale, mb) > loss(scale, 0.0):
-            mb = 0.0
-    return scale, mb
+    def best_mb(rows: list[tuple[float, int, float]]) -> tuple[float, float]:
+        def loss(mb: float) -> float:
+            return sum(math.log((p + k * mb) / m) ** 2 for p, k, m in rows) / max(1, len(rows))
+
+        if not fit_microbatch:
+            return loss(0.0), 0.0
+        mb = golden(loss, 0.0, max_mb_s, iters=30)
+        return (loss(mb), mb) if loss(mb) < loss(0.0) else (loss(0.0), 0.0)
+
+    memo: dict[float, tuple[float, float]] = {}
+
+    def at(x: float) -> float:
+        memo[x] = best_mb(price(math.exp(x)))
+        return memo[x][0]
+
+    x = golden(at, math.log(scale_bounds[0]), math.log(scale_bounds[1]), iters=12)
+    at(x)
+    return math.exp(x), memo[x][1]
 
 
 GOLD = (math.sqrt(5) - 1) / 2
