@@ -65,6 +65,7 @@ from planner.cost.runtimes import (  # noqa: E402
     DEEPSPEED_RT,
     MEGATRON_RT,
     MEGATRON_SC21_RT,
+    MIN_RUNS_FOR_MICROBATCH,
     PRIOR_FIGURES,
     RUNTIME_NAMES,
     TORCHTITAN_RT,
@@ -74,7 +75,6 @@ from planner.cost.runtimes import (  # noqa: E402
     price_under,
     profile_named,
     slots,
-    MIN_RUNS_FOR_MICROBATCH,
 )
 from planner.errors import MeshplanError  # noqa: E402
 from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec  # noqa: E402
@@ -493,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped.update(failed)
     print(f"{data}: {len(results)} runs priced, {sum(map(len, skipped.values()))} not expressible")
     print(f"compared: predicted step_time_s vs measured seconds per optimizer step; note: {ASSUMED_LINKS}")
-    print(f"runtime: {args.runtime} (row = each family's profile); stack: {args.stack}; kernels: {DEFAULT_KERNELS.source}")
+    print(
+        f"runtime: {args.runtime} (row = each family's profile); stack: {args.stack}; kernels: {DEFAULT_KERNELS.source}"
+    )
     if DEFAULT_KERNELS != PRIOR:
         print(f"kernel efficiencies UNFITTED ({PRIOR.source}):")
         print(table(price(cases, PRIOR_FIGURES, PRIOR)[0]))

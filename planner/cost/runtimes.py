@@ -155,21 +155,26 @@ def slots(plan: Plan) -> int:
     return m + plan.pp - 1
 
 
-def fixed_overheads_s(plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures) -> float:
+def fixed_overheads_s(
+    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
+) -> float:
     """Seconds of fixed overheads a step adds (module docstring): per slot, the host's kernel issue
-    time beyond the GPU time of one micro-batch on the busiest stage, plus the per-micro-batch cost."""
+    time beyond the GPU time of one micro-batch on the busiest stage (GPUs only: on CPU ranks the
+    host's time is the measured compute), plus the per-micro-batch cost."""
     m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
     blocks = max(s.num_layers for s in plan.stages) * plan.virtual_stages
-    host = profile.launch_s * profile.kernels_per_block * 3 * blocks
+    host = profile.launch_s * profile.kernels_per_block * 3 * blocks if gpu else 0.0
     gpu = cost.compute_s / max(1, m)
     per = figures.microbatch_s if figures.microbatch_s is not None else profile.microbatch_s
     return slots(plan) * (max(0.0, host - gpu) + per)
 
 
-def with_overheads(plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures) -> CostBreakdown:
+def with_overheads(
+    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
+) -> CostBreakdown:
     """`cost` with the fixed overheads added to the step (and throughput / MFU rescaled) and a note
     saying which runtime priced it and on what figures."""
-    extra = fixed_overheads_s(plan, cost, profile, figures)
+    extra = fixed_overheads_s(plan, cost, profile, figures, gpu)
     step = cost.step_time_s + extra
     ratio = cost.step_time_s / step if step > 0 else 1.0
     notes = (*cost.notes, f"priced for runtime {profile.name}; fixed overheads {extra * 1e3:.1f} ms")
@@ -197,7 +202,8 @@ def price_under(
     kernels = scaled_kernels(kw.pop("kernels", None) or DEFAULT_KERNELS, figures.kernel_scale)
     p = apply_stack(plan, profile) if restack else plan
     cost = estimate(p, model, cluster, kernels=kernels, runtime=profile.overlap, **kw)
-    return with_overheads(p, cost, profile, figures)
+    gpu = any(n.device != "cpu" for n in cluster.nodes)
+    return with_overheads(p, cost, profile, figures, gpu)
 
 
 # Fewer measured runs than this fit kernel_scale alone (microbatch_s stays the prior): with 3 runs of
