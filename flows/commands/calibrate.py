@@ -43,7 +43,8 @@ def device_kind_of(cluster: Any) -> str:
 
 def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
     """(CostBreakdown, label) of `plan` priced as `inputs` says, under `runtime` and the figures stored
-    for (device kind, runtime). meshplan's runtime with nothing calibrated prices exactly as estimate."""
+    for (device kind, runtime). meshplan's runtime on CPU ranks with nothing calibrated prices exactly as
+    planner.cost.estimate (its fixed overheads are GPU host costs, and its per-micro-batch prior is 0)."""
     from planner.cost import estimate
     from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
     from storage.calibrations import load_figures
@@ -51,7 +52,8 @@ def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: s
     kind = device_kind_of(inputs.cluster)
     figures = load_figures(path, kind, runtime)
     label = (figures or PRIOR_FIGURES).label(kind, runtime)
-    if runtime == "meshplan" and figures is None:
+    gpu = any(n.device != "cpu" for n in inputs.cluster.nodes)
+    if runtime == "meshplan" and figures is None and not gpu:  # CPU ranks: no fixed overheads to add
         return estimate(plan, model, inputs.cluster, inputs.profiles, calibration=inputs.calibration), label
     cost = price_under(
         plan,
