@@ -68,7 +68,7 @@ def list_figures(db_path: str | Path) -> list[dict]:
     with connect(db_path) as con:
         cur = con.execute(
             "SELECT device_kind, runtime, kernel_scale, microbatch_s, runs, run_ids, source, mape_before, mape_after,"
-            " CAST(created_at AS VARCHAR) FROM runtime_calibrations"
+            " CAST(created_at AS VARCHAR) AS created_at FROM runtime_calibrations"
             " QUALIFY row_number() OVER (PARTITION BY device_kind, runtime ORDER BY created_at DESC, id) = 1"
             " ORDER BY device_kind, runtime"
         )

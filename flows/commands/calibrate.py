@@ -131,6 +131,12 @@ def calibrate(
         Path | None, typer.Option("--runs", help="measured runs CSV (the development set's columns)")
     ] = None,
     runtime: RuntimeOpt = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster", help="cluster TOML meshplan's own runs ran on (default: this machine, as discovered)"
+        ),
+    ] = None,
     show: Annotated[bool, typer.Option("--show", help="list the calibrations in force")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
 ) -> None:
@@ -186,7 +192,7 @@ def calibrate(
                 model = (
                     ModelSpec.model_validate_json(d["model"]) if d["model"].startswith("{") else get_model(d["model"])
                 )
-            inp = pricing_inputs(path, model)
+            inp = pricing_inputs(path, model, cluster)
             groups.setdefault(device_kind_of(inp.cluster), []).append((d["run_id"], plan, model, inp, d["step_s"]))
         source = "meshplan runs (telemetry)"
     out = []
