@@ -1,42 +1,30 @@
-"""The GPU cost model against published measured runs: `planner.cost.estimate` on ../shared/data/published_dev.csv.
+"""The GPU cost model against published measured runs: the runtime profiles on ../shared/data/published_dev.csv.
 
-    .venv/bin/python bench/published.py [--data PATH] [--rows] [--json OUT]
+    .venv/bin/python bench/published.py [--data PATH] [--rows] [--json OUT] [--no-fit] [--runtime NAME]
 
-Each CSV row becomes a ModelSpec, a ClusterSpec and a Plan, priced with the catalog figures and no
-calibration or profiles. The only figures fitted on these rows are planner.cost.fitted's four
-kernel efficiencies (bench/fit_kernels.py, on the MPT rows): the table is printed with the unfitted
-(sourced prior) figures first and the fitted ones beside it. `--stack runtime` prices every row as
-meshplan's own runtime stack instead of its framework's (what the memory terms are worth):
-- model: GPT family (LayerNorm, GELU MLP of ffn_hidden), the row's layers / hidden / heads / vocab /
-  seq; MPT uses ALiBi (no learned position table) and ties its embedding; Megatron's GPT has learned
-  positions and a tied embedding (the last stage keeps its own copy when pp > 1).
-- cluster: num_gpus / gpus_per_node nodes of the row's GPU; NVLink 3 (A100) or 4 (H100) inside a
-  node; between nodes Selene's 8 × HDR 200 Gb/s per node (one NIC per GPU), MPT's A100 sections'
-  1600 Gb/s per node (RoCE, 8 × 200G), and for MPT's H100 sections, which do not state a fabric, the
-  DGX H100 reference of 8 × 400 Gb/s per node (an assumption, printed).
-- plan: tp × pp × dp with Megatron's rank order (tp fastest, then dp, then pp), layers split evenly
-  over pp × vpp stages (vpp → interleaved 1F1B), micro-batch from the row, gradient accumulation =
-  global batch / (dp × micro-batch) micro-batches per replica; FSDP FULL_SHARD → zero3, SHARD_GRAD_OP
-  → zero2, Megatron (no distributed optimizer in SC'21) → none; recompute full or none; fp16 / bf16
-  (amp_bf16 and pure bf16 alike: both run bf16 matmuls); amp_fp8 → bf16 with fp8 linears
-  (`Plan.fp8`: Composer's Transformer Engine autocast), scored as their own family `mpt-fp8`,
-  which bench/fit_kernels.py never fits on (it fits `mpt`).
-- stack (what each framework keeps in memory, planner.cost.memory): llm-foundry's MPT runs flash
-  attention (the yamls' attn_impl), no dropout (resid/attn/emb_pdrop 0) and its default
-  `loss_fn: fused_crossentropy` (flash-attn's kernel on bf16 logits); Megatron-LM as of SC'21 runs
-  its fused softmax (non-flash: s×s probabilities kept), dropout 0.1 (GPT's hidden and attention
-  dropout defaults), vocab-parallel cross entropy on an fp32 copy, and no sequence parallelism
-  (added in 2022, Korthikanti et al.).
-- runtime (what overlaps which compute, planner.cost.overlap): llm-foundry's rows run Composer's torch
-  FSDP (`FSDP_COMPOSER`: reduce-scatter every micro-batch, all-gather and reduce-scatter on one
-  communicator behind each unit's compute), SC'21's Megatron-LM v2 (`MEGATRON_SC21`: gradient
-  all-reduce after the schedule, blocking p2p, TP not overlapped); `--runtime NAME` prices all rows
-  under one runtime instead.
+Each CSV row becomes a ModelSpec, a ClusterSpec and a Plan, priced under its stack family's runtime
+profile (planner.cost.runtimes) with no layer profiles. Five families, one runtime each:
+- mpt (llm-foundry on Composer, FSDP1; bf16 and amp_fp8 as TE fp8 linears): `composer`;
+- megatron-sc21 (Megatron-LM SC'21 Table 1): `megatron-sc21` (eager fused softmax, dropout, fp32 loss);
+- nemo (DGX Cloud recipes v25.02.01, Megatron-Core + TE, tp/pp/cp/vpp, distributed optimizer = zero1,
+  recompute not stated = none): `megatron`;
+- torchtitan (2024-08 tables, FSDP2 = zero3, TP with sequence parallel, 'selective layer' = full
+  recompute of every 2nd block, 'selective op' = selective): `torchtitan`;
+- amp-deepspeed (AMP's 16 × T4 sweep, DeepSpeed + Megatron-LM v1.1.5, fp16, heads 16, layers split
+  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node): `deepspeed`; its failed trials have no
+  measured time and are scored only on whether the model calls them out of memory.
+Links the sources do not state are assumed and printed (ASSUMED_LINKS).
+
+The last table is the issue's: per family, MAPE / bias / runs-that-ran-called-OOM (failed-OOM-trials
+not called OOM / failed trials) for the unfitted prior, the runtime figures fitted on all the
+family's rows, leave-that-family-out (figures fitted on the other families), and 3-shot (figures
+fitted on 3 rows of the family chosen by random.Random(SEED), scored on the rest); see family_tables.
+The tables above it price with the catalog's prior and planner.cost.fitted's kernel fractions.
 
 What is compared: predicted `step_time_s` with the measured time of one optimizer step. MFU
 definitions differ between the sources (MPT counts 3 passes of model FLOPs incl. attention, Megatron's
 Eq. 3 counts the recompute forward), so the bench compares seconds, never MFU:
-- MPT: global_batch × seq_len / tokens_per_sec (the README's measured throughput over 12 steps);
+- MPT, torchtitan: global_batch × seq_len / tokens_per_sec; NeMo, AMP: the published iteration time;
 - Megatron SC'21: derived_iteration_time_s = Eq. 3 FLOPs / (published TF/s per GPU × GPUs), i.e. the
   published per-GPU throughput converted back with the paper's own FLOP formula.
 Error = predicted / measured − 1. Per source family and GPU kind it prints n, median |error|, MAPE,
