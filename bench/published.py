@@ -1,42 +1,30 @@
-"""The GPU cost model against published measured runs: `planner.cost.estimate` on ../shared/data/published_dev.csv.
+"""The GPU cost model against published measured runs: the runtime profiles on ../shared/data/published_dev.csv.
 
-    .venv/bin/python bench/published.py [--data PATH] [--rows] [--json OUT]
+    .venv/bin/python bench/published.py [--data PATH] [--rows] [--json OUT] [--no-fit] [--runtime NAME]
 
-Each CSV row becomes a ModelSpec, a ClusterSpec and a Plan, priced with the catalog figures and no
-calibration or profiles. The only figures fitted on these rows are planner.cost.fitted's four
-kernel efficiencies (bench/fit_kernels.py, on the MPT rows): the table is printed with the unfitted
-(sourced prior) figures first and the fitted ones beside it. `--stack runtime` prices every row as
-meshplan's own runtime stack instead of its framework's (what the memory terms are worth):
-- model: GPT family (LayerNorm, GELU MLP of ffn_hidden), the row's layers / hidden / heads / vocab /
-  seq; MPT uses ALiBi (no learned position table) and ties its embedding; Megatron's GPT has learned
-  positions and a tied embedding (the last stage keeps its own copy when pp > 1).
-- cluster: num_gpus / gpus_per_node nodes of the row's GPU; NVLink 3 (A100) or 4 (H100) inside a
-  node; between nodes Selene's 8 × HDR 200 Gb/s per node (one NIC per GPU), MPT's A100 sections'
-  1600 Gb/s per node (RoCE, 8 × 200G), and for MPT's H100 sections, which do not state a fabric, the
-  DGX H100 reference of 8 × 400 Gb/s per node (an assumption, printed).
-- plan: tp × pp × dp with Megatron's rank order (tp fastest, then dp, then pp), layers split evenly
-  over pp × vpp stages (vpp → interleaved 1F1B), micro-batch from the row, gradient accumulation =
-  global batch / (dp × micro-batch) micro-batches per replica; FSDP FULL_SHARD → zero3, SHARD_GRAD_OP
-  → zero2, Megatron (no distributed optimizer in SC'21) → none; recompute full or none; fp16 / bf16
-  (amp_bf16 and pure bf16 alike: both run bf16 matmuls); amp_fp8 → bf16 with fp8 linears
-  (`Plan.fp8`: Composer's Transformer Engine autocast), scored as their own family `mpt-fp8`,
-  which bench/fit_kernels.py never fits on (it fits `mpt`).
-- stack (what each framework keeps in memory, planner.cost.memory): llm-foundry's MPT runs flash
-  attention (the yamls' attn_impl), no dropout (resid/attn/emb_pdrop 0) and its default
-  `loss_fn: fused_crossentropy` (flash-attn's kernel on bf16 logits); Megatron-LM as of SC'21 runs
-  its fused softmax (non-flash: s×s probabilities kept), dropout 0.1 (GPT's hidden and attention
-  dropout defaults), vocab-parallel cross entropy on an fp32 copy, and no sequence parallelism
-  (added in 2022, Korthikanti et al.).
-- runtime (what overlaps which compute, planner.cost.overlap): llm-foundry's rows run Composer's torch
-  FSDP (`FSDP_COMPOSER`: reduce-scatter every micro-batch, all-gather and reduce-scatter on one
-  communicator behind each unit's compute), SC'21's Megatron-LM v2 (`MEGATRON_SC21`: gradient
-  all-reduce after the schedule, blocking p2p, TP not overlapped); `--runtime NAME` prices all rows
-  under one runtime instead.
+Each CSV row becomes a ModelSpec, a ClusterSpec and a Plan, priced under its stack family's runtime
+profile (planner.cost.runtimes) with no layer profiles. Five families, one runtime each:
+- mpt (llm-foundry on Composer, FSDP1; bf16 and amp_fp8 as TE fp8 linears): `composer`;
+- megatron-sc21 (Megatron-LM SC'21 Table 1): `megatron-sc21` (eager fused softmax, dropout, fp32 loss);
+- nemo (DGX Cloud recipes v25.02.01, Megatron-Core + TE, tp/pp/cp/vpp, distributed optimizer = zero1,
+  recompute not stated = none): `megatron`;
+- torchtitan (2024-08 tables, FSDP2 = zero3, TP with sequence parallel, 'selective layer' = full
+  recompute of every 2nd block, 'selective op' = selective): `torchtitan`;
+- amp-deepspeed (AMP's 16 × T4 sweep, DeepSpeed + Megatron-LM v1.1.5, fp16, heads 16, layers split
+  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node): `deepspeed`; its failed trials have no
+  measured time and are scored only on whether the model calls them out of memory.
+Links the sources do not state are assumed and printed (ASSUMED_LINKS).
+
+The last table is the issue's: per family, MAPE / bias / runs-that-ran-called-OOM (failed-OOM-trials
+not called OOM / failed trials) for the unfitted prior, the runtime figures fitted on all the
+family's rows, leave-that-family-out (figures fitted on the other families), and 3-shot (figures
+fitted on 3 rows of the family chosen by random.Random(SEED), scored on the rest); see family_tables.
+The tables above it price with the catalog's prior and planner.cost.fitted's kernel fractions.
 
 What is compared: predicted `step_time_s` with the measured time of one optimizer step. MFU
 definitions differ between the sources (MPT counts 3 passes of model FLOPs incl. attention, Megatron's
 Eq. 3 counts the recompute forward), so the bench compares seconds, never MFU:
-- MPT: global_batch × seq_len / tokens_per_sec (the README's measured throughput over 12 steps);
+- MPT, torchtitan: global_batch × seq_len / tokens_per_sec; NeMo, AMP: the published iteration time;
 - Megatron SC'21: derived_iteration_time_s = Eq. 3 FLOPs / (published TF/s per GPU × GPUs), i.e. the
   published per-GPU throughput converted back with the paper's own FLOP formula.
 Error = predicted / measured − 1. Per source family and GPU kind it prints n, median |error|, MAPE,
@@ -49,26 +37,41 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import random
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cost import estimate  # noqa: E402
 from planner.cost.compute import PRIOR, KernelEfficiency  # noqa: E402
 from planner.cost.fitted import DEFAULT_KERNELS  # noqa: E402
-from planner.cost.overlap import FSDP_COMPOSER, MEGATRON_SC21, RUNTIMES, Runtime  # noqa: E402
+from planner.cost.runtimes import (  # noqa: E402
+    COMPOSER_RT,
+    DEEPSPEED_RT,
+    MEGATRON_RT,
+    MEGATRON_SC21_RT,
+    MIN_RUNS_FOR_MICROBATCH,
+    PRIOR_FIGURES,
+    RUNTIME_NAMES,
+    TORCHTITAN_RT,
+    Figures,
+    RuntimeProfile,
+    fit_figures,
+    price_under,
+    profile_named,
+    slots,
+)
 from planner.errors import MeshplanError  # noqa: E402
-from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec  # noqa: E402
+from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec  # noqa: E402
 from planner.specs.model import ModelSpec  # noqa: E402
 from planner.specs.plan import CostBreakdown, Plan, StagePlan  # noqa: E402
 
 DEFAULT_DATA = [ROOT.parent / "shared/data/published_dev.csv", Path("/work/shared/data/published_dev.csv")]
 INTRA = {"A100": "nvlink3", "H100": "nvlink4"}
-ASSUMED = "MPT H100 sections state no fabric: assumed DGX H100's 8 × 400 Gb/s NDR per node"
+SEED = 30  # the 3-shot rows of each family: random.Random(SEED).sample(family's measured rows, 3)
 
 
 class Unsupported(Exception):
@@ -83,8 +86,8 @@ class Case:
     model: ModelSpec
     cluster: ClusterSpec
     plan: Plan
-    measured_s: float
-    runtime: Runtime = FSDP_COMPOSER
+    measured_s: float | None  # None: a trial that failed out of memory
+    profile: RuntimeProfile = COMPOSER_RT
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Result:
 
     @property
     def error(self) -> float:
+        assert self.case.measured_s is not None
         return self.cost.step_time_s / self.case.measured_s - 1.0
 
     @property
@@ -102,44 +106,60 @@ class Result:
 
 
 def family_of(row: dict[str, str]) -> str:
-    """megatron-sc21, mpt, or mpt-fp8 (llm-foundry's amp_fp8 rows: their own group, never fitted on,
-    since bench/fit_kernels.py fits the mpt family only)."""
-    if "Narayanan" in row["source"]:
+    """The row's stack family: mpt (llm-foundry/Composer, bf16 and fp8), megatron-sc21, nemo
+    (NeMo/Megatron-Core DGX Cloud recipes), torchtitan, amp-deepspeed (AMP's T4 sweep)."""
+    src = row["source"]
+    if "Narayanan" in src:
         return "megatron-sc21"
-    return "mpt-fp8" if row.get("precision") == "amp_fp8" else "mpt"
+    if "DGX Cloud" in src:
+        return "nemo"
+    if "torchtitan" in src:
+        return "torchtitan"
+    if "AMP" in src:
+        return "amp-deepspeed"
+    return "mpt"
 
 
-def runtime_of(row: dict[str, str], family: str) -> Runtime:
-    """What the row's framework overlaps (planner.cost.overlap): Megatron-LM as of SC'21 for its
-    rows, Composer's torch FSDP for llm-foundry's."""
-    if family == "megatron-sc21":
-        return MEGATRON_SC21
-    if "FSDP" in row.get("framework", "") or family.startswith("mpt"):
-        return FSDP_COMPOSER
-    raise Unsupported(f"framework {row.get('framework')!r}")
+FAMILY_PROFILE = {
+    "mpt": COMPOSER_RT,
+    "megatron-sc21": MEGATRON_SC21_RT,
+    "nemo": MEGATRON_RT,
+    "torchtitan": TORCHTITAN_RT,
+    "amp-deepspeed": DEEPSPEED_RT,
+}
+# AMP's g4dn.12xlarge: 4 T4 on PCIe Gen3 (no NVLink), 50 Gb/s Ethernet per node shared by its 4 GPUs
+G4DN_INTER = LinkSpec(kind="eth-50g/4", bandwidth_bytes_per_s=50e9 / 8 / 4, latency_s=50e-6, source="AWS g4dn.12xlarge")
+ASSUMED_LINKS = (
+    "MPT H100 sections and torchtitan state no fabric: DGX H100's 8 × 400 Gb/s NDR per node (MPT H100), "
+    "Selene-like 8 × HDR (torchtitan A100), 8 × 400G RoCE (torchtitan Grand Teton) assumed; AMP rows: heads "
+    "= 16 (GPT-2 medium) and layers split evenly (AMP's uneven partitions are over its own 30 layers)"
+)
 
 
 def _int(row: dict[str, str], key: str) -> int:
     return int(float(row[key]))
 
 
-def inter_link(row: dict[str, str], family: str) -> str:
-    """Preset for one GPU's share of the node's NICs (each row's fabric has one NIC per GPU)."""
+def inter_link(row: dict[str, str], family: str) -> LinkSpec:
+    """One GPU's share of the node's NICs."""
+    if family == "amp-deepspeed":
+        return G4DN_INTER
     if family == "megatron-sc21":
-        return "ib-hdr"  # Selene: 8 × HDR 200 Gb/s per DGX A100
+        return LINK_PRESETS["ib-hdr"]  # Selene: 8 × HDR 200 Gb/s per DGX A100
     if "1600 Gbps" in row["interconnect"]:
-        return "eth-200g"  # 1600 Gb/s per node over 8 GPUs = 200 Gb/s = 25 GB/s each
+        return LINK_PRESETS["eth-200g"]  # 1600 Gb/s per node over 8 GPUs = 200 Gb/s = 25 GB/s each
+    if family == "torchtitan":
+        return LINK_PRESETS["ib-hdr" if row["gpu"].startswith("A100") else "eth-400g"]
     if row["gpu"].startswith("H100"):
-        return "ib-ndr"  # see ASSUMED
+        return LINK_PRESETS["ib-ndr"]  # see ASSUMED_LINKS
     raise Unsupported(f"unknown interconnect {row['interconnect']!r}")
 
 
 def dtype_of(precision: str) -> str:
-    """The working dtype; amp_fp8 (Composer's Transformer Engine fp8 autocast) is bf16 with fp8
-    linears (Plan.fp8, build_case)."""
+    """The working dtype; fp8 rows are bf16 with fp8 linears (Plan.fp8, build_case)."""
     if precision.startswith("fp16"):
         return "fp16"
-    if precision in ("amp_bf16", "bf16", "amp_fp8"):
+    if precision in ("amp_bf16", "bf16", "amp_fp8", "fp8", "bf16+float8 linears"):
         return "bf16"
     raise Unsupported(f"precision {precision!r}")
 
@@ -148,24 +168,36 @@ def sharding_of(row: dict[str, str]) -> str:
     s = row["sharding"]
     if not s:
         return "none"
-    if s == "FSDP FULL_SHARD":
+    if s in ("FSDP FULL_SHARD", "FSDP2"):
         return "zero3"
     if s == "FSDP SHARD_GRAD_OP":
         return "zero2"
+    if s.startswith("distributed optimizer"):
+        return "zero1"
     raise Unsupported(f"sharding {s!r}")
 
 
-def recompute_of(row: dict[str, str]) -> str:
+def recompute_of(row: dict[str, str]) -> tuple[str, int]:
+    """(recompute, recompute_every): torchtitan's 'selective layer' is its layer AC at frequency 2."""
     r = row["recompute"]
     if r.startswith("full"):
-        return "full"
-    if r == "none":
-        return "none"
+        return "full", 1
+    if r in ("none", ""):
+        return "none", 1  # not stated (NeMo recipes, AMP): none, and the OOM column checks it
+    if r == "selective op":
+        return "selective", 1
+    if r == "selective layer":
+        return "full", 2
     raise Unsupported(f"recompute {r!r}")
 
 
-def measured_step_s(row: dict[str, str], family: str) -> float:
-    if family.startswith("mpt"):
+def measured_step_s(row: dict[str, str], family: str) -> float | None:
+    """Seconds per optimizer step; None for AMP's failed (out-of-memory) trials."""
+    if row.get("measurement_kind") == "failed real trial":
+        return None
+    if row.get("iteration_time_s"):
+        return float(row["iteration_time_s"])
+    if row.get("tokens_per_sec"):
         return _int(row, "global_batch") * _int(row, "seq_len") / float(row["tokens_per_sec"])
     return float(row["derived_iteration_time_s"])
 
@@ -173,42 +205,48 @@ def measured_step_s(row: dict[str, str], family: str) -> float:
 def build_case(row: dict[str, str]) -> Case:
     """The row as (model, cluster, plan); Unsupported names what cannot be expressed."""
     family = family_of(row)
-    if row.get("cp"):
-        raise Unsupported("context parallelism (cp)")
     if row.get("heterogeneous", "no") != "no":
         raise Unsupported("heterogeneous cluster")
+    profile = FAMILY_PROFILE[family]
     dtype = dtype_of(row["precision"])
-    mpt = family.startswith("mpt")
+    llama = family in ("nemo", "torchtitan")
     kv = row.get("kv_heads")
+    hidden = _int(row, "hidden")
     model = ModelSpec(
         name=row["model_name"],
-        family="gpt",
+        family="llama" if llama else "gpt",
         num_layers=_int(row, "layers"),
-        hidden=_int(row, "hidden"),
-        num_heads=_int(row, "heads"),
+        hidden=hidden,
+        num_heads=_int(row, "heads") if row.get("heads") else 16,
         num_kv_heads=int(kv) if kv else None,
-        ffn_hidden=_int(row, "ffn_hidden"),
+        ffn_hidden=_int(row, "ffn_hidden") if row.get("ffn_hidden") else 4 * hidden,
         vocab_size=_int(row, "vocab"),
         seq_len=_int(row, "seq_len"),
-        tie_embeddings=True,
-        learned_positions=not mpt,
+        tie_embeddings=not llama,
+        learned_positions=family in ("megatron-sc21", "amp-deepspeed"),
     )
     gpus, per_node = _int(row, "num_gpus"), _int(row, "gpus_per_node")
     if gpus % per_node:
         raise Unsupported(f"{gpus} GPUs are not whole nodes of {per_node}")
-    arch = row["gpu"][:4]
+    gpu = row["gpu"].split(" (")[0]
+    arch = gpu[:4]
     node = NodeSpec(
         name="n",
-        device=row["gpu"],
+        device=gpu,
         num_devices=per_node,
         count=gpus // per_node,
-        intra_link=LINK_PRESETS[INTRA[arch]],
-        inter_link=LINK_PRESETS[inter_link(row, family)],
+        intra_link=LINK_PRESETS["pcie3"] if gpu == "T4" else LINK_PRESETS[INTRA[arch]],
+        inter_link=inter_link(row, family),
     )
+    fp8 = "fp8" in row["precision"] or "float8" in row["precision"]
+    if fp8 and node.peak_fp8_flop_per_s is None and node.gpu is not None and node.gpu.architecture == "Hopper":
+        # the catalog has no fp8 figure for Meta's H100 variant: Hopper's dense fp8 peak is twice its bf16
+        node = node.model_copy(update={"device_peak_fp8_flop_per_s": 2 * node.peak_flop_per_s("bf16")})
     cluster = ClusterSpec(name=row["run_id"], nodes=(node,))
     tp, pp, dp = _int(row, "tp"), _int(row, "pp"), _int(row, "dp")
-    if tp * pp * dp != gpus:
-        raise Unsupported(f"tp×pp×dp = {tp * pp * dp} != {gpus} GPUs")
+    cp = _int(row, "cp") if row.get("cp") else 1
+    if tp * pp * dp * cp != gpus:
+        raise Unsupported(f"tp×cp×pp×dp = {tp * pp * dp * cp} != {gpus} GPUs")
     vpp = _int(row, "vpp") if row.get("vpp") else 1
     nst = pp * vpp
     layers = model.num_layers
@@ -217,16 +255,20 @@ def build_case(row: dict[str, str]) -> Case:
     bounds = [0]
     for i in range(nst):
         bounds.append(bounds[-1] + layers // nst + (1 if i < layers % nst else 0))
-    rec, shard = recompute_of(row), sharding_of(row)
+    (rec, every), shard = recompute_of(row), sharding_of(row)
+    w = tp * cp
     stages = tuple(
         StagePlan(
             layer_start=bounds[i],
             layer_end=bounds[i + 1],
-            device_ids=tuple((i % pp) * dp * tp + r * tp + k for r in range(dp) for k in range(tp)),
+            device_ids=tuple((i % pp) * dp * w + r * w + k for r in range(dp) for k in range(w)),
             tp=tp,
             dp=dp,
+            cp=cp,
             recompute=rec,  # type: ignore[arg-type]
+            recompute_every=every,
             sharding=shard,  # type: ignore[arg-type]
+            sequence_parallel=profile.sequence_parallel and tp > 1,
         )
         for i in range(nst)
     )
@@ -242,31 +284,28 @@ def build_case(row: dict[str, str]) -> Case:
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
         virtual_stages=vpp,
         dtype=dtype,  # type: ignore[arg-type]
-        attention="flash" if mpt else "eager",
-        loss="fused" if mpt else "vocab-parallel",
-        dropout=not mpt,
-        fp8=row["precision"] == "amp_fp8",
+        attention=profile.attention,  # type: ignore[arg-type]
+        loss=profile.loss,  # type: ignore[arg-type]
+        dropout=profile.dropout,
+        fp8=fp8,
         stages=stages,
         batch_shares=(gb // dp,) * dp,
     )
-    rt = runtime_of(row, family)
-    return Case(row["run_id"], family, row["gpu"], model, cluster, plan, measured_step_s(row, family), rt)
+    return Case(row["run_id"], family, gpu, model, cluster, plan, measured_step_s(row, family), profile)
 
 
 def runtime_stack(case: Case) -> Case:
     """The case priced as if it ran meshplan's own runtime stack (SDPA, torch cross entropy, no
     dropout): what the memory terms of the row's real stack are worth (--stack runtime)."""
     plan = case.plan.model_copy(update={"attention": "sdpa", "loss": "torch", "dropout": False})
-    return Case(case.run_id, case.family, case.gpu, case.model, case.cluster, plan, case.measured_s, case.runtime)
+    return replace(case, plan=plan)
 
 
 def with_runtime(case: Case, runtime: str) -> Case:
-    """The case priced under another runtime's overlap (--runtime NAME; default: the row's framework)."""
+    """The case priced under another runtime (--runtime NAME; default: the row's framework)."""
     if runtime == "row":
         return case
-    return Case(
-        case.run_id, case.family, case.gpu, case.model, case.cluster, case.plan, case.measured_s, RUNTIMES[runtime]
-    )
+    return replace(case, profile=profile_named(runtime))
 
 
 def load(path: Path, stack: str = "row", runtime: str = "row") -> tuple[list[Case], dict[str, list[str]]]:
@@ -282,31 +321,105 @@ def load(path: Path, stack: str = "row", runtime: str = "row") -> tuple[list[Cas
     return cases, skipped
 
 
-def price(cases: list[Case], kernels: KernelEfficiency | None = None) -> tuple[list[Result], dict[str, list[str]]]:
+def price(
+    cases: list[Case], figures: Figures | dict[str, Figures] = PRIOR_FIGURES, kernels: KernelEfficiency | None = None
+) -> tuple[list[Result], dict[str, list[str]]]:
+    """Every case priced under its runtime profile with `figures` (one set, or one per family)."""
     out: list[Result] = []
     failed: dict[str, list[str]] = {}
     for c in cases:
+        fig = figures.get(c.family, PRIOR_FIGURES) if isinstance(figures, dict) else figures
         try:
-            out.append(Result(c, estimate(c.plan, c.model, c.cluster, kernels=kernels, runtime=c.runtime)))
+            cost = price_under(c.plan, c.model, c.cluster, c.profile, fig, restack=False, kernels=kernels)
+            out.append(Result(c, cost))
         except MeshplanError as err:
             failed.setdefault(f"estimate: {err}", []).append(c.run_id)
     return out, failed
 
 
+def fit(cases: list[Case], kernels: KernelEfficiency | None = None, label: str = "") -> Figures:
+    """(kernel_scale, microbatch_s) fitted on the measured cases (planner.cost.runtimes.fit_figures)."""
+    ran = [c for c in cases if c.measured_s is not None]
+
+    def rows(scale: float) -> list[tuple[float, int, float]]:
+        rs, _ = price(ran, Figures(scale, 0.0), kernels)
+        return [(r.cost.step_time_s, slots(r.case.plan), r.case.measured_s) for r in rs]  # type: ignore[misc]
+
+    scale, mb = fit_figures(rows, fit_microbatch=len(ran) >= MIN_RUNS_FOR_MICROBATCH)
+    return Figures(scale, mb, len(ran), f"fitted on {len(ran)} rows{': ' + label if label else ''}")
+
+
 def summary(results: list[Result]) -> dict[str, float]:
-    errs = [r.error for r in results]
+    ran = [r for r in results if r.case.measured_s is not None]
+    errs = [r.error for r in ran]
     absd = [abs(e) for e in errs]
     n = len(errs)
+    failed = [r for r in results if r.case.measured_s is None]
     return {
         "n": n,
-        "median_abs_pct": 100 * statistics.median(absd),
-        "mape_pct": 100 * statistics.fmean(absd),
-        "bias_pct": 100 * statistics.fmean(errs),
-        "within10_pct": 100 * sum(a <= 0.10 for a in absd) / n,
-        "within20_pct": 100 * sum(a <= 0.20 for a in absd) / n,
-        "ran_called_oom": sum(not r.cost.feasible for r in results),
-        "max_peak_over_capacity": max(r.peak_over_capacity for r in results),
+        "median_abs_pct": 100 * statistics.median(absd) if n else float("nan"),
+        "mape_pct": 100 * statistics.fmean(absd) if n else float("nan"),
+        "bias_pct": 100 * statistics.fmean(errs) if n else float("nan"),
+        "within10_pct": 100 * sum(a <= 0.10 for a in absd) / n if n else float("nan"),
+        "ran_called_oom": sum(not r.cost.feasible for r in ran),
+        "failed": len(failed),
+        "failed_not_called_oom": sum(r.cost.feasible for r in failed),
+        "max_peak_over_capacity": max((r.peak_over_capacity for r in ran), default=0.0),
     }
+
+
+def three_shot(cases: list[Case]) -> tuple[list[Case], list[Case]]:
+    """(3 measured rows chosen by SEED, the rest) of one family."""
+    ran = sorted((c for c in cases if c.measured_s is not None), key=lambda c: c.run_id)
+    pick = {c.run_id for c in random.Random(SEED).sample(ran, min(3, len(ran)))}
+    return [c for c in ran if c.run_id in pick], [c for c in cases if c.run_id not in pick]
+
+
+def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple[str, dict]:
+    """Per family, four columns, all on the unfitted kernel prior (`kernels`) so that only the
+    runtime figures (planner.cost.runtimes.Figures) are fitted:
+    - prior: no figures fitted;
+    - fit all: the family's runtime figures fitted on all its development rows (in-sample: the ceiling);
+    - leave-family-out: one set of figures fitted on every other family's rows (what a runtime with no
+      measured run of its own gets from the others);
+    - 3-shot: kernel_scale fitted on 3 of the family's rows (random.Random(SEED)), scored on the rest
+      (what `meshplan calibrate` does with 3 runs)."""
+    fams = sorted({c.family for c in cases})
+    blob: dict = {"kernels": kernels.source, "seed": SEED, "families": {}}
+    lines = [
+        f"runtime figures per family; kernels {kernels.source}",
+        "cell = MAPE% / bias% / ran-called-OOM (failed-OOM-trials-not-called-OOM / failed trials)",
+    ]
+    head = f"{'family':15} {'n':>4} {'prior':>26} {'fit all':>26} {'leave-family-out':>26} {'3-shot':>26}"
+    lines += [head, "-" * len(head)]
+    for fam in fams:
+        mine = [c for c in cases if c.family == fam]
+        others = [c for c in cases if c.family != fam]
+        own = fit(mine, kernels, f"all {fam} rows")
+        lofo = fit(others, kernels, f"all but {fam}")
+        shots, rest = three_shot(mine)
+        shot_fig = fit(shots, kernels, f"3 {fam} rows {[c.run_id for c in shots]}")
+        cols = {
+            "prior": price(mine, PRIOR_FIGURES, kernels)[0],
+            "fit_all": price(mine, own, kernels)[0],
+            "leave_family_out": price(mine, lofo, kernels)[0],
+            "three_shot": price(rest, shot_fig, kernels)[0],
+        }
+        sums = {k: summary(v) for k, v in cols.items()}
+        cells = [
+            f"{s['mape_pct']:6.1f} /{s['bias_pct']:+6.1f} / {s['ran_called_oom']:>2} ({s['failed_not_called_oom']}/{s['failed']})"
+            for s in sums.values()
+        ]
+        n = sum(c.measured_s is not None for c in mine)
+        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>26}" for c in cells))
+        blob["families"][fam] = {
+            "summaries": sums,
+            "figures": {"fit_all": repr(own), "leave_family_out": repr(lofo), "three_shot": repr(shot_fig)},
+            "three_shot_rows": [c.run_id for c in shots],
+        }
+    for fam, b in blob["families"].items():
+        lines.append(f"  {fam}: {b['figures']}")
+    return "\n".join(lines), blob
 
 
 def groups(results: list[Result]) -> dict[str, list[Result]]:
@@ -319,16 +432,13 @@ def groups(results: list[Result]) -> dict[str, list[Result]]:
 
 
 def table(results: list[Result]) -> str:
-    head = (
-        f"{'group':34} {'n':>4} {'med|e|%':>8} {'MAPE%':>7} {'bias%':>7} {'≤10%':>6} {'≤20%':>6} {'OOM':>4}"
-        f" {'pk/cap':>6}"
-    )
+    head = f"{'group':40} {'n':>4} {'med|e|%':>8} {'MAPE%':>7} {'bias%':>7} {'≤10%':>6} {'OOM':>4} {'fail':>5} {'pk/cap':>6}"
     lines = [head, "-" * len(head)]
     for name, rs in groups(results).items():
         s = summary(rs)
         lines.append(
-            f"{name:34} {s['n']:>4} {s['median_abs_pct']:>8.1f} {s['mape_pct']:>7.1f} {s['bias_pct']:>+7.1f} "
-            f"{s['within10_pct']:>6.0f} {s['within20_pct']:>6.0f} {s['ran_called_oom']:>4}"
+            f"{name:40} {s['n']:>4} {s['median_abs_pct']:>8.1f} {s['mape_pct']:>7.1f} {s['bias_pct']:>+7.1f} "
+            f"{s['within10_pct']:>6.0f} {s['ran_called_oom']:>4} {s['failed_not_called_oom']:>2}/{s['failed']:<2}"
             f" {s['max_peak_over_capacity']:>6.2f}"
         )
     return "\n".join(lines)
@@ -338,9 +448,11 @@ def row_lines(results: list[Result]) -> str:
     lines = [f"{'run':58} {'measured s':>10} {'predicted':>10} {'err%':>7}  bottleneck"]
     for r in results:
         c = r.cost
+        m = r.case.measured_s
+        err = f"{100 * r.error:>+7.1f}" if m is not None else "   fail"
         lines.append(
-            f"{r.case.run_id:58} {r.case.measured_s:>10.3f} {c.step_time_s:>10.3f} {100 * r.error:>+7.1f}  "
-            f"{c.bottleneck}"
+            f"{r.case.run_id:58} {m or float('nan'):>10.3f} {c.step_time_s:>10.3f} {err}  "
+            f"{c.bottleneck}{'' if c.feasible else ' (OOM)'}"
         )
     return "\n".join(lines)
 
@@ -349,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--rows", action="store_true", help="print every run's measured and predicted step")
-    ap.add_argument("--json", type=Path, default=None, help="write per-run results here")
+    ap.add_argument("--json", type=Path, default=None, help="write the family table's figures and summaries here")
+    ap.add_argument("--no-fit", action="store_true", help="the prior table only (no fitting: fast)")
     ap.add_argument(
         "--stack",
         choices=("row", "runtime"),
@@ -358,9 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--runtime",
-        choices=("row", *sorted(RUNTIMES)),
+        choices=("row", *RUNTIME_NAMES),
         default="row",
-        help="price each row under its framework's overlap (default) or the named runtime's (planner.cost.overlap)",
+        help="price each row under its framework's runtime profile (default) or the named one (planner.cost.runtimes)",
     )
     args = ap.parse_args(argv)
     data = args.data or next((p for p in DEFAULT_DATA if p.exists()), None)
@@ -371,26 +484,24 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = price(cases)
     skipped.update(failed)
     print(f"{data}: {len(results)} runs priced, {sum(map(len, skipped.values()))} not expressible")
-    print(f"compared: predicted step_time_s vs measured seconds per optimizer step; note: {ASSUMED}")
+    print(f"compared: predicted step_time_s vs measured seconds per optimizer step; note: {ASSUMED_LINKS}")
     print(
-        f"runtime (overlap): {args.runtime}; stack: {args.stack}; pk/cap = the largest predicted peak memory / device memory of the group"
+        f"runtime: {args.runtime} (row = each family's profile); stack: {args.stack}; kernels: {DEFAULT_KERNELS.source}"
     )
     if DEFAULT_KERNELS != PRIOR:
-        # never fit silently: the unfitted (sourced prior) figures first, then the fitted ones in use
         print(f"kernel efficiencies UNFITTED ({PRIOR.source}):")
-        print(table(price(cases, PRIOR)[0]))
-        print(f"kernel efficiencies FITTED, in use ({DEFAULT_KERNELS.source}):")
+        print(table(price(cases, PRIOR_FIGURES, PRIOR)[0]))
+        print("kernel efficiencies FITTED (planner.cost.fitted), runtime figures prior:")
     print(table(results))
     for reason, ids in sorted(skipped.items()):
         print(f"not expressible ({len(ids)}): {reason}: {', '.join(ids)}")
     if args.rows:
         print(row_lines(results))
-    if args.json:
-        blob = [
-            {"run_id": r.case.run_id, "measured_s": r.case.measured_s, **r.cost.model_dump(mode="json")}
-            for r in results
-        ]
-        args.json.write_text(json.dumps(blob, indent=1))
+    if not args.no_fit:
+        text, blob = family_tables(cases)
+        print(text)
+        if args.json:
+            args.json.write_text(json.dumps(blob, indent=1, default=str))
     return 0
 
 

@@ -9,6 +9,7 @@ from flows.app import app
 
 # each module registers its commands on `app` when imported; none imports anything heavy at top level
 from flows.commands import (  # noqa: F401
+    calibrate,
     compare,
     discover,
     export,

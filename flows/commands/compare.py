@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings
+from flows.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
 from flows.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -58,15 +59,17 @@ def compare(
     seq_len: SeqLenOpt = None,
     family: FamilyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Price two plans on the same cluster and show their step-time terms and memory side by side."""
-    from planner.cost import estimate as price
     from planner.errors import MeshplanError
     from planner.specs.plan import parse_plan_json
     from storage.pricing import pricing_inputs
 
     given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
-    path = db_path(load_settings())
+    cfg = load_settings()
+    path = db_path(cfg)
+    rt = runtime_name(runtime, cfg)
     priced: list[dict[str, Any]] = []
     for arg, f in (("plan_a", plan_a), ("plan_b", plan_b)):
         if not f.is_file():
@@ -75,8 +78,8 @@ def compare(
         m = model_for_plan(p, given)
         inputs = pricing_inputs(path, m, cluster)  # as estimate prices it (calibrated on a discovered CPU machine)
         spec, source = inputs.cluster, inputs.profile_source
-        c = price(p, m, spec, inputs.profiles, calibration=inputs.calibration)
-        priced.append({"file": str(f), "plan": p, "model": m.name, "profiles": source, "cost": c})
+        c, figures = price_for_runtime(path, p, m, inputs, rt)
+        priced.append({"file": str(f), "plan": p, "model": m.name, "profiles": source, "cost": c, "figures": figures})
     a, b = (x["cost"] for x in priced)
     speedup = a.step_time_s / b.step_time_s if b.step_time_s > 0 else None
     if as_json:
@@ -88,6 +91,8 @@ def compare(
                     "fingerprint": x["plan"].fingerprint(),
                     "model": x["model"],
                     "profiles": x["profiles"],
+                    "runtime": rt,
+                    "runtime_figures": x["figures"],
                     **x["cost"].model_dump(mode="json"),
                 }
                 for x in priced
@@ -97,6 +102,7 @@ def compare(
         typer.echo(json.dumps(doc, indent=2))
         return
     _print(priced, spec.name, speedup)
+    typer.echo(f"runtime: {rt} ({priced[0]['figures']})")
 
 
 def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from flows.app import app
+from flows.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
 from flows.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -42,8 +43,16 @@ def export(
     vocab: VocabOpt = None,
     seq_len: SeqLenOpt = None,
     family: FamilyOpt = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option("--cluster", help="cluster TOML file to price on (default: this machine, if discovered)"),
+    ] = None,
+    runtime: RuntimeOpt = None,
 ) -> None:
-    """Print a plan in torchtitan's or Megatron-LM's terms; what they cannot say is warned about on stderr."""
+    """Print a plan in torchtitan's or Megatron-LM's terms; what they cannot say is warned about on stderr.
+
+    The plan is priced for its target runtime (torchtitan or megatron; --runtime overrides), and that
+    price goes to stderr with the runtime that priced it, so a pipe carries only the config."""
     from planner.errors import MeshplanError
     from planner.report.export import to_megatron, to_torchtitan
     from planner.specs.plan import check_plan_against, parse_plan_json
@@ -63,3 +72,27 @@ def export(
     typer.echo(text, nl=False)
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
+    _price_for_target(p, given, cluster, runtime or fmt)
+
+
+def _price_for_target(p, given, cluster: Path | None, runtime: str) -> None:
+    """The plan's price under the export's target runtime, on stderr; a plan that cannot be priced
+    here (no model dimensions, no cluster and nothing discovered) says so instead."""
+    from flows.app import db_path, load_settings
+    from planner.errors import MeshplanError
+    from storage.pricing import pricing_inputs
+
+    cfg = load_settings()
+    name = runtime_name(runtime, cfg)
+    try:
+        m = model_for_plan(p, given)
+        inputs = pricing_inputs(db_path(cfg), m, cluster)
+        c, figures = price_for_runtime(db_path(cfg), p, m, inputs, name)
+    except (MeshplanError, FileNotFoundError) as err:
+        typer.echo(f"priced for runtime {name}: not priced ({str(err).splitlines()[0]})", err=True)
+        return
+    fits = "fits" if c.feasible else "DOES NOT FIT"
+    typer.echo(
+        f"priced for runtime {name} ({figures}): step {c.step_time_s:.4g} s, {c.tokens_per_s:,.0f} tokens/s, {fits}",
+        err=True,
+    )

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings, prefect_env
+from flows.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
 from flows.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -59,6 +60,7 @@ def plan(
     out: Annotated[Path | None, typer.Option("--out", help="write the best plan as JSON here")] = None,
     flow: Annotated[bool, typer.Option("--flow", help="run as a Prefect flow (artifacts in the UI)")] = False,
     store: Annotated[bool, typer.Option(help="save the ranked plans in the database")] = True,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Search parallel plans; rank them by predicted step time against two baselines."""
     from planner.specs.model import PRESETS
@@ -113,6 +115,8 @@ def plan(
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))
             raise typer.Exit(1)
         raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
+    rt = runtime_name(runtime, cfg)
+    res, figures = rerank_for_runtime(path, res, m, inputs, rt)
     key = save_plans(path, res.plans, res.baselines) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
@@ -124,6 +128,8 @@ def plan(
             "profiles": source,
             "dtype": inputs.dtype,
             "calibration": calibration_doc(inputs.calibration),
+            "runtime": rt,
+            "runtime_figures": figures,
             "ranking": rows,
             "stats": {k: getattr(res.stats, k) for k in res.stats.__dataclass_fields__},
             "search": res.stats.summary(),
@@ -136,6 +142,7 @@ def plan(
 
     print_ranking(rows, f"{m.name} on {spec.name}: {spec.num_devices} devices, batch {s.global_batch}")
     typer.echo(f"profiles: {source}")
+    typer.echo(f"runtime: {rt} ({figures})")
     if inputs.calibration is not None:
         typer.echo(f"calibrated to {inputs.calibration.source}")
     typer.echo(f"search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, {st.wall_s:.2f} s")
@@ -163,12 +170,12 @@ def estimate(
         str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    runtime: RuntimeOpt = None,
 ) -> None:
     """Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility.
 
     Priced as the search prices it (storage.pricing.pricing_inputs): on a discovered CPU machine with
     its measured corrections, in the plan's own dtype."""
-    from planner.cost import estimate as price
     from planner.errors import MeshplanError
     from planner.specs.plan import parse_plan_json
     from storage.pricing import pricing_inputs
@@ -179,11 +186,19 @@ def estimate(
         )
     p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
     m = model_for_plan(p, resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family))
-    inputs = pricing_inputs(db_path(load_settings()), m, cluster, snapshot)
+    cfg = load_settings()
+    inputs = pricing_inputs(db_path(cfg), m, cluster, snapshot)
     spec, source = inputs.cluster, inputs.profile_source
-    c = price(p, m, spec, inputs.profiles, calibration=inputs.calibration)
+    rt = runtime_name(runtime, cfg)
+    c, figures = price_for_runtime(db_path(cfg), p, m, inputs, rt)
     if as_json:
-        doc = {"plan": p.fingerprint(), "profiles": source, "calibration": calibration_doc(inputs.calibration)}
+        doc = {
+            "plan": p.fingerprint(),
+            "profiles": source,
+            "calibration": calibration_doc(inputs.calibration),
+            "runtime": rt,
+            "runtime_figures": figures,
+        }
         typer.echo(json.dumps({**doc, **c.model_dump(mode="json")}, indent=2))
         raise typer.Exit(0 if c.feasible else 1)
     from rich.console import Console
@@ -210,6 +225,7 @@ def estimate(
             "yes" if peak <= cap else "NO",
         )
     con.print(mem)
+    con.print(f"runtime: {rt} ({figures})")
     con.print(f"profiles: {source}" + "".join(f"\nnote: {n}" for n in c.notes))
     if not c.feasible:
         raise typer.Exit(1)

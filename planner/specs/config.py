@@ -64,6 +64,10 @@ class SearchConfig(_Section):
         default=False,
         description="also search fp8 linears where every device has an fp8 peak (plans to export: the runtime runs dtype)",
     )
+    runtime: Literal["meshplan", "torchtitan", "megatron", "deepspeed", "composer"] = Field(
+        default="meshplan",
+        description="the training runtime plans are priced for (planner.cost.runtimes); --runtime overrides it",
+    )
 
 
 class TrainConfig(_Section):

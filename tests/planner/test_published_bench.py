@@ -56,7 +56,7 @@ def test_megatron_row_becomes_interleaved_3d_plan_in_megatron_rank_order():
     assert case.cluster.num_devices == 1024
 
 
-def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_rows_are_their_own_family():
+def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_rows_run_fp8_linears():
     row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
     row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
     row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
@@ -65,13 +65,13 @@ def test_mpt_row_measures_batch_tokens_over_throughput_and_fp8_rows_are_their_ow
     assert case.plan.num_microbatches() == 2 and case.plan.stages[0].sharding == "zero3"
     assert not case.model.has_learned_positions  # ALiBi
     fp8 = bench.build_case(dict(row, precision="amp_fp8", gpu="H100-SXM5-80GB", interconnect=""))
-    assert fp8.plan.fp8 and fp8.plan.dtype == "bf16" and fp8.family == "mpt-fp8"  # never in the fitted family
+    assert fp8.plan.fp8 and fp8.plan.dtype == "bf16" and fp8.family == "mpt"  # Composer's stack, fp8 linears
 
 
 def test_each_framework_maps_to_the_stack_it_ran_and_megatron_rows_fit():
     meg = bench.build_case(SC21)
     assert (meg.plan.attention, meg.plan.loss, meg.plan.dropout) == ("eager", "vocab-parallel", True)
-    cost = bench.estimate(meg.plan, meg.model, meg.cluster)
+    cost = bench.price([meg])[0][0].cost
     assert cost.feasible  # full recompute keeps one block's s×s probabilities at a time
     row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
     row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
@@ -82,12 +82,57 @@ def test_each_framework_maps_to_the_stack_it_ran_and_megatron_rows_fit():
 
 
 def test_each_row_is_priced_under_its_frameworks_overlap():
-    assert bench.build_case(SC21).runtime.name == "megatron-sc21"
+    assert bench.build_case(SC21).profile.overlap.name == "megatron-sc21"
     row = dict(SC21, source="MosaicML llm-foundry", tp="1", pp="1", dp="8", vpp="", num_gpus="8")
     row.update(sharding="FSDP FULL_SHARD", precision="amp_bf16", interconnect="1600 Gbps node-node (RoCE)")
     row.update(global_batch="32", micro_batch="2", tokens_per_sec="4096", recompute="none", layers="4")
     row["framework"] = "Composer + llm-foundry (FSDP)"
     mpt = bench.build_case(row)
-    assert mpt.runtime.name == "fsdp-composer"
-    assert bench.with_runtime(mpt, "meshplan").runtime.name == "meshplan"
+    assert mpt.profile.name == "composer" and mpt.profile.overlap.name == "fsdp-composer"
+    assert bench.with_runtime(mpt, "meshplan").profile.name == "meshplan"
     assert bench.with_runtime(mpt, "row") is mpt
+
+
+AMP = dict(
+    SC21,
+    run_id="amp_homogeneous_1",
+    source="Li et al., 'AMP' NeurIPS'22",
+    layers="24",
+    hidden="1024",
+    heads="",
+    ffn_hidden="",
+    vocab="52256",
+    seq_len="1024",
+    global_batch="32",
+    micro_batch="2",
+    tp="1",
+    pp="1",
+    dp="16",
+    vpp="",
+    cp="1",
+    gpu="T4",
+    num_gpus="16",
+    gpus_per_node="4",
+    recompute="",
+    precision="fp16 (DeepSpeed default)",
+    derived_iteration_time_s="",
+    iteration_time_s="",
+    measurement_kind="failed real trial",
+)
+
+
+def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
+    amp = bench.build_case(AMP)
+    assert amp.family == "amp-deepspeed" and amp.measured_s is None and amp.profile.name == "deepspeed"
+    assert amp.model.num_heads == 16 and amp.model.ffn == 4096 and amp.plan.dtype == "fp16"
+    assert amp.cluster.nodes[0].inter_link.bandwidth_bytes_per_s == 50e9 / 8 / 4
+    ran = bench.build_case(dict(AMP, measurement_kind="measured real trial", iteration_time_s="1.32"))
+    assert ran.measured_s == 1.32
+    tt = dict(SC21, source="pytorch/torchtitan docs", gpu="H100-HBM2e-96GB-500W (Meta Grand Teton)", kv_heads="8")
+    tt.update(tp="8", pp="1", dp="16", vpp="", num_gpus="128", global_batch="32", micro_batch="2")
+    tt.update(recompute="selective layer", sharding="FSDP2", precision="bf16", tokens_per_sec="13952", seq_len="8192")
+    case = bench.build_case(tt)
+    s0 = case.plan.stages[0]
+    assert case.family == "torchtitan" and case.gpu == "H100-HBM2e-96GB-500W"
+    assert (s0.recompute, s0.recompute_every, s0.sharding, s0.sequence_parallel) == ("full", 2, "zero3", True)
+    assert case.model.family == "llama" and case.measured_s == pytest.approx(32 * 8192 / 13952)

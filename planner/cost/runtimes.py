@@ -1,0 +1,261 @@
+"""The training runtime as the user's choice: a named profile of how a stack runs a plan.
+
+meshplan can export a plan to other runtimes (torchtitan, Megatron-core, DeepSpeed, Composer), and
+each runs the same layout differently. A `RuntimeProfile` names, per runtime, every term that moves
+the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` price under it:
+
+- `overlap`: what communication it hides behind compute (planner.cost.overlap.Runtime);
+- `attention` / `loss` / `dropout` / `fp8`: the kernels it runs, which change both time
+  (planner.cost.compute.stack_time_delta_s, loss_time_delta_s) and what is kept in memory
+  (planner.cost.memory): eager attention keeps s×s probabilities, an unfused loss an fp32 logit copy;
+  `fp8` = Transformer Engine / torchao fp8 linears where the plan's devices have an fp8 peak;
+- `sequence_parallel`: norms and residuals on T/t tokens when tp > 1 (memory and element-wise time);
+- `launch_s` × `kernels_per_block`: the host's fixed cost of issuing one block's kernels (eager
+  PyTorch: the dispatcher plus cudaLaunchKernel, about 5–10 µs an op; backward issues twice the
+  forward's kernels). A stage's micro-batch cannot run faster than its host issues it, so
+  max(0, host − GPU) is exposed per micro-batch (small shapes on small GPUs; nothing at large ones);
+- `microbatch_s`: a fixed, serialised cost per micro-batch slot (schedule bookkeeping, loss
+  `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted.
+
+`Figures` are the few numbers calibrated per (device kind, runtime) from measured runs
+(`meshplan calibrate`, bench/published.py): `kernel_scale` multiplies the GEMM and attention
+fractions of peak (the stack's kernel quality against the catalog's prior) and `microbatch_s`
+replaces the profile's fixed per-micro-batch cost. Each says on which runs it was fitted.
+Measured layer profiles still win over the shape-based compute that kernel_scale moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.cost.compute import KernelEfficiency
+from planner.cost.estimate import estimate
+from planner.cost.fitted import DEFAULT_KERNELS
+from planner.cost.overlap import FSDP_COMPOSER, MEGATRON, MEGATRON_SC21, MESHPLAN, Runtime
+from planner.errors import MeshplanError
+from planner.specs.cluster import ClusterSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import CostBreakdown, Plan
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeProfile:
+    """One training runtime's kernels, overlap, memory and fixed overheads (module docstring)."""
+
+    name: str
+    overlap: Runtime
+    attention: str  # "sdpa" | "flash" | "eager"
+    loss: str  # "torch" | "vocab-parallel" | "fused"
+    dropout: bool
+    fp8: bool  # fp8 linears (Transformer Engine / torchao) where every device has an fp8 peak
+    sequence_parallel: bool
+    launch_s: float  # host cost of issuing one kernel
+    kernels_per_block: int  # forward kernels of one transformer block (backward issues twice as many)
+    microbatch_s: float  # fixed serialised cost per micro-batch slot (prior)
+    source: str
+
+
+MESHPLAN_RT = RuntimeProfile(
+    "meshplan", MESHPLAN, "sdpa", "torch", False, False, False, 10e-6, 16, 0.0,
+    "worker/train.py: torch SDPA, F.cross_entropy on fp32 logits, no dropout, DTensor TP, FSDP2",
+)  # fmt: skip
+TORCHTITAN_RT = RuntimeProfile(
+    "torchtitan", replace(MESHPLAN, name="torchtitan", reduce_scatter_overlap=1.0, grad_sync_overlap=1.0),
+    "sdpa", "torch", False, False, True, 10e-6, 16, 0.0,
+    "torchtitan 2024-08: FSDP2 (reduce-scatter in the backward), SDPA, torch loss, TP with sequence parallel",
+)  # fmt: skip
+MEGATRON_RT = RuntimeProfile(
+    "megatron", MEGATRON, "flash", "fused", False, True, True, 7e-6, 12, 0.0,
+    "Megatron-core + Transformer Engine: TE fused attention, fused vocab-parallel loss, fp8 linears, SP",
+)  # fmt: skip
+DEEPSPEED_RT = RuntimeProfile(
+    "deepspeed", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 10e-6, 24, 0.0,
+    "DeepSpeed + Megatron-LM v1.x: eager fused-softmax attention, dropout 0.1, vocab-parallel fp32 loss, "
+    "gradient all-reduce after the schedule, blocking p2p",
+)  # fmt: skip
+COMPOSER_RT = RuntimeProfile(
+    "composer", FSDP_COMPOSER, "flash", "fused", False, False, False, 10e-6, 14, 0.0,
+    "llm-foundry on Composer + torch FSDP1: flash attention, fused cross entropy, no dropout, no TP",
+)  # fmt: skip
+# Megatron-LM as of SC'21 (the published Table 1 rows): fused softmax, dropout, unfused loss; not a choice
+MEGATRON_SC21_RT = RuntimeProfile(
+    "megatron-sc21", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 7e-6, 20, 0.0,
+    "Megatron-LM v2 (SC'21): fused softmax, dropout 0.1, vocab-parallel loss on fp32, no SP",
+)  # fmt: skip
+
+PROFILES = {p.name: p for p in (MESHPLAN_RT, TORCHTITAN_RT, MEGATRON_RT, DEEPSPEED_RT, COMPOSER_RT)}
+RUNTIME_NAMES = tuple(PROFILES)
+
+
+def profile_named(name: str) -> RuntimeProfile:
+    """The runtime called `name`; MeshplanError naming the choices otherwise."""
+    p = PROFILES.get(name) or (MEGATRON_SC21_RT if name == MEGATRON_SC21_RT.name else None)
+    if p is None:
+        raise MeshplanError("runtime", name, f"one of {', '.join(RUNTIME_NAMES)}")
+    return p
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """A runtime's calibrated figures on one device kind, with where they came from."""
+
+    kernel_scale: float = 1.0
+    microbatch_s: float | None = None  # None: the profile's prior
+    runs: int = 0
+    source: str = "prior"
+
+    def label(self, device_kind: str, runtime: str) -> str:
+        if not self.runs:
+            return f"uncalibrated: {device_kind}/{runtime}"
+        return f"calibrated: {self.runs} runs, {device_kind}/{runtime}"
+
+
+PRIOR_FIGURES = Figures()
+
+
+def scaled_kernels(kernels: KernelEfficiency, scale: float) -> KernelEfficiency:
+    """`kernels` with every GEMM and attention fraction multiplied by `scale` (kept ≤ 1)."""
+    if scale == 1.0:
+        return kernels
+
+    def s(x: float) -> float:
+        return min(1.0, x * scale)
+
+    return replace(
+        kernels,
+        gemm=tuple((a, s(v)) for a, v in kernels.gemm),
+        gemm_other=s(kernels.gemm_other),
+        flash=tuple((a, s(v)) for a, v in kernels.flash),
+        flash_other=s(kernels.flash_other),
+        source=f"{kernels.source} × {scale:.3f} (calibrated kernel_scale)",
+    )
+
+
+def apply_stack(plan: Plan, profile: RuntimeProfile) -> Plan:
+    """The plan as `profile` runs it: its attention and loss kernels, dropout and sequence parallelism
+    on tp > 1 stages (fp8 stays the plan's choice; `profile.fp8` says the runtime can run it)."""
+    stages = tuple(
+        s.model_copy(update={"sequence_parallel": profile.sequence_parallel and s.tp > 1}) for s in plan.stages
+    )
+    return plan.model_copy(
+        update={
+            "attention": profile.attention,
+            "loss": profile.loss,
+            "dropout": profile.dropout,
+            "stages": stages,
+        }
+    )
+
+
+def slots(plan: Plan) -> int:
+    """Micro-batch slots on the critical path of one step: m + pp − 1 (the pipeline's fill and drain),
+    m the largest replica's micro-batch count."""
+    m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
+    return m + plan.pp - 1
+
+
+def fixed_overheads_s(
+    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
+) -> float:
+    """Seconds of fixed overheads a step adds (module docstring): per slot, the host's kernel issue
+    time beyond the GPU time of one micro-batch on the busiest stage (GPUs only: on CPU ranks the
+    host's time is the measured compute), plus the per-micro-batch cost."""
+    m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
+    blocks = max(s.num_layers for s in plan.stages) * plan.virtual_stages
+    host = profile.launch_s * profile.kernels_per_block * 3 * blocks if gpu else 0.0
+    gpu = cost.compute_s / max(1, m)
+    per = figures.microbatch_s if figures.microbatch_s is not None else profile.microbatch_s
+    return slots(plan) * (max(0.0, host - gpu) + per)
+
+
+def with_overheads(
+    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
+) -> CostBreakdown:
+    """`cost` with the fixed overheads added to the step (and throughput / MFU rescaled) and a note
+    saying which runtime priced it and on what figures."""
+    extra = fixed_overheads_s(plan, cost, profile, figures, gpu)
+    step = cost.step_time_s + extra
+    ratio = cost.step_time_s / step if step > 0 else 1.0
+    notes = (*cost.notes, f"priced for runtime {profile.name}; fixed overheads {extra * 1e3:.1f} ms")
+    return cost.model_copy(
+        update={
+            "step_time_s": step,
+            "tokens_per_s": cost.tokens_per_s * ratio,
+            "mfu": cost.mfu * ratio,
+            "notes": notes,
+        }
+    )
+
+
+def price_under(
+    plan: Plan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    profile: RuntimeProfile,
+    figures: Figures = PRIOR_FIGURES,
+    restack: bool = True,
+    **kw,
+) -> CostBreakdown:
+    """`estimate` of `plan` as `profile` runs it (its stack when `restack`, its overlap, its kernels
+    scaled by the calibrated figures, its fixed overheads); `kw` passes profiles / calibration / index."""
+    kernels = scaled_kernels(kw.pop("kernels", None) or DEFAULT_KERNELS, figures.kernel_scale)
+    p = apply_stack(plan, profile) if restack else plan
+    cost = estimate(p, model, cluster, kernels=kernels, runtime=profile.overlap, **kw)
+    gpu = any(n.device != "cpu" for n in cluster.nodes)
+    return with_overheads(p, cost, profile, figures, gpu)
+
+
+# Fewer measured runs than this fit kernel_scale alone (microbatch_s stays the prior): with 3 runs of
+# similar micro-batch counts the two figures trade off and the per-micro-batch cost runs away.
+MIN_RUNS_FOR_MICROBATCH = 6
+
+
+def fit_figures(
+    price, scale_bounds: tuple[float, float] = (0.15, 4.0), max_mb_s: float = 5.0, fit_microbatch: bool = True
+) -> tuple[float, float]:
+    """(kernel_scale, microbatch_s) minimising the mean squared log(predicted / measured) over runs.
+
+    `price(scale)` returns, per run, (predicted step at microbatch_s = 0, its slot count, measured):
+    the per-micro-batch cost adds slots × microbatch_s, so for each scale (golden-section search in
+    log space) the best microbatch_s ≥ 0 is a cheap 1-D search without pricing again. Pure: the
+    caller prices."""
+
+    def best_mb(rows: list[tuple[float, int, float]]) -> tuple[float, float]:
+        def loss(mb: float) -> float:
+            return sum(math.log((p + k * mb) / m) ** 2 for p, k, m in rows) / max(1, len(rows))
+
+        if not fit_microbatch:
+            return loss(0.0), 0.0
+        mb = golden(loss, 0.0, max_mb_s, iters=30)
+        return (loss(mb), mb) if loss(mb) < loss(0.0) else (loss(0.0), 0.0)
+
+    memo: dict[float, tuple[float, float]] = {}
+
+    def at(x: float) -> float:
+        memo[x] = best_mb(price(math.exp(x)))
+        return memo[x][0]
+
+    x = golden(at, math.log(scale_bounds[0]), math.log(scale_bounds[1]), iters=12)
+    at(x)
+    return math.exp(x), memo[x][1]
+
+
+GOLD = (math.sqrt(5) - 1) / 2
+
+
+def golden(f, lo: float, hi: float, iters: int = 18) -> float:
+    """Golden-section minimum of a unimodal f on [lo, hi]."""
+    a, b = lo, hi
+    c, d = b - GOLD * (b - a), a + GOLD * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - GOLD * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLD * (b - a)
+            fd = f(d)
+    return (a + b) / 2

@@ -1,0 +1,193 @@
+"""A user's measured training runs (a CSV in the development set's columns) as priceable cases.
+
+`meshplan calibrate --runs runs.csv` reads this: one measured configuration a row, in the columns of
+../shared/data/published_dev.csv (its README). Required: model dims (layers, hidden, heads, seq_len,
+vocab), global_batch, micro_batch, tp, pp, dp, gpu (a catalog name), num_gpus, gpus_per_node, and
+the measured step: iteration_time_s, or tokens_per_sec (step = global_batch × seq_len / tokens/s).
+Optional: ffn_hidden (4·hidden), kv_heads, cp, vpp, sharding, recompute, precision, interconnect
+(a link preset name; default: the GPU's NVLink generation or PCIe inside a node, ib-hdr between),
+run_id. A file with any bad row is rejected whole, the error naming the row and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from planner.errors import MeshplanError
+from planner.specs.catalog import is_known, lookup
+from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec
+from planner.specs.model import ModelSpec
+from planner.specs.plan import Plan, StagePlan
+
+REQUIRED = (
+    "layers",
+    "hidden",
+    "heads",
+    "seq_len",
+    "vocab",
+    "global_batch",
+    "micro_batch",
+    "tp",
+    "pp",
+    "dp",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+)
+NVLINK = {"Volta": "nvlink2", "Ampere": "nvlink3", "Hopper": "nvlink4", "Blackwell": "nvlink5"}
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    run_id: str
+    device_kind: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: Plan
+    measured_s: float
+
+
+def _bad(row: int, field: str, value: object, fix: str) -> MeshplanError:
+    return MeshplanError(f"runs file row {row}, {field}", value, fix)
+
+
+def _pos_int(r: dict[str, str], i: int, key: str, default: int | None = None) -> int:
+    raw = (r.get(key) or "").strip()
+    if not raw:
+        if default is None:
+            raise _bad(i, key, raw, "must be a positive integer")
+        return default
+    try:
+        v = int(float(raw))
+    except ValueError:
+        raise _bad(i, key, raw, "must be a positive integer") from None
+    if v <= 0:
+        raise _bad(i, key, raw, "must be a positive integer")
+    return v
+
+
+def measured_seconds(r: dict[str, str], i: int) -> float:
+    """The measured step: iteration_time_s, else global_batch × seq_len / tokens_per_sec; > 0."""
+    for key in ("iteration_time_s", "tokens_per_sec"):
+        raw = (r.get(key) or "").strip()
+        if not raw:
+            continue
+        try:
+            v = float(raw)
+        except ValueError:
+            raise _bad(i, key, raw, "must be a positive number") from None
+        if not v > 0:
+            raise _bad(i, key, raw, "must be positive (a measured time or throughput)")
+        if key == "iteration_time_s":
+            return v
+        return _pos_int(r, i, "global_batch") * _pos_int(r, i, "seq_len") / v
+    raise _bad(i, "iteration_time_s", "", "give iteration_time_s or tokens_per_sec for every run")
+
+
+def parse_runs(text: str) -> list[MeasuredRun]:
+    """Every row of the CSV `text` as a MeasuredRun; MeshplanError naming the first bad row and field."""
+    reader = csv.DictReader(io.StringIO(text))
+    cols = set(reader.fieldnames or ())
+    missing = [c for c in REQUIRED if c not in cols]
+    if missing:
+        raise MeshplanError(
+            "runs file columns", ", ".join(missing), "missing; the development set's columns are the format"
+        )
+    if not ({"iteration_time_s", "tokens_per_sec"} & cols):
+        raise MeshplanError("runs file columns", "iteration_time_s", "missing; give it or tokens_per_sec")
+    out = [_run(r, i) for i, r in enumerate(reader, start=2)]  # row 1 is the header
+    if not out:
+        raise MeshplanError("runs file", "no rows", "give at least one measured run")
+    return out
+
+
+def _run(r: dict[str, str], i: int) -> MeasuredRun:
+    gpu = (r.get("gpu") or "").split(" (")[0].strip()
+    if not is_known(gpu):
+        raise _bad(i, "gpu", gpu, "not in the GPU catalog (`meshplan gpus` lists them)")
+    spec = lookup(gpu)
+    measured = measured_seconds(r, i)
+    hidden = _pos_int(r, i, "hidden")
+    kv = (r.get("kv_heads") or "").strip()
+    try:
+        model = ModelSpec(
+            name=(r.get("model_name") or "custom").strip() or "custom",
+            family="llama" if kv else "gpt",
+            num_layers=_pos_int(r, i, "layers"),
+            hidden=hidden,
+            num_heads=_pos_int(r, i, "heads"),
+            num_kv_heads=int(kv) if kv else None,
+            ffn_hidden=_pos_int(r, i, "ffn_hidden", 4 * hidden),
+            vocab_size=_pos_int(r, i, "vocab"),
+            seq_len=_pos_int(r, i, "seq_len"),
+        )
+    except (ValueError, MeshplanError) as err:
+        raise _bad(i, "model", r.get("model_name"), str(err).splitlines()[0]) from None
+    gpus, per_node = _pos_int(r, i, "num_gpus"), _pos_int(r, i, "gpus_per_node")
+    if gpus % per_node:
+        raise _bad(i, "num_gpus", gpus, f"must be whole nodes of gpus_per_node={per_node}")
+    link = (r.get("interconnect") or "").strip()
+    inter = LINK_PRESETS[link] if link in LINK_PRESETS else LINK_PRESETS["ib-hdr"]
+    intra = LINK_PRESETS[NVLINK.get(spec.architecture, "pcie4")] if "SXM" in gpu else LINK_PRESETS["pcie4"]
+    node = NodeSpec(
+        name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
+    )
+    tp, pp, dp = _pos_int(r, i, "tp"), _pos_int(r, i, "pp"), _pos_int(r, i, "dp")
+    cp, vpp = _pos_int(r, i, "cp", 1), _pos_int(r, i, "vpp", 1)
+    if tp * pp * dp * cp != gpus:
+        raise _bad(i, "dp", dp, f"tp×cp×pp×dp = {tp * cp * pp * dp} must equal num_gpus={gpus}")
+    gb, mbs = _pos_int(r, i, "global_batch"), _pos_int(r, i, "micro_batch")
+    if gb % (dp * mbs):
+        raise _bad(i, "global_batch", gb, f"must be a multiple of dp × micro_batch = {dp * mbs}")
+    nst, layers = pp * vpp, model.num_layers
+    if layers < nst:
+        raise _bad(i, "pp", pp, f"{nst} stages for {layers} layers")
+    rec = (r.get("recompute") or "none").strip()
+    recompute = "full" if rec.startswith("full") else "selective" if rec.startswith("selective") else "none"
+    shard = (r.get("sharding") or "").strip()
+    sharding = (
+        "zero3"
+        if shard in ("FSDP FULL_SHARD", "FSDP2", "zero3")
+        else "zero2"
+        if shard in ("FSDP SHARD_GRAD_OP", "zero2")
+        else "zero1"
+        if shard.startswith("distributed optimizer") or shard == "zero1"
+        else "none"
+    )
+    prec = (r.get("precision") or "bf16").strip()
+    bounds = [0]
+    for k in range(nst):
+        bounds.append(bounds[-1] + layers // nst + (1 if k < layers % nst else 0))
+    w = tp * cp
+    cluster = ClusterSpec(name=r.get("run_id") or f"row{i}", nodes=(node,))
+    try:
+        plan = Plan(
+            model=model.name,
+            cluster=cluster.name,
+            global_batch_size=gb,
+            seq_len=model.seq_len,
+            micro_batch_size=mbs,
+            schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+            virtual_stages=vpp,
+            dtype="fp16" if prec.startswith("fp16") else "bf16",
+            fp8="fp8" in prec or "float8" in prec,
+            stages=tuple(
+                StagePlan(
+                    layer_start=bounds[k],
+                    layer_end=bounds[k + 1],
+                    device_ids=tuple((k % pp) * dp * w + j * w + t for j in range(dp) for t in range(w)),
+                    tp=tp,
+                    dp=dp,
+                    cp=cp,
+                    recompute=recompute,  # type: ignore[arg-type]
+                    sharding=sharding,  # type: ignore[arg-type]
+                )
+                for k in range(nst)
+            ),
+            batch_shares=(gb // dp,) * dp,
+        )
+    except (ValueError, MeshplanError) as err:
+        raise _bad(i, "plan", f"tp={tp} pp={pp} dp={dp}", str(err).splitlines()[0]) from None
+    return MeasuredRun(r.get("run_id") or f"row{i}", gpu, model, cluster, plan, measured)

@@ -1,0 +1,25 @@
+"""bench/gpu_check.py --device cpu: discovery, a profile, a short run and its calibration, on CPU ranks,
+the path a CUDA machine runs (small: one plan, two steps)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.dist
+def test_gpu_check_runs_its_whole_path_on_cpu_ranks(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--plans", "1", "--steps", "2"]
+    cmd += ["--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "out/gpu_check_cpu.json").read_text())
+    assert row["step_s"] > 0 and row["peak_gib"] > 0 and row["catalog_s"] > 0 and row["predicted_s"] > 0
+    assert row["calibrated_figures"] == "calibrated: 1 runs, cpu/meshplan"
+    assert "| catalog s | profiled s | calibrated s | measured s |" in (tmp_path / "out/gpu_check_cpu.md").read_text()
