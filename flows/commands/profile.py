@@ -100,41 +100,44 @@ def profile(
 
 
 def _print(summary: dict[str, Any], path: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    from flows.commands.tables import Col, console, print_table
     from planner.specs.model import get_model
     from storage.profiles import profile_frame
 
-    console = Console()
+    con = console()
     frame = profile_frame(path, get_model(summary["model"]))
-    t = Table(title=f"layer profiles of {summary['model']} ({summary['fingerprint']})")
-    for col in ("device", "layer", "mbs", "seq", "tp", "rc", "fwd ms", "bwd ms", "±%", "act MB", "GFLOP/s", "source"):
-        t.add_column(col, no_wrap=True)
+    cols = [Col("device", keep=9), Col("layer", keep=9)]
+    heads = (("mbs", 8), ("seq", 8), ("tp", 8), ("rc", 8), ("fwd ms", 7), ("bwd ms", 7), ("±%", 3), ("act MB", 4))
+    cols += [Col(h, keep=k, right=True) for h, k in heads]
+    cols += [Col("GFLOP/s", keep=2, right=True), Col("source", keep=5)]
+    rows = []
     for r in frame.filter(frame["device_kind"].is_in(summary["device_kinds"])).iter_rows(named=True):
         spread = 100 * r["forward_spread_s"] / r["forward_s"] if r["forward_s"] else 0.0
         source = f"est {r['efficiency']:.2f}" if r["estimated"] else "measured"
-        t.add_row(
-            r["device_kind"],
-            r["layer_kind"],
-            str(r["micro_batch_size"]),
-            str(r["seq_len"]),
-            str(r["tp"]),
-            "y" if r["recompute"] else "n",
-            f"{r['forward_s'] * 1e3:.3f}",
-            f"{r['backward_s'] * 1e3:.3f}",
-            "-" if r["estimated"] else f"{spread:.1f}",
-            f"{r['activation_bytes'] / 1e6:.2f}",
-            f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-",
-            source,
+        rows.append(
+            [
+                r["device_kind"],
+                r["layer_kind"],
+                str(r["micro_batch_size"]),
+                str(r["seq_len"]),
+                str(r["tp"]),
+                "y" if r["recompute"] else "n",
+                f"{r['forward_s'] * 1e3:.3f}",
+                f"{r['backward_s'] * 1e3:.3f}",
+                "-" if r["estimated"] else f"{spread:.1f}",
+                f"{r['activation_bytes'] / 1e6:.2f}",
+                f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-",
+                source,
+            ]
         )
-    console.print(t)
-    console.print(
+    title = f"layer profiles of {summary['model']} ({summary['fingerprint']})"
+    print_table(title, cols, rows, con=con, full="--json")
+    con.print(
         "±% = inter-quartile spread of forward time over timed blocks; est = roofline estimate at that efficiency"
     )
     for kind, e in summary["efficiency"].items():
-        console.print(f"{kind}: estimated at efficiency {e['efficiency']:.2f} ({e['source']})")
-    console.print(
+        con.print(f"{kind}: estimated at efficiency {e['efficiency']:.2f} ({e['source']})")
+    con.print(
         f"measured {summary['measured']} rows in {summary['profiler_runs']} profiler run(s), reused "
         f"{summary['reused']}, estimated {summary['estimated']}; stored in {path}"
     )
