@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.outcomes import DiscoverOutcome
 from tasks.discover import (
     ingest_snapshot,
     load_cluster,
@@ -43,8 +44,8 @@ def discover_flow(
     timeout_s: float = 300.0,
     run_dir: str | None = None,
     snapshot_file: str | None = None,
-) -> dict[str, Any]:
-    """Record the hardware; returns {fingerprint, reused, source, name, num_nodes, num_devices}."""
+) -> DiscoverOutcome:
+    """Record the hardware; returns the snapshot's fingerprint, whether it was reused, and its size."""
     if snapshot_file:
         return _summary(ingest_snapshot(db_path, snapshot_file), False, "probe", db_path)
     if cluster_file:
@@ -73,15 +74,15 @@ def discover_flow(
     return _summary(fingerprint, False, "probe", db_path)
 
 
-def _summary(fingerprint: str, reused: bool, source: str, db_path: str, cluster: Any = None) -> dict[str, Any]:
+def _summary(fingerprint: str, reused: bool, source: str, db_path: str, cluster: Any = None) -> DiscoverOutcome:
     if cluster is None:
         cluster = load_cluster(db_path, fingerprint)
     publish_hardware(db_path, fingerprint, reused)
-    return {
-        "fingerprint": fingerprint,
-        "reused": reused,
-        "source": source,
-        "name": cluster.name,
-        "num_nodes": cluster.num_nodes,
-        "num_devices": cluster.num_devices,
-    }
+    return DiscoverOutcome(
+        fingerprint=fingerprint,
+        reused=reused,
+        source=source,
+        name=cluster.name,
+        num_nodes=cluster.num_nodes,
+        num_devices=cluster.num_devices,
+    )

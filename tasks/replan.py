@@ -13,7 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import Launch
-from launcher.supervise import Supervisor
+from launcher.supervise import SupervisedRun, Supervisor
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
@@ -40,8 +40,8 @@ def supervise_training(
     synthetic_cluster: bool,
     show_progress: bool = False,
     calibration: Calibration | None = None,
-) -> dict[str, Any]:
-    """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""
+) -> SupervisedRun:
+    """torchrun under a re-planning monitor: how it ended, the decisions taken, the plan it finished on."""
     sup = Supervisor(
         launch,
         plan,

@@ -45,12 +45,12 @@ def discover(
         matmul_size=d.matmul_size,
         timeout_s=d.timeout_s,
     )
-    snap = load_snapshot(path, summary["fingerprint"])
+    snap = load_snapshot(path, summary.fingerprint)
     if as_json:
         print(
             json.dumps(
                 {
-                    **summary,
+                    **summary.model_dump(mode="json"),
                     "db": str(path),
                     "cluster": snap.cluster.model_dump(mode="json"),
                     "devices": snap.devices.to_dicts(),
@@ -78,7 +78,7 @@ def _gb(x: Any, scale: float = 1e9, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x / scale)
 
 
-def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
+def _print_tables(summary: Any, snap: Any, path: Path) -> None:
     import polars as pl
     from rich.console import Console
     from rich.table import Table
@@ -140,5 +140,5 @@ def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
         console.print(fits)
     for r in snap.unsupported.iter_rows(named=True):
         console.print(f"unsupported on this backend: {r['op']} ({r['reason']})")
-    state = "reused the stored snapshot (pass --refresh to re-measure)" if summary["reused"] else "recorded"
-    console.print(f"hardware {summary['fingerprint']}: {state} in {path}")
+    state = "reused the stored snapshot (pass --refresh to re-measure)" if summary.reused else "recorded"
+    console.print(f"hardware {summary.fingerprint}: {state} in {path}")

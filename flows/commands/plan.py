@@ -82,14 +82,10 @@ def plan(
         summary = plan_flow(
             str(path),
             cfg.model,
+            cfg.search,
             str(cluster) if cluster else None,
-            cfg.search.global_batch,
-            cfg.search.seq,
-            cfg.search.top_k,
-            cfg.search.time_budget_s,
             snapshot,
             cfg.profile.dtype,
-            cfg.search.fp8,
         )
         typer.echo(summary.model_dump_json(indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary.feasible else 1)
