@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from planner.cost import estimate  # noqa: E402
 from planner.cost.compute import PRIOR, KernelEfficiency  # noqa: E402

@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs-dir", default=None)
     p.add_argument("--timeout-s", type=float, default=900.0)
     args = p.parse_args(argv)
-    # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (STACK.md §3.6)
+    # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (Prefect otherwise leaves both running)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     job_flow(args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s)
 

@@ -1,6 +1,6 @@
 """Prefect tasks of stage 5 (replan): supervise a training job, decide from stored telemetry, store decisions.
 
-Policies (DESIGN §5): supervising launches processes and writes control files — NO_CACHE, no
+Policies (DESIGN.md, Prefect): supervising launches processes and writes control files — NO_CACHE, no
 retries (the flow decides whether to relaunch). Deciding from stored telemetry is cheap and must
 reflect the latest rows — NO_CACHE. Storing decisions is an idempotent upsert — short retries.
 """

@@ -56,11 +56,6 @@ class Policy:
         return self.relaunch_s + 2.0 * job.state_bytes / self.checkpoint_bytes_per_s
 
 
-def _remaining_iters(job: Job, running: dict[str, RunningJob]) -> float:
-    r = running.get(job.job_id)
-    return r.remaining_iterations if r else float(job.iterations)
-
-
 def _gpu_s(p: Price, iters: float) -> float:
     return p.alloc.count * p.iter_time_s * iters
 
