@@ -71,8 +71,8 @@ def emit(fmt: str, records: list[dict[str, Any]]) -> bool:
     return True
 
 
-def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple[list[int], list[int | None]]:
-    """Which columns to show (indices) and each one's width (None: wrap) so the table fits `width`."""
+def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple[list[int], list[tuple[int, bool]]]:
+    """Which columns to show (indices) and each one's (minimum width, wraps) so the table fits `width`."""
     from rich.cells import cell_len
 
     need = [max([cell_len(c.header), *(cell_len(r[i]) for r in rows)]) for i, c in enumerate(cols)]
@@ -87,7 +87,7 @@ def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> tuple
         victim = min(reversed(shown), key=lambda i: cols[i].keep)  # the least important, rightmost first
         shown.remove(victim)
     wrapped = total(wrap_to=False) > width
-    return shown, [None if wrapped and cols[i].wrap else need[i] for i in shown]
+    return shown, [(min(need[i], _MIN_WRAP), True) if wrapped and cols[i].wrap else (need[i], False) for i in shown]
 
 
 def print_table(
@@ -106,14 +106,12 @@ def print_table(
     shown, widths = fit(cols, rows, con.width)
     con.print(Text(title, style="table.title"))  # above the table, not squeezed to its width
     t = Table(box=None, padding=(0, 1), pad_edge=False, title_justify="left", header_style="bold")
-    for i, w in zip(shown, widths, strict=True):
+    for i, (w, wraps) in zip(shown, widths, strict=True):
         c = cols[i]
-        if w is None:
-            t.add_column(c.header, overflow="fold", min_width=_MIN_WRAP, ratio=1)
-        else:
-            t.add_column(c.header, no_wrap=True, min_width=w, justify="right" if c.right else "left")
+        justify = "right" if c.right else "left"
+        t.add_column(c.header, no_wrap=not wraps, overflow="fold", min_width=w, justify=justify)
     for r in rows:
-        t.add_row(*(r[i] for i in shown))
+        t.add_row(*(Text(r[i]) for i in shown))  # cells are data: no rich markup in them
     con.print(t)
     dropped = [cols[i].header for i in range(len(cols)) if i not in shown]
     if dropped:
