@@ -35,12 +35,12 @@ from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
 from planner.errors import MeshplanError
-from planner.schedule import Allocation
+from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
 from storage.jobs import get_job, job_model, set_job_run, transition
-from tasks.schedule import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
+from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
 # fields, and poll_s (its replan_config's telemetry poll)

@@ -85,7 +85,7 @@ class SchedulerOutcome(_Outcome):
     actions: list[tuple[str, str, str]]  # (job_id, start | grow | shrink | ..., allocation)
     rejections: list[tuple[str, str]]  # (job_id, reason)
     waiting: list[str]  # job ids left in the queue
-    applied: list[dict[str, Any]]  # tasks.schedule.apply_round's record per job (runner_pid when started)
+    applied: list[dict[str, Any]]  # tasks.scheduler.apply_round's record per job (runner_pid when started)
     requeued: list[str]  # running jobs whose runner was gone, back in the queue
 
 

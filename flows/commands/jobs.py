@@ -129,7 +129,7 @@ _NUMERIC = ("seq", "global_batch", "iterations", "priority")
 
 def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
     """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
-    from tasks.schedule import parse_alloc
+    from tasks.scheduler import parse_alloc
 
     doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json")}
     if "train_json" in row:
@@ -174,7 +174,7 @@ def schedule_cluster(
     from flows.app import prefect_env
     from flows.commands.replan import parse_every
     from planner.errors import MeshplanError
-    from planner.schedule import POLICIES
+    from planner.scheduler import POLICIES
 
     seconds = parse_every(every)
     if policy not in POLICIES:
@@ -190,7 +190,7 @@ def schedule_cluster(
             str(cluster),
             "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)",
         )
-    from flows.schedule import scheduler_flow
+    from flows.scheduler import scheduler_flow
 
     params = {
         "db_path": str(db_path(cfg).resolve()),

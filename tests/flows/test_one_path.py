@@ -83,10 +83,10 @@ def test_plan_cli_and_plan_flow_return_the_same_ranking(tmp_path):
 def test_every_search_shares_one_time_budget_default():
     # plan_flow and the pipeline take SearchConfig whole: its default is theirs
     from flows.replan import monitor_config
-    from flows.schedule import scheduler_flow
+    from flows.scheduler import scheduler_flow
     from planner.replan.monitor import MonitorConfig
     from planner.replan.options import replan
-    from planner.schedule.speed import PlannerSpeed
+    from planner.scheduler.speed import PlannerSpeed
     from planner.search import search
     from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig, SearchConfig
 

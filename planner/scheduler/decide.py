@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import MeshplanError
-from planner.schedule.speed import Price, SpeedSource
-from planner.schedule.types import (
+from planner.scheduler.speed import Price, SpeedSource
+from planner.scheduler.types import (
     POLICIES,
     Action,
     Allocation,
