@@ -42,7 +42,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from planner.cost import estimate  # noqa: E402
@@ -338,7 +337,7 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     if rc != 0 and not (
         rc == 1 and "exitcode  : -6" in log_tail(run_dir / "torchrun.log") and _all_steps(run_dir, steps)
     ):
-        # gloo's sporadic abort at process exit (STACK.md §1.3) after every step was logged is no failure
+        # gloo's sporadic abort at process exit after every step was logged is no failure
         raise RuntimeError(f"{name}: torchrun exited {rc}:\n{log_tail(run_dir / 'torchrun.log')}")
     # the final checkpoint is no measurement: 80 MB a run, 4 GB a 5-round state folder (which filled a disk)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

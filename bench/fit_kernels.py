@@ -18,13 +18,8 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
 
 import published as P  # noqa: E402
 

@@ -6,8 +6,8 @@ For each model it runs the real profiler subprocess (worker.profile_layers: embe
 at mbs=1, tp=1, no recompute, one CPU thread) and reports the wall seconds it cost and, per layer,
 the median forward+backward time, the noise (inter-quartile spread of the timed blocks as % of the
 median) and the achieved GFLOP/s. Baselines in the same run:
-- `torch.utils.benchmark.Timer.blocked_autorange` on the same block, fwd+bwd (STACK.md §1.4's
-  method), to compare the median and the noise against an independent timer;
+- `torch.utils.benchmark.Timer.blocked_autorange` on the same block, fwd+bwd (torch's own
+  benchmarking method), to compare the median and the noise against an independent timer;
 - a square fp32 matmul's GFLOP/s on one thread: the rate a block's matmuls could reach here;
 - what profiling every layer separately would cost (num_layers × the block's share), which the
   profiler avoids by measuring each distinct shape once.
@@ -28,7 +28,6 @@ import torch
 import torch.utils.benchmark as tbench
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from planner.specs import flops  # noqa: E402
 from planner.specs.model import get_model  # noqa: E402

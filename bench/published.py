@@ -44,7 +44,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from planner.cost.compute import PRIOR, KernelEfficiency  # noqa: E402
 from planner.cost.fitted import DEFAULT_KERNELS  # noqa: E402

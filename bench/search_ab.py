@@ -27,8 +27,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys, time
-sys.path.insert(0, "bench")
-from search import make_cluster
+from bench.search import make_cluster
 from planner.search import search
 from planner.specs.model import get_model
 m, c = get_model({model!r}), make_cluster({gpus}, {mix!r})

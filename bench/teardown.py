@@ -1,7 +1,7 @@
 """Does a finished run ever abort at teardown? A 2-rank tensor-parallel run, repeated, with the other core busy.
 
 gloo sometimes aborts a process at exit after all its work is done (`terminate called without an
-active exception`, torchrun exit -6; STACK.md §1.3), so a finished run counted as failed. Every rank
+active exception`, torchrun exit -6), so a finished run counted as failed. Every rank
 entry point now ends with worker.train.clean_exit (barrier, destroy_process_group, flush, os._exit).
 This launches the same tiny tp=2 run N times through the launcher (launcher/launch.py: torchrun
 command and process group as training uses them) while a busy loop holds another core, and prints

@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows.outcomes import DiscoverOutcome
 from launcher.slurm import SlurmOptions
 from planner.errors import MeshplanError
 from tasks.discover import (
@@ -48,8 +49,8 @@ def discover_flow(
     snapshot_file: str | None = None,
     slurm_nodes: int = 0,
     slurm: SlurmOptions | None = None,
-) -> dict[str, Any]:
-    """Record the hardware; returns {fingerprint, reused, source, name, num_nodes, num_devices}.
+) -> DiscoverOutcome:
+    """Record the hardware; returns the snapshot's fingerprint, whether it was reused, and its size.
 
     `slurm_nodes` > 0: measure that many Slurm-allocated nodes as one batch job (`num_ranks` a node;
     the run folder `run_dir` must be on storage they share) and store one snapshot of all of them."""
@@ -90,15 +91,15 @@ def discover_flow(
     return _summary(fingerprint, False, "probe", db_path)
 
 
-def _summary(fingerprint: str, reused: bool, source: str, db_path: str, cluster: Any = None) -> dict[str, Any]:
+def _summary(fingerprint: str, reused: bool, source: str, db_path: str, cluster: Any = None) -> DiscoverOutcome:
     if cluster is None:
         cluster = load_cluster(db_path, fingerprint)
     publish_hardware(db_path, fingerprint, reused)
-    return {
-        "fingerprint": fingerprint,
-        "reused": reused,
-        "source": source,
-        "name": cluster.name,
-        "num_nodes": cluster.num_nodes,
-        "num_devices": cluster.num_devices,
-    }
+    return DiscoverOutcome(
+        fingerprint=fingerprint,
+        reused=reused,
+        source=source,
+        name=cluster.name,
+        num_nodes=cluster.num_nodes,
+        num_devices=cluster.num_devices,
+    )

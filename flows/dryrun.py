@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 import rundir
+from flows.outcomes import DryRunOutcome
 from launcher.launch import Launch
 from planner.errors import MeshplanError
 from planner.report.dryrun import dry_run_report
@@ -69,7 +69,7 @@ def dry_run_flow(
     timeout_s: float = 600.0,
     collective_timeout_s: float = 120.0,
     show_progress: bool = False,
-) -> dict[str, Any]:
+) -> DryRunOutcome:
     """Dry-run a plan (file or stored id) for `steps` steps; returns the report (planner/report/dryrun.py)
     with run_id, run_dir and wall_s. `model` is the plan's model (default: its preset)."""
     if (plan_path is None) == (plan_id is None):
@@ -121,4 +121,4 @@ def dry_run_flow(
         raise RuntimeError(f"dry run {run_id} launched but did not run the plan's layout:\n{text}")
     print(text)
     wall_s = state.result()["wall_s"]
-    return {**report.as_dict(), "lines": report.lines(), "run_id": run_id, "run_dir": str(run_dir), "wall_s": wall_s}
+    return DryRunOutcome(**report.as_dict(), lines=report.lines(), run_id=run_id, run_dir=str(run_dir), wall_s=wall_s)

@@ -37,12 +37,12 @@ from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
 from launcher.slurm import SlurmPreempted
 from planner.errors import MeshplanError
-from planner.schedule import Allocation
+from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.validation import parse
 from storage.jobs import get_job, job_model, set_job_run, transition
-from tasks.schedule import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
+from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 from tasks.slurm import slurm_resources
 
 # train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
     p.add_argument("--partition", default=None, help="Slurm partition (executor slurm)")
     args = p.parse_args(argv)
-    # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (STACK.md §3.6)
+    # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (Prefect otherwise leaves both running)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     job_flow(
         args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s,

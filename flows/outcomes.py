@@ -87,5 +87,83 @@ class SchedulerOutcome(_Outcome):
     actions: list[tuple[str, str, str]]  # (job_id, start | grow | shrink | ..., allocation)
     rejections: list[tuple[str, str]]  # (job_id, reason)
     waiting: list[str]  # job ids left in the queue
-    applied: list[dict[str, Any]]  # tasks.schedule.apply_round's record per job (runner_pid when started)
+    applied: list[dict[str, Any]]  # tasks.scheduler.apply_round's record per job (runner_pid when started)
     requeued: list[str]  # running jobs whose runner was gone, back in the queue
+
+
+class DiscoverOutcome(_Outcome):
+    """discover_flow: the recorded hardware snapshot."""
+
+    fingerprint: str  # the snapshot's id (storage.hardware)
+    reused: bool  # a stored snapshot of this hardware was reused, nothing measured
+    source: Literal["probe", "file"]  # measured on this machine, or read from a cluster file
+    name: str  # the cluster's name
+    num_nodes: int
+    num_devices: int
+
+
+class KindEfficiency(_Outcome):
+    """The fraction of catalog peak a device kind's estimated profiles assume, and where it came from."""
+
+    efficiency: float
+    source: str
+
+
+class ProfileOutcome(_Outcome):
+    """profile_flow: what was measured, reused and estimated."""
+
+    model: str
+    fingerprint: str  # the model's fingerprint (profiles are keyed by it)
+    device_kinds: list[str]  # profiled (measured here or estimated)
+    local_device: str  # this machine's device kind
+    torch_version: str
+    measured: int  # layer-profile rows measured now
+    reused: int  # rows already stored for this model and torch version
+    estimated: int  # roofline rows for kinds not present here
+    profiler_runs: int  # profiler subprocesses started
+    efficiency: dict[str, KindEfficiency] = {}  # per estimated kind
+    comm_fits: list[dict[str, Any]] = []  # discovery's α–β fits for this hardware
+    failed: list[str] = []  # profiler groups (or the optimizer step) that failed
+    run_dir: str
+    optimizer: dict[str, float | int] = {}  # AdamW step seconds per parameter by layout, and num_ranks (CPU)
+    optimizer_measured: int = 0  # 1 when the optimizer step was measured now
+
+
+class DryRunStage(_Outcome):
+    stage: int
+    layers: list[int]
+    tp: int
+    dp: int
+    ranks: list[int]
+    device_ids: list[int]
+
+
+class DryRunOutcome(_Outcome):
+    """dry_run_flow: the plan launched for a few steps on this machine, and what went wrong."""
+
+    ok: bool
+    plan: str  # the plan's fingerprint
+    world_size: int
+    schedule: str  # the pipeline schedule (1f1b, interleaved-1f1b, gpipe)
+    num_microbatches: list[int]
+    stages: list[DryRunStage]
+    steps: int
+    steps_done: int
+    losses: list[float | None]
+    model: dict[str, Any]  # the ModelSpec, as JSON
+    problems: list[str]
+    lines: list[str]  # the report as printed
+    run_id: str
+    run_dir: str
+    wall_s: float
+
+
+class PipelineOutcome(_Outcome):
+    """pipeline_flow (`meshplan run`): what each stage did."""
+
+    snapshot: DiscoverOutcome
+    profile: ProfileOutcome
+    plan: PlanOutcome
+    run: TrainOutcome
+    first_loss: float | None
+    last_loss: float | None

@@ -9,12 +9,12 @@ is a cached task — and training runs again, because that is the point.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.discover import discover_flow
+from flows.outcomes import PipelineOutcome
 from flows.plan import plan_flow
 from flows.profile import profile_flow
 from flows.requests import TrainRequest
@@ -24,9 +24,17 @@ from planner.specs.config import RunConfig
 
 
 @flow(name="pipeline")
-def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress: bool = False) -> dict[str, Any]:
-    """Run every stage on this machine with `config`; returns a summary of what each stage did."""
-    d, p, s, t = config.discover, config.profile, config.search, config.train
+def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress: bool = False) -> PipelineOutcome:
+    """Run every stage on this machine with `config`; returns what each stage did.
+
+    Each stage gets its config section whole (ProfileConfig, SearchConfig; the train section is
+    TrainRequest's own fields), so a knob `meshplan profile` or `meshplan plan` honours cannot be
+    dropped here (tests/flows/test_pipeline.py sets every one)."""
+    d, t = config.discover, config.train
+    if d.cluster:
+        raise MeshplanError(
+            "discover.cluster", d.cluster, "meshplan run trains on this machine; plan a cluster file with meshplan plan"
+        )
     hw = discover_flow(
         db_path=db_path,
         num_ranks=d.num_ranks,
@@ -37,31 +45,23 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
         timeout_s=d.timeout_s,
     )
     _say(
-        f"discover: {'reused' if hw['reused'] else 'measured'} snapshot {hw['fingerprint']} "
-        f"({hw['num_devices']} devices on {hw['num_nodes']} node(s))"
+        f"discover: {'reused' if hw.reused else 'measured'} snapshot {hw.fingerprint} "
+        f"({hw.num_devices} devices on {hw.num_nodes} node(s))"
     )
     prof = profile_flow(
         db_path=db_path,
         model_name=config.model,
-        mbs=list(p.mbs),
-        seq=list(p.seq) or None,
-        tp=list(p.tp),
-        dtype=p.dtype,
-        repeats=p.repeats,
-        timeout_s=p.timeout_s,
+        profile=config.profile,
         run_dir=str(Path(runs_dir) / "profile"),
         show_progress=show_progress,
     )
-    _say(f"profile: {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
+    _say(f"profile: {prof.measured} measured, {prof.reused} reused, {prof.estimated} estimated")
     planned = plan_flow(
         db_path=db_path,
         model_name=config.model,
-        snapshot=hw["fingerprint"],
-        global_batch=s.global_batch,
-        seq=s.seq,
-        top_k=s.top_k,
-        time_budget_s=s.time_budget_s,
-        cpu_dtype=p.dtype,
+        search=config.search,
+        snapshot=hw.fingerprint,
+        cpu_dtype=config.profile.dtype,
     )
     if not planned.feasible:
         raise MeshplanError("model", config.model, "no plan fits this machine: " + "; ".join(planned.reasons))
@@ -78,14 +78,14 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
         show_progress=show_progress,
     )
     run = train_flow(db_path, request)
-    summary = {
-        "snapshot": hw,
-        "profile": {k: prof[k] for k in ("measured", "reused", "estimated")},
-        "plan": planned.model_dump(mode="json"),
-        "run": run.model_dump(mode="json", exclude={"losses"}),
-        "first_loss": run.losses[0] if run.losses else None,
-        "last_loss": run.losses[-1] if run.losses else None,
-    }
+    summary = PipelineOutcome(
+        snapshot=hw,
+        profile=prof,
+        plan=planned,
+        run=run,
+        first_loss=run.losses[0] if run.losses else None,
+        last_loss=run.losses[-1] if run.losses else None,
+    )
     create_markdown_artifact(
         key="pipeline-summary",
         markdown=summary_markdown(summary, db_path),
@@ -100,21 +100,21 @@ def _say(message: str) -> None:
     get_run_logger().info(message)
 
 
-def summary_markdown(summary: dict[str, Any], db_path: str) -> str:
-    hw, prof, plan, run = summary["snapshot"], summary["profile"], summary["plan"], summary["run"]
-    measured, predicted = run.get("measured_step_time_s"), plan.get("step_time_s")
+def summary_markdown(summary: PipelineOutcome, db_path: str) -> str:
+    hw, prof, plan, run = summary.snapshot, summary.profile, summary.plan, summary.run
+    measured, predicted = run.measured_step_time_s, plan.step_time_s
     err = f"{(predicted - measured) / measured:+.0%}" if measured and predicted else "n/a"
     return "\n".join(
         [
             "# meshplan run",
             "| stage | result |",
             "|---|---|",
-            f"| discover | snapshot `{hw['fingerprint']}` ({'reused' if hw['reused'] else 'measured'}), {hw['num_devices']} devices |",
-            f"| profile | {prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated |",
-            f"| plan | `{plan['best_plan_id']}`{' (cached)' if plan['cached'] else ''}, predicted {predicted:.4f} s/step |",
-            f"| train | run `{run['run_id']}` {run['status']}, measured {measured} s/step (prediction error {err}) |",
-            f"| loss | {summary['first_loss']} → {summary['last_loss']} |",
+            f"| discover | snapshot `{hw.fingerprint}` ({'reused' if hw.reused else 'measured'}), {hw.num_devices} devices |",
+            f"| profile | {prof.measured} measured, {prof.reused} reused, {prof.estimated} estimated |",
+            f"| plan | `{plan.best_plan_id}`{' (cached)' if plan.cached else ''}, predicted {predicted:.4f} s/step |",
+            f"| train | run `{run.run_id}` {run.status}, measured {measured} s/step (prediction error {err}) |",
+            f"| loss | {summary.first_loss} → {summary.last_loss} |",
             "",
-            f"Database: `{db_path}`; run folder: `{run['run_dir']}`.",
+            f"Database: `{db_path}`; run folder: `{run.run_dir}`.",
         ]
     )

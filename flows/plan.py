@@ -19,28 +19,24 @@ from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import get_model
 from tasks.plan import prepare_search, search_args, search_plans, store_plans
 
-_DEFAULTS = SearchConfig()  # one set of defaults: the CLI's (planner/specs/config.py)
-
 
 @flow(name="plan", log_prints=True)
 def plan_flow(
     db_path: str,
     model_name: str,
+    search: SearchConfig | None = None,
     cluster_file: str | None = None,
-    global_batch: int = _DEFAULTS.global_batch,
-    seq: int = _DEFAULTS.seq,
-    top_k: int = _DEFAULTS.top_k,
-    time_budget_s: float = _DEFAULTS.time_budget_s,
     snapshot: str | None = None,
     cpu_dtype: str = ProfileConfig().dtype,
-    fp8: bool = _DEFAULTS.fp8,
 ) -> PlanOutcome:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
     newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
 
-    Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs, as for
-    `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` on CPU ranks, and a
-    discovered CPU machine is priced with its measured corrections. Defaults are RunConfig's."""
+    `search` is the config's [search] section, taken whole (None: its defaults), so no knob of it is
+    lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs,
+    as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
+    profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections."""
+    s = search or SearchConfig()
     model = get_model(model_name)
     inputs = prepare_search(db_path, model, cluster_file, snapshot, cpu_dtype)
     cluster, profiles = inputs.cluster, inputs.profiles
@@ -48,7 +44,7 @@ def plan_flow(
         say(f"plan: calibrated to {inputs.calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
         searched = search_plans(
-            *search_args(model, inputs, global_batch, seq, top_k, time_budget_s, fp8), return_state=True
+            *search_args(model, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8), return_state=True
         )
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
@@ -59,7 +55,7 @@ def plan_flow(
             f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
             f"in {st.wall_s:.2f} s; {st.summary()}"
         )
-    title = f"{model.name} on {cluster.name} (batch {global_batch})"
+    title = f"{model.name} on {cluster.name} (batch {s.global_batch})"
     report = markdown_report(result, title)
     if not isinstance(result, NoFeasiblePlan):
         report += "\n\n" + schedule_picture(result.best, model, cluster, profiles)

@@ -22,7 +22,7 @@ from typing import Any
 
 from prefect import flow
 
-from planner.errors import MeshplanError
+from flows.outcomes import KindEfficiency, ProfileOutcome
 from planner.measure.targets import (
     catalog_peak,
     device_dtype,
@@ -33,7 +33,8 @@ from planner.measure.targets import (
     shape_groups,
     validate_shapes,
 )
-from planner.specs.flops import DTYPE_BYTES, LAYER_KINDS
+from planner.specs.config import ProfileConfig
+from planner.specs.flops import LAYER_KINDS
 from planner.specs.model import get_model
 from storage.files import read_cluster_file
 from storage.profiles import estimate_rows as estimate_storage_rows
@@ -55,28 +56,19 @@ from tasks.profile import (
 def profile_flow(
     db_path: str,
     model_name: str,
+    profile: ProfileConfig | None = None,
     cluster_file: str | None = None,
-    mbs: list[int] | None = None,
-    seq: list[int] | None = None,
-    tp: list[int] | None = None,
-    recompute: list[bool] | None = None,
-    dtype: str = "fp32",
-    repeats: int = 5,
-    min_block_s: float = 0.05,
-    timeout_s: float = 600.0,
-    retries: int = 2,
     run_dir: str | None = None,
     comm: bool = True,
     show_progress: bool = False,
-) -> dict[str, Any]:
-    """Profile `model_name`; returns counts {measured, reused, estimated, profiler_runs} and details."""
+) -> ProfileOutcome:
+    """Profile `model_name` with the config's [profile] section, taken whole (None: its defaults, the
+    CLI's); returns the counts (measured, reused, estimated, profiler runs) and details."""
+    p = profile or ProfileConfig()
     model = get_model(model_name)
-    mbs, tp = list(mbs or [1, 2, 4]), list(tp or [1])
-    seq = list(seq or [model.seq_len])
-    recompute = [False, True] if recompute is None else list(recompute)
+    mbs, tp, seq, recompute = list(p.mbs), list(p.tp), list(p.seq or [model.seq_len]), list(p.recompute)
+    dtype, repeats, min_block_s, timeout_s, retries = p.dtype, p.repeats, p.min_block_s, p.timeout_s, p.retries
     validate_shapes(model, mbs, seq, tp)
-    if dtype not in DTYPE_BYTES:
-        raise MeshplanError("profile.dtype", dtype, f"use one of {', '.join(DTYPE_BYTES)}")
     cluster = read_cluster_file(cluster_file) if cluster_file else None
     here = local_device()
     kinds = sorted(cluster.device_kinds()) if cluster else [here["device_kind"]]
@@ -134,7 +126,7 @@ def profile_flow(
                 optimizer_failed.append(f"{local_kind} optimizer: {state.message}")
         optimizer = load_optimizer_profile(db_path, model, local_kind)
 
-    estimated, efficiency = 0, {}
+    estimated, efficiency = 0, dict[str, KindEfficiency]()
     others = [k for k in kinds if k != local_kind]
     if others:
         table = load_profiles(db_path, model)
@@ -149,30 +141,30 @@ def profile_flow(
             peak, bw = device_peaks(cluster, kind, kdtype)  # type: ignore[arg-type]  (others exist only with a cluster)
             est = estimate_rows(model, profile_keys(kind, mbs, seq, tp, kdtype, recompute), peak, bw, eff)
             estimated += ingest_rows(db_path, estimate_storage_rows(model, est, source))
-            efficiency[kind] = {"efficiency": eff, "source": source}
+            efficiency[kind] = KindEfficiency(efficiency=eff, source=source)
 
     fits = _comm(db_path, cluster_file) if comm else []
-    summary = {
-        "model": model.name,
-        "fingerprint": model.fingerprint(),
-        "device_kinds": kinds,
-        "local_device": local_kind,
-        "torch_version": here["torch_version"],
-        "measured": measured,
-        "reused": reused,
-        "estimated": estimated,
-        "profiler_runs": runs,
-        "efficiency": efficiency,
-        "comm_fits": [dataclasses.asdict(f) for f in fits],
-        "failed": failed + optimizer_failed,
-        "run_dir": run_dir,
-        "optimizer": optimizer,
-        "optimizer_measured": optimizer_measured,
-    }
+    summary = ProfileOutcome(
+        model=model.name,
+        fingerprint=model.fingerprint(),
+        device_kinds=kinds,
+        local_device=local_kind,
+        torch_version=here["torch_version"],
+        measured=measured,
+        reused=reused,
+        estimated=estimated,
+        profiler_runs=runs,
+        efficiency=efficiency,
+        comm_fits=[dataclasses.asdict(f) for f in fits],
+        failed=failed + optimizer_failed,
+        run_dir=run_dir,
+        optimizer=optimizer,
+        optimizer_measured=optimizer_measured,
+    )
     if failed:
         raise RuntimeError(
             f"{len(failed)} profiler group(s) failed (rows measured before failing were kept): "
-            + "; ".join(summary["failed"])
+            + "; ".join(summary.failed)
         )
     return summary
 
@@ -182,4 +174,4 @@ def _comm(db_path: str, cluster_file: str | None) -> list[Any]:
     from flows.discover import discover_flow
 
     hw = discover_flow(db_path=db_path, cluster_file=cluster_file)
-    return comm_fits(db_path, hw["fingerprint"])
+    return comm_fits(db_path, hw.fingerprint)

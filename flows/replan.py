@@ -7,7 +7,7 @@ artifact. A clean run detects nothing and records nothing. For a finished run th
 over another run of the same length (what to change next time). If the run is still running and the
 choice is a rebalance, it writes the run's control.json (the ranks switch at their next step); a
 relayout needs the process owner — train_flow's supervisor — so here it is recorded, not acted on.
-It is also what `meshplan schedule` serves on an interval.
+It is also what `meshplan replan-every` serves on an interval.
 """
 
 from __future__ import annotations

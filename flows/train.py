@@ -259,9 +259,9 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             )
         state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, slurm, db_path, return_state=True)
     supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
-    job_failed = supervised is not None and supervised["returncode"] != 0
-    if supervised is not None and supervised["plan"].fingerprint() != plan.fingerprint():
-        record_run(db_path, run_id, supervised["plan"], r.steps, str(run_dir))  # the plan it finished on
+    job_failed = supervised is not None and supervised.returncode != 0
+    if supervised is not None and supervised.plan.fingerprint() != plan.fingerprint():
+        record_run(db_path, run_id, supervised.plan, r.steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
     events = record_events(db_path, run_id, str(run_dir), first_record)
     refusal = next((e["message"] for e in events if e["kind"] == "error"), None)
@@ -269,7 +269,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     for e in events:  # WARNING: kept by the Prefect run's log at the CLI's log level, shown live on stderr
         get_run_logger().warning(f"run {run_id}: {e['kind']}: {e['message']}")
     status = "completed" if state.is_completed() and not job_failed else "failed"
-    message = f"torchrun exited {supervised['returncode']}" if job_failed else str(state.message)[:2000]
+    message = f"torchrun exited {supervised.returncode}" if job_failed else str(state.message)[:2000]
     if refusal is not None:
         message = refusal
     summary = close_run(db_path, run_id, status, None if status == "completed" else message)
@@ -281,14 +281,14 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     if supervised is not None:
         create_markdown_artifact(
             key="replan-report",
-            markdown=decisions_markdown(run_id, supervised["decisions"]),
+            markdown=decisions_markdown(run_id, supervised.decisions),
             description=f"re-planning decisions of run {run_id}",
         )
     if refusal is not None:  # the ranks refused to start (every checkpoint unreadable): one line, no traceback
         raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
     if job_failed:
         log = rundir.node_log(run_dir)
-        raise RuntimeError(f"torchrun exited {supervised['returncode']} ({log}):\n{log_tail(log)}")
+        raise RuntimeError(f"torchrun exited {supervised.returncode} ({log}):\n{log_tail(log)}")
     if status != "completed":
         state.result()  # re-raises the launch error: the flow run fails with it
     measured = measured_step_time_s(summary)
@@ -304,10 +304,10 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         measured_step_time_s=measured,
         predicted_step_time_s=plan.predicted.step_time_s if plan.predicted is not None else None,
         losses=[row["loss"] for row in summary],
-        decisions=supervised["decisions"] if supervised else [],
-        final_detections=supervised["final_detections"] if supervised else [],
-        segments=supervised["segments"] if supervised else [],
-        final_plan_json=supervised["plan"].to_json() if supervised else plan.to_json(),
+        decisions=supervised.decisions if supervised else [],
+        final_detections=supervised.final_detections if supervised else [],
+        segments=supervised.segments if supervised else [],
+        final_plan_json=supervised.plan.to_json() if supervised else plan.to_json(),
         events=events,
         slurm_job_id=slurm_job,
     )

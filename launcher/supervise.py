@@ -35,6 +35,18 @@ from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 
 
+@dataclasses.dataclass(frozen=True)
+class SupervisedRun:
+    """What `Supervisor.run` returns: how the job ended and what the monitor did on the way."""
+
+    returncode: int  # torchrun's, of the last launch
+    wall_s: float
+    decisions: list[dict[str, Any]]  # storage.replan records, in order
+    segments: list[dict[str, Any]]  # one per torchrun launch: plan, world size, launch_s, exit step
+    plan: Plan  # the plan the job finished on (after rebalances and relayouts)
+    final_detections: list[dict[str, Any]]  # slowdowns the monitor held at the end
+
+
 @dataclasses.dataclass
 class Supervisor:
     launch: Launch
@@ -55,11 +67,11 @@ class Supervisor:
         default_factory=lambda: StepProgress(0, enabled=False), init=False, repr=False
     )
 
-    def run(self, timeout_s: float) -> dict[str, Any]:
+    def run(self, timeout_s: float) -> SupervisedRun:
         with StepProgress(self.launch.steps, enabled=self.show_progress) as self._progress:
             return self._run(timeout_s)
 
-    def _run(self, timeout_s: float) -> dict[str, Any]:
+    def _run(self, timeout_s: float) -> SupervisedRun:
         run_dir = Path(self.launch.run_dir)
         t0 = time.monotonic()
         deadline = t0 + timeout_s
@@ -117,14 +129,14 @@ class Supervisor:
             segment["exit_step"] = ex["step"] if ex else None
             if proc.returncode != 0 or pending is None or ex is None or ex.get("version") != pending[2]:
                 final = monitor.detection()
-                return {
-                    "returncode": proc.returncode,
-                    "wall_s": time.monotonic() - t0,
-                    "decisions": self.decisions,
-                    "segments": self.segments,
-                    "plan": monitor.plan,
-                    "final_detections": [dataclasses.asdict(s) for s in final.slowdowns],
-                }
+                return SupervisedRun(
+                    returncode=proc.returncode,
+                    wall_s=time.monotonic() - t0,
+                    decisions=self.decisions,
+                    segments=self.segments,
+                    plan=monitor.plan,
+                    final_detections=[dataclasses.asdict(s) for s in final.slowdowns],
+                )
             new_plan, mapping, version = pending
             costs = dataclasses.replace(
                 costs, checkpoint_save_s=float(ex.get("checkpoint_s") or costs.checkpoint_save_s)

@@ -229,8 +229,3 @@ def resolve_snapshot(db_path: str | Path, fingerprint: str | None = None) -> Har
             "pass --cluster FILE or run `meshplan discover` first",
         )
     return load_snapshot(db_path, probed["fingerprint"][0])
-
-
-def resolve_cluster(db_path: str | Path, fingerprint: str | None = None) -> ClusterSpec:
-    """The cluster of snapshot `fingerprint`, or of the newest probed snapshot when none is named."""
-    return resolve_snapshot(db_path, fingerprint).cluster

@@ -1,6 +1,6 @@
 """Prefect tasks of stage 1 (discover): identify this node, run the torchrun bench, record snapshots.
 
-Policies (DESIGN §5): probes and the bench are flaky I/O, so they retry with a delay and run under
+Policies (DESIGN.md, Prefect): probes and the bench are flaky I/O, so they retry with a delay and run under
 a timeout (the bench also under an outer kill of its whole process group); reading a file and
 recording a snapshot are side effects with NO_CACHE, and recording is idempotent (upsert by
 fingerprint). A MeshplanError is the user's to fix, so no task retries it.

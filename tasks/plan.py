@@ -1,6 +1,6 @@
 """Prefect tasks of stage 3 (plan): prepare the search's inputs, search, store the ranked plans.
 
-Policies (DESIGN §5): the search is deterministic in its inputs and costly, so it caches on
+Policies (DESIGN.md, Prefect): the search is deterministic in its inputs and costly, so it caches on
 INPUTS + TASK_SOURCE with a persisted result (the specs and profile table are its inputs, not a
 connection); reading and writing the database are NO_CACHE, and the write is an idempotent upsert.
 """

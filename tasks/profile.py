@@ -1,6 +1,6 @@
 """Prefect tasks of stage 2 (profile): find what is missing, run the profiler subprocess, ingest rows.
 
-Policies (DESIGN §5): a profiler run is costly and deterministic in its inputs, and flaky (OOM,
+Policies (DESIGN.md, Prefect): a profiler run is costly and deterministic in its inputs, and flaky (OOM,
 a killed process), so `profile_group` caches on INPUTS + TASK_SOURCE (the run folder excluded: it
 names where, not what) and retries with a delay under a timeout; a retry resumes the same
 out file, so what a crashed attempt measured is kept. Reading and writing the database are

@@ -1,6 +1,6 @@
 """Prefect tasks of stage 5 (replan): supervise a training job, decide from stored telemetry, store decisions.
 
-Policies (DESIGN §5): supervising launches processes and writes control files — NO_CACHE, no
+Policies (DESIGN.md, Prefect): supervising launches processes and writes control files — NO_CACHE, no
 retries (the flow decides whether to relaunch). Deciding from stored telemetry is cheap and must
 reflect the latest rows — NO_CACHE. Storing decisions is an idempotent upsert — short retries.
 """
@@ -13,7 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import Launch
-from launcher.supervise import Supervisor
+from launcher.supervise import SupervisedRun, Supervisor
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.replan.monitor import MonitorConfig, MonitorDecision, ReplanMonitor
@@ -40,8 +40,8 @@ def supervise_training(
     synthetic_cluster: bool,
     show_progress: bool = False,
     calibration: Calibration | None = None,
-) -> dict[str, Any]:
-    """torchrun under a re-planning monitor; {returncode, wall_s, decisions, segments, plan}."""
+) -> SupervisedRun:
+    """torchrun under a re-planning monitor: how it ended, the decisions taken, the plan it finished on."""
     sup = Supervisor(
         launch,
         plan,

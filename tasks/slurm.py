@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from launcher.slurm import SlurmJob, SlurmNode, slurm_jobs, slurm_nodes
 from planner.errors import MeshplanError
-from planner.schedule.types import kind_alias
+from planner.scheduler.types import kind_alias
 from planner.specs.cluster import ClusterSpec
 
 OWN_JOB_PREFIX = "meshplan-"

@@ -1,6 +1,6 @@
 """Prefect tasks of stage 4 (train): record the run, launch torchrun, ingest telemetry.
 
-Policies (DESIGN §5): launching is a side effect that must not be repeated blindly — NO_CACHE and no
+Policies (DESIGN.md, Prefect): launching is a side effect that must not be repeated blindly — NO_CACHE and no
 retries (a failed run is resumed on purpose, from its checkpoint, by launching again); the
 launcher's own outer timeout kills the whole process group. Database writes are NO_CACHE
 idempotent upserts, so their short retries (a briefly locked file) are safe.

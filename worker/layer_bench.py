@@ -5,7 +5,7 @@ Used by `worker.profile_layers` (the subprocess entry point). What is measured a
 - **time**: forward and backward separately, per iteration, summed over a block of `inner`
   iterations (sized so a block lasts at least `min_block_s`), reported as the median over `repeats`
   blocks after warm-up, with the inter-quartile range of the blocks as the spread. CPU uses
-  `perf_counter` (one thread, see STACK.md §1.4); CUDA records events around each phase and
+  `perf_counter` (one thread: torch's intra-op threads would time each other); CUDA records events around each phase and
   synchronises once per block, so kernel-launch queues are not drained between phases.
   Parameter gradients accumulate across iterations, as under gradient accumulation.
 - **tensor-parallel blocks are timed as the runtime runs them**: worker.parallel.apply_tp's DTensor

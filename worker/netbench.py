@@ -395,7 +395,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
             tmp.write_text(json.dumps(snapshot, indent=1))
             tmp.replace(out)  # readers never see a half-written snapshot
     finally:
-        dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
+        dist.barrier()  # without it gloo sporadically aborts at exit
         dist.destroy_process_group()
 
 

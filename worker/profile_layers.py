@@ -303,7 +303,7 @@ def measure_optimizer(args: argparse.Namespace) -> dict[str, Any]:
         every: list[Any] = [None] * num_ranks
         dist.all_gather_object(every, out)
         out = {layout: statistics.median(o[layout] for o in every) for layout in OPTIMIZER_LAYOUTS}
-        dist.barrier()  # without it gloo sporadically aborts at exit (STACK.md §1.3)
+        dist.barrier()  # without it gloo sporadically aborts at exit
         dist.destroy_process_group()
     return {**out, "num_ranks": num_ranks, "torch_version": torch.__version__, "device_kind": "cpu"}
 

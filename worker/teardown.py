@@ -1,7 +1,7 @@
 """How a rank process ends once its work is done: never with the gloo abort at teardown.
 
 gloo sometimes aborts a finished process at exit (`terminate called without an active exception`,
-torchrun exit -6, so a finished run counts as failed; STACK.md §1.3: 5-8 runs in 20 without a final
+torchrun exit -6, so a finished run counts as failed; measured: 5-8 runs in 20 without a final
 barrier, more under load). Every rank entry point (worker.train, worker.profile_layers,
 worker.netbench) therefore ends here: a barrier so no peer is still talking, destroy_process_group,
 then stdout/stderr flushed and os._exit — no interpreter shutdown, no C++ static destructors run

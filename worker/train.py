@@ -23,8 +23,8 @@ rows carry the control version in force and, on the switch step, the action. Inj
 (slow compute, slow sends, a crash: one `--faults` FaultSpec) come from worker/faults.py.
 
 Init: gloo on CPU, NCCL on GPU (device LOCAL_RANK). The process group's store is the agent's store
-under a per-restart prefix, so `--max-restarts` re-rendezvous does not read a dead attempt's keys
-(STACK.md §1.3), and the run ends with a barrier before destroy_process_group (exit SIGABRT trap).
+under a per-restart prefix, so `--max-restarts` re-rendezvous does not read a dead attempt's keys,
+and the run ends with a barrier before destroy_process_group (exit SIGABRT trap).
 Hangs are bounded twice: gloo's collective timeout (--timeout-s), and a per-phase watchdog
 (worker/watchdog.py) for what that timeout misses, such as a re-rendezvous stuck in init.
 Resuming trusts only a checkpoint that passes its digests (worker/checkpoint_check.py).
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         os._exit(2)  # no barrier: a rank that refused may not be met by its peers; no teardown to abort
     watchdog.beat("final barrier")
-    teardown.end_process_group()  # barrier first: without it gloo sporadically aborts at exit (STACK.md §1.3)
+    teardown.end_process_group()  # barrier first: without it gloo sporadically aborts at exit
     watchdog.stop()
     teardown.exit_now(code)
 

@@ -1,7 +1,7 @@
 """A per-phase deadline for a torchrun rank, so no dead or frozen peer can hang a run forever.
 
 gloo's collective timeout (`--timeout-s`) already fails a blocked send/recv/all-reduce, but not
-everything honours it: STACK.md §1.3 saw `init_process_group(timeout=…)` hang for good on a
+everything honours it: `init_process_group(timeout=…)` has been seen to hang for good on a
 re-rendezvous. So each rank runs one daemon thread holding a deadline that the training loop
 re-arms at every phase ("rendezvous", "step 12", "checkpoint 12", "final barrier"). A phase that
 outlives its deadline prints which phase and how long, dumps every thread's stack (to show where it

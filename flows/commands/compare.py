@@ -106,32 +106,30 @@ def compare(
 
 
 def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) -> None:
-    from rich.table import Table
-
-    from flows.commands.tables import console
+    from flows.commands.tables import Col, console, print_table
 
     a, b = (x["cost"] for x in priced)
-    t = Table(title=f"on {cluster}", title_justify="left", box=None, padding=(0, 1), pad_edge=False)
-    t.add_column("", no_wrap=True)
-    for x in priced:
-        t.add_column(f"{Path(x['file']).name[:20]} ({x['plan'].fingerprint()[:8]})", justify="right", no_wrap=True)
-    t.add_column("b/a", justify="right", no_wrap=True)
+    cols = [Col("", keep=9), Col("a", keep=9, right=True), Col("b", keep=9, right=True), Col("b/a", keep=8, right=True)]
+    rows = []
     for label, field in _TERMS:
         va, vb = getattr(a, field), getattr(b, field)
-        t.add_row(f"{label} ms", f"{va * 1e3:.4g}", f"{vb * 1e3:.4g}", f"{vb / va:.2f}" if va else "-")
-    t.add_row(
-        "tokens/s",
-        f"{a.tokens_per_s:,.0f}",
-        f"{b.tokens_per_s:,.0f}",
-        f"{b.tokens_per_s / a.tokens_per_s:.2f}" if a.tokens_per_s else "-",
+        rows.append([f"{label} ms", f"{va * 1e3:.4g}", f"{vb * 1e3:.4g}", f"{vb / va:.2f}" if va else "-"])
+    rows.append(
+        [
+            "tokens/s",
+            f"{a.tokens_per_s:,.0f}",
+            f"{b.tokens_per_s:,.0f}",
+            f"{b.tokens_per_s / a.tokens_per_s:.2f}" if a.tokens_per_s else "-",
+        ]
     )
-    t.add_row("MFU", f"{a.mfu:.1%}", f"{b.mfu:.1%}", "")
+    rows.append(["MFU", f"{a.mfu:.1%}", f"{b.mfu:.1%}", ""])
     pa, pb = max(a.peak_memory_bytes) / GIB, max(b.peak_memory_bytes) / GIB
-    t.add_row("peak GiB", f"{pa:.2f}", f"{pb:.2f}", f"{pb / pa:.2f}" if pa else "-")
-    t.add_row("fits", "yes" if a.feasible else "NO", "yes" if b.feasible else "NO", "")
+    rows.append(["peak GiB", f"{pa:.2f}", f"{pb:.2f}", f"{pb / pa:.2f}" if pa else "-"])
+    rows.append(["fits", "yes" if a.feasible else "NO", "yes" if b.feasible else "NO", ""])
     con = console()
-    con.print(t)
+    print_table(f"on {cluster}", cols, rows, con=con, full="--json")
     for tag, x in zip("ab", priced, strict=True):
-        con.print(f"{tag}: {x['model']}, bottleneck {x['cost'].bottleneck}; profiles: {x['profiles']}")
+        con.print(f"{tag}: {Path(x['file']).name} ({x['plan'].fingerprint()[:8]})", highlight=False)
+        con.print(f"   {x['model']}, bottleneck {x['cost'].bottleneck}; profiles: {x['profiles']}")
     if speedup is not None:
         con.print(f"b is {speedup:.2f}× {'faster' if speedup >= 1 else 'slower'} than a per step")

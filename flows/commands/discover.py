@@ -70,12 +70,12 @@ def discover(
         timeout_s=d.timeout_s,
         **slurm,
     )
-    snap = load_snapshot(path, summary["fingerprint"])
+    snap = load_snapshot(path, summary.fingerprint)
     if as_json:
         print(
             json.dumps(
                 {
-                    **summary,
+                    **summary.model_dump(mode="json"),
                     "db": str(path),
                     "cluster": snap.cluster.model_dump(mode="json"),
                     "devices": snap.devices.to_dicts(),
@@ -103,12 +103,12 @@ def _gb(x: Any, scale: float = 1e9, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x / scale)
 
 
-def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
+def _print_tables(summary: Any, snap: Any, path: Path) -> None:
     import polars as pl
-    from rich.console import Console
-    from rich.table import Table
 
-    console = Console()
+    from flows.commands.tables import Col, console, print_table
+
+    con = console()
     devices = snap.devices.group_by("node", "kind", maintain_order=True).agg(
         pl.len().alias("count"),
         pl.col("memory_bytes").first(),
@@ -117,11 +117,11 @@ def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
         pl.col("matmul_dtype").first(),
         pl.col("memory_bandwidth_bytes_per_s").median(),
     )
-    t = Table(title=f"devices of {snap.name} ({snap.source})")
-    for col in ("node", "kind", "count", "memory GB", "planner GFLOP/s", "measured GFLOP/s", "dtype", "mem GB/s"):
-        t.add_column(col)
-    for r in devices.iter_rows(named=True):
-        t.add_row(
+    cols = [Col("node", keep=9), Col("kind", keep=9), Col("count", keep=8, right=True)]
+    cols += [Col("memory GB", keep=6, right=True), Col("planner GFLOP/s", keep=4, right=True)]
+    cols += [Col("measured GFLOP/s", keep=7, right=True), Col("dtype", keep=3), Col("mem GB/s", keep=5, right=True)]
+    rows = [
+        [
             r["node"],
             r["kind"],
             str(r["count"]),
@@ -130,40 +130,45 @@ def _print_tables(summary: dict[str, Any], snap: Any, path: Path) -> None:
             _gb(r["measured_flop_per_s"], fmt="{:,.1f}"),
             r["matmul_dtype"] or "-",
             _gb(r["memory_bandwidth_bytes_per_s"]),
-        )
-    console.print(t)
+        ]
+        for r in devices.iter_rows(named=True)
+    ]
+    print_table(f"devices of {snap.name} ({snap.source})", cols, rows, con=con, full="--json")
 
-    links = Table(title="links (per device, per direction)")
-    for col in ("node", "class", "kind", "α µs", "bandwidth GB/s", "measured"):
-        links.add_column(col, no_wrap=True)
-    for r in snap.links.iter_rows(named=True):
-        links.add_row(
+    cols = [Col("node", keep=9), Col("class", keep=8), Col("kind", keep=7), Col("α µs", keep=6, right=True)]
+    cols += [Col("bandwidth GB/s", keep=6, right=True), Col("measured", keep=5)]
+    rows = [
+        [
             r["node"],
             r["link_class"],
             r["kind"],
             f"{r['latency_s'] * 1e6:.1f}",
             _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"),
             "yes" if r["measured"] else "no",
-        )
-    console.print(links)
+        ]
+        for r in snap.links.iter_rows(named=True)
+    ]
+    print_table("links (per device, per direction)", cols, rows, con=con, full="--json")
     for r in snap.links.iter_rows(named=True):
-        console.print(f"  {r['node']} {r['link_class']}: {r['source'] or 'from the cluster file'}", highlight=False)
+        con.print(f"  {r['node']} {r['link_class']}: {r['source'] or 'from the cluster file'}", highlight=False)
 
     if snap.fits.height:
-        fits = Table(title="α–β fits (t = α + bytes / bandwidth)")
-        for col in ("op", "class", "α µs", "bandwidth GB/s", "r²", "points"):
-            fits.add_column(col)
-        for r in snap.fits.iter_rows(named=True):
-            fits.add_row(
+        cols = [Col("op", keep=9), Col("class", keep=9), Col("α µs", keep=6, right=True)]
+        cols += [Col("bandwidth GB/s", keep=6, right=True), Col("r²", keep=4, right=True)]
+        cols += [Col("points", keep=3, right=True)]
+        rows = [
+            [
                 r["op"],
                 r["link_class"],
                 f"{r['alpha_s'] * 1e6:.1f}",
                 _gb(r["bandwidth_bytes_per_s"], fmt="{:.3f}"),
                 f"{r['r2']:.3f}",
                 str(r["num_points"]),
-            )
-        console.print(fits)
+            ]
+            for r in snap.fits.iter_rows(named=True)
+        ]
+        print_table("α–β fits (t = α + bytes / bandwidth)", cols, rows, con=con, full="--json")
     for r in snap.unsupported.iter_rows(named=True):
-        console.print(f"unsupported on this backend: {r['op']} ({r['reason']})")
-    state = "reused the stored snapshot (pass --refresh to re-measure)" if summary["reused"] else "recorded"
-    console.print(f"hardware {summary['fingerprint']}: {state} in {path}")
+        con.print(f"unsupported on this backend: {r['op']} ({r['reason']})")
+    state = "reused the stored snapshot (pass --refresh to re-measure)" if summary.reused else "recorded"
+    con.print(f"hardware {summary.fingerprint}: {state} in {path}")

@@ -7,21 +7,27 @@ from typing import Annotated
 import typer
 
 from flows.app import app, db_path, load_settings
+from flows.commands.tables import Col, FormatOption, emit, print_table
 
 
 @app.command()
-def gpus() -> None:
+def gpus(fmt: FormatOption = "table") -> None:
     """List the GPU catalog (datasheet figures and their sources)."""
-    from rich.console import Console
-    from rich.table import Table
-
     from planner.specs.catalog import CATALOG
 
-    t = Table(title="GPU catalog (dense peaks)")
-    for col in ("name", "memory GiB", "bf16 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "fabric GB/s", "source"):
-        t.add_column(col)
-    for g in CATALOG.values():
-        t.add_row(
+    if emit(fmt, [g.model_dump() for g in CATALOG.values()]):
+        return
+    cols = [
+        Col("name", keep=9),
+        Col("GiB", keep=5, right=True),
+        Col("bf16 TF/s", keep=8, right=True),
+        Col("fp32 TF/s", keep=4, right=True),
+        Col("HBM GB/s", keep=6, right=True),
+        Col("fabric GB/s", keep=3, right=True),
+        Col("source", keep=0, wrap=True),
+    ]
+    rows = [
+        [
             g.name + (" *" if g.estimated else ""),
             f"{g.memory_bytes / 2**30:.0f}",
             f"{g.peak_flop_per_s('bf16') / 1e12:.0f}",
@@ -29,23 +35,25 @@ def gpus() -> None:
             f"{g.memory_bandwidth_bytes_per_s / 1e9:.0f}",
             f"{g.fabric_bytes_per_s / 1e9:.0f}" if g.fabric_bytes_per_s else "-",
             g.source,
-        )
-    Console().print(t)
+        ]
+        for g in CATALOG.values()
+    ]
+    note = "* a figure is estimated (see --format json notes); TF/s: dense peak TFLOP/s; GB/s per direction"
+    print_table("GPU catalog (dense peaks)", cols, rows, notes=[note])
 
 
 @app.command()
-def models() -> None:
+def models(fmt: FormatOption = "table") -> None:
     """List the model presets."""
-    from rich.console import Console
-    from rich.table import Table
-
     from planner.specs.model import PRESETS
 
-    t = Table(title="model presets")
-    for col in ("name", "family", "layers", "hidden", "heads", "kv", "ffn", "vocab", "seq", "params"):
-        t.add_column(col)
-    for m in PRESETS.values():
-        t.add_row(
+    if emit(fmt, [{**m.model_dump(), "params": m.num_params()} for m in PRESETS.values()]):
+        return
+    cols = [Col("name", keep=9), Col("family", keep=1)]
+    cols += [Col(h, keep=k, right=True) for h, k in (("layers", 5), ("hidden", 5), ("heads", 4), ("kv", 3))]
+    cols += [Col(h, keep=k, right=True) for h, k in (("ffn", 3), ("vocab", 2), ("seq", 4), ("params", 8))]
+    rows = [
+        [
             m.name,
             m.family,
             str(m.num_layers),
@@ -56,8 +64,10 @@ def models() -> None:
             str(m.vocab_size),
             str(m.seq_len),
             f"{m.num_params() / 1e9:.3g}B",
-        )
-    Console().print(t)
+        ]
+        for m in PRESETS.values()
+    ]
+    print_table("model presets", cols, rows)
 
 
 @app.command()
@@ -69,6 +79,7 @@ def db(
     restore: Annotated[
         bool, typer.Option("--restore", help="put the newest backup back (the current file is kept aside)")
     ] = False,
+    fmt: FormatOption = "table",
 ) -> None:
     """Show the tables of the meshplan database, or run a SQL query on it (read-only unless --write).
 
@@ -76,7 +87,6 @@ def db(
     newest copy back (after a damaged file or a statement you regret) and renames the replaced file
     aside, so nothing is deleted."""
     import duckdb
-    from rich.console import Console
 
     from planner.errors import MeshplanError
     from storage import db as store
@@ -102,4 +112,8 @@ def db(
         if "read-only mode" in str(exc):
             raise MeshplanError("sql", sql, "this statement changes the database; add --write to run it") from None
         raise MeshplanError("sql", sql, str(exc).splitlines()[0]) from None
-    Console().print(str(frame))
+    if emit(fmt, frame.to_dicts()):
+        return
+    title = f"tables of {path}" if sql is None else sql
+    rows = [["-" if v is None else str(v) for v in row] for row in frame.iter_rows()]
+    print_table(title, [Col(c, keep=frame.width - i, wrap=True) for i, c in enumerate(frame.columns)], rows)

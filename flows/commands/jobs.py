@@ -20,6 +20,7 @@ from flows.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
+from flows.commands.tables import Col, FormatOption, emit, print_table
 
 
 @app.command()
@@ -100,15 +101,15 @@ def job_train_options(given: dict) -> dict:
 def jobs(
     state: Annotated[str | None, typer.Option("--state", help="only jobs in this state")] = None,
     events: Annotated[bool, typer.Option("--events", help="print every state transition")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON (= --format json)")] = False,
+    fmt: FormatOption = "table",
 ) -> None:
     """List the queue's jobs (and their transitions)."""
     from storage.jobs import job_events, list_jobs
 
     db = db_path(load_settings())
     frame = job_events(db) if events else list_jobs(db, state)
-    if as_json:
-        typer.echo(json.dumps([_job_doc(r) for r in frame.to_dicts()], indent=2, default=str))
+    if emit("json" if as_json else fmt, [_job_doc(r) for r in frame.to_dicts()]):
         return
     if frame.height == 0:
         typer.echo("no jobs")
@@ -118,13 +119,17 @@ def jobs(
         if events
         else ["job_id", "state", "model", "global_batch", "iterations", "priority", "allocation"]
     )
-    for row in frame.select(cols).iter_rows():
-        typer.echo("  ".join("-" if v is None else str(v) for v in row))
+    rows = [["-" if v is None else str(v) for v in row] for row in frame.select(cols).iter_rows()]
+    spec = [Col(c, keep=len(cols) - i, wrap=c == "reason", right=c in _NUMERIC) for i, c in enumerate(cols)]
+    print_table("job transitions" if events else "jobs", spec, rows)
+
+
+_NUMERIC = ("seq", "global_batch", "iterations", "priority")
 
 
 def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
     """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
-    from tasks.schedule import parse_alloc
+    from tasks.scheduler import parse_alloc
 
     doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json")}
     if "train_json" in row:
@@ -173,7 +178,7 @@ def schedule_cluster(
     from flows.app import prefect_env
     from flows.commands.replan import parse_every
     from planner.errors import MeshplanError
-    from planner.schedule import POLICIES
+    from planner.scheduler import POLICIES
 
     seconds = parse_every(every)
     if executor not in ("local", "slurm"):
@@ -191,7 +196,7 @@ def schedule_cluster(
             str(cluster),
             "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)",
         )
-    from flows.schedule import scheduler_flow
+    from flows.scheduler import scheduler_flow
 
     params = {
         "db_path": str(db_path(cfg).resolve()),

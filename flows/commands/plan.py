@@ -84,14 +84,10 @@ def plan(
         summary = plan_flow(
             str(path),
             cfg.model,
+            cfg.search,
             str(cluster) if cluster else None,
-            cfg.search.global_batch,
-            cfg.search.seq,
-            cfg.search.top_k,
-            cfg.search.time_budget_s,
             snapshot,
             cfg.profile.dtype,
-            cfg.search.fp8,
         )
         typer.echo(summary.model_dump_json(indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary.feasible else 1)
@@ -201,30 +197,29 @@ def estimate(
         }
         typer.echo(json.dumps({**doc, **c.model_dump(mode="json")}, indent=2))
         raise typer.Exit(0 if c.feasible else 1)
-    from rich.console import Console
-    from rich.table import Table
+    from flows.commands.tables import Col, console, print_table
 
     gib = 2**30
-    con = Console()
+    con = console()
     con.print(f"[bold]{m.name}[/] on {spec.name}: plan {p.fingerprint()} — {'fits' if c.feasible else 'DOES NOT FIT'}")
-    t = Table(title=f"step {c.step_time_s:.4g} s · {c.tokens_per_s:,.0f} tokens/s · MFU {c.mfu:.1%} · {c.bottleneck}")
-    for col in ("compute", "bubble", "pp p2p", "tp comm", "dp comm", "optimizer"):
-        t.add_column(col)
-    t.add_row(*(f"{v:.4g} s" for v in (c.compute_s, c.bubble_s, c.pp_comm_s, c.tp_comm_s, c.dp_comm_s, c.optimizer_s)))
-    con.print(t)
-    mem = Table(title="memory per stage")
-    for col in ("stage", "layers", "peak", "capacity", "fits"):
-        mem.add_column(col)
+    terms = ("compute", "bubble", "pp p2p", "tp comm", "dp comm", "optimizer")
+    values = (c.compute_s, c.bubble_s, c.pp_comm_s, c.tp_comm_s, c.dp_comm_s, c.optimizer_s)
+    title = f"step {c.step_time_s:.4g} s · {c.tokens_per_s:,.0f} tokens/s · MFU {c.mfu:.1%} · {c.bottleneck}"
+    print_table(title, [Col(h, keep=9, right=True) for h in terms], [[f"{v:.4g} s" for v in values]], con=con)
+    rows = []
     for j, s in enumerate(p.stages[: p.pp]):
         peak, cap = c.peak_memory_bytes[j], c.memory_capacity_bytes[j]
-        mem.add_row(
-            str(j),
-            f"{s.layer_start}-{s.layer_end - 1}",
-            f"{peak / gib:.2f} GiB",
-            f"{cap / gib:.1f} GiB",
-            "yes" if peak <= cap else "NO",
+        rows.append(
+            [
+                str(j),
+                f"{s.layer_start}-{s.layer_end - 1}",
+                f"{peak / gib:.2f} GiB",
+                f"{cap / gib:.1f} GiB",
+                "yes" if peak <= cap else "NO",
+            ]
         )
-    con.print(mem)
+    heads = ("stage", "layers", "peak", "capacity", "fits")
+    print_table("memory per stage", [Col(h, keep=9, right=h != "fits") for h in heads], rows, con=con)
     con.print(f"runtime: {rt} ({figures})")
     con.print(f"profiles: {source}" + "".join(f"\nnote: {n}" for n in c.notes))
     if not c.feasible:

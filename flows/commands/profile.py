@@ -76,65 +76,60 @@ def profile(
 
     from flows.profile import profile_flow
 
-    p, path = cfg.profile, db_path(cfg)
+    path = db_path(cfg)
     summary = profile_flow(
         db_path=str(path),
         model_name=cfg.model,
+        profile=cfg.profile,
         cluster_file=str(cluster) if cluster else None,
-        mbs=list(p.mbs),
-        seq=list(p.seq) or None,
-        tp=list(p.tp),
-        recompute=list(p.recompute),
-        dtype=p.dtype,
-        repeats=p.repeats,
-        min_block_s=p.min_block_s,
-        timeout_s=p.timeout_s,
-        retries=p.retries,
         show_progress=not as_json,
         comm=True,
     )
     if as_json:
-        print(json.dumps({**summary, "db": str(path)}, default=str))
+        print(json.dumps({**summary.model_dump(mode="json"), "db": str(path)}, default=str))
         return
     _print(summary, path)
 
 
-def _print(summary: dict[str, Any], path: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def _print(summary: Any, path: Path) -> None:
+    from flows.commands.tables import Col, console, print_table
     from planner.specs.model import get_model
     from storage.profiles import profile_frame
 
-    console = Console()
-    frame = profile_frame(path, get_model(summary["model"]))
-    t = Table(title=f"layer profiles of {summary['model']} ({summary['fingerprint']})")
-    for col in ("device", "layer", "mbs", "seq", "tp", "rc", "fwd ms", "bwd ms", "±%", "act MB", "GFLOP/s", "source"):
-        t.add_column(col, no_wrap=True)
-    for r in frame.filter(frame["device_kind"].is_in(summary["device_kinds"])).iter_rows(named=True):
+    con = console()
+    frame = profile_frame(path, get_model(summary.model))
+    cols = [Col("device", keep=9), Col("layer", keep=9)]
+    heads = (("mbs", 8), ("seq", 8), ("tp", 8), ("rc", 8), ("fwd ms", 7), ("bwd ms", 7), ("±%", 3), ("act MB", 4))
+    cols += [Col(h, keep=k, right=True) for h, k in heads]
+    cols += [Col("GFLOP/s", keep=2, right=True), Col("source", keep=5)]
+    rows = []
+    for r in frame.filter(frame["device_kind"].is_in(summary.device_kinds)).iter_rows(named=True):
         spread = 100 * r["forward_spread_s"] / r["forward_s"] if r["forward_s"] else 0.0
         source = f"est {r['efficiency']:.2f}" if r["estimated"] else "measured"
-        t.add_row(
-            r["device_kind"],
-            r["layer_kind"],
-            str(r["micro_batch_size"]),
-            str(r["seq_len"]),
-            str(r["tp"]),
-            "y" if r["recompute"] else "n",
-            f"{r['forward_s'] * 1e3:.3f}",
-            f"{r['backward_s'] * 1e3:.3f}",
-            "-" if r["estimated"] else f"{spread:.1f}",
-            f"{r['activation_bytes'] / 1e6:.2f}",
-            f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-",
-            source,
+        rows.append(
+            [
+                r["device_kind"],
+                r["layer_kind"],
+                str(r["micro_batch_size"]),
+                str(r["seq_len"]),
+                str(r["tp"]),
+                "y" if r["recompute"] else "n",
+                f"{r['forward_s'] * 1e3:.3f}",
+                f"{r['backward_s'] * 1e3:.3f}",
+                "-" if r["estimated"] else f"{spread:.1f}",
+                f"{r['activation_bytes'] / 1e6:.2f}",
+                f"{(r['achieved_flop_per_s'] or 0) / 1e9:.1f}" if not r["estimated"] else "-",
+                source,
+            ]
         )
-    console.print(t)
-    console.print(
+    title = f"layer profiles of {summary.model} ({summary.fingerprint})"
+    print_table(title, cols, rows, con=con, full="--json")
+    con.print(
         "±% = inter-quartile spread of forward time over timed blocks; est = roofline estimate at that efficiency"
     )
-    for kind, e in summary["efficiency"].items():
-        console.print(f"{kind}: estimated at efficiency {e['efficiency']:.2f} ({e['source']})")
-    console.print(
-        f"measured {summary['measured']} rows in {summary['profiler_runs']} profiler run(s), reused "
-        f"{summary['reused']}, estimated {summary['estimated']}; stored in {path}"
+    for kind, e in summary.efficiency.items():
+        con.print(f"{kind}: estimated at efficiency {e.efficiency:.2f} ({e.source})")
+    con.print(
+        f"measured {summary.measured} rows in {summary.profiler_runs} profiler run(s), reused "
+        f"{summary.reused}, estimated {summary.estimated}; stored in {path}"
     )

@@ -1,6 +1,7 @@
-"""`meshplan replan` (decide for a stored run now) and `meshplan schedule` (re-plan it on an interval).
+"""`meshplan replan` (decide for a stored run now) and `meshplan replan-every` (re-plan it on an interval).
 
-`schedule` serves `replan_flow` as a deployment with an interval schedule; schedules need a real
+`replan-every` (named apart from the pipeline schedule and the cluster scheduler; `meshplan schedule`
+is its deprecated old name) serves `replan_flow` as a deployment with an interval schedule; schedules need a real
 Prefect server (ephemeral mode cannot schedule), so it requires the one `meshplan ui` starts for
 this state folder and fails with one line pointing there otherwise. It runs until Ctrl-C.
 """
@@ -73,25 +74,28 @@ def replan(
     typer.echo(f"decision: {out.action}{' (acted)' if out.acted else ''} — {out.reason}")
 
 
-@app.command()
-def schedule(
+@app.command("replan-every")
+def replan_every(
+    ctx: typer.Context,
     run_id: Annotated[str, typer.Option("--run-id", help="the training run to re-plan")],
     every: Annotated[str, typer.Option("--every", help="interval: 30s, 5m, 2h, 1d")] = "5m",
     name: Annotated[str | None, typer.Option("--name", help="deployment name (default replan-<run id>)")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML (default: its CPU ranks)")] = None,
 ) -> None:
-    """Re-plan a run on a schedule: serves replan_flow as a deployment on the `meshplan ui` server (Ctrl-C stops)."""
+    """Re-plan a run on an interval: serves replan_flow as a deployment on the `meshplan ui` server (Ctrl-C stops)."""
     import os
     from datetime import timedelta
 
     from planner.errors import MeshplanError
 
+    if ctx.info_name == "schedule":
+        typer.echo("note: `meshplan schedule` is now `meshplan replan-every` (the old name will go)", err=True)
     seconds = parse_every(every)
     cfg = load_settings()
     prefect_env(cfg)
     if "PREFECT_API_URL" not in os.environ:
         raise MeshplanError(
-            "schedule", run_id, "schedules need a Prefect server: run `meshplan ui` first (same --state-dir)"
+            "replan-every", run_id, "interval runs need a Prefect server: run `meshplan ui` first (same --state-dir)"
         )
     from flows.replan import replan_flow
 
@@ -104,3 +108,6 @@ def schedule(
     deployment = name or f"replan-{run_id}"
     typer.echo(f"serving replan/{deployment} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
     replan_flow.serve(name=deployment, interval=timedelta(seconds=seconds), parameters=params)
+
+
+app.command("schedule", hidden=True, help="Deprecated name of `replan-every`.")(replan_every)

@@ -32,28 +32,28 @@ def run(
     path = db_path(cfg)
     runs = Path(cfg.state.dir) / "runs"
     s = pipeline_flow(str(path), cfg, str(runs), show_progress=True)
-    hw, prof, plan, run_ = s["snapshot"], s["profile"], s["plan"], s["run"]
-    t = Table(title=f"meshplan run: {cfg.model} on this machine ({hw['num_devices']} devices)")
+    hw, prof, plan, run_ = s.snapshot, s.profile, s.plan, s.run
+    t = Table(title=f"meshplan run: {cfg.model} on this machine ({hw.num_devices} devices)")
     t.add_column("stage")
     t.add_column("result")
-    t.add_row("discover", f"snapshot {hw['fingerprint']} ({'reused' if hw['reused'] else 'measured now'})")
-    t.add_row("profile", f"{prof['measured']} measured, {prof['reused']} reused, {prof['estimated']} estimated")
+    t.add_row("discover", f"snapshot {hw.fingerprint} ({'reused' if hw.reused else 'measured now'})")
+    t.add_row("profile", f"{prof.measured} measured, {prof.reused} reused, {prof.estimated} estimated")
     t.add_row(
         "plan",
-        f"{plan['best_plan_id']}{' (cached search)' if plan['cached'] else ''}: "
-        f"predicted {plan['step_time_s'] * 1e3:.1f} ms/step",
+        f"{plan.best_plan_id}{' (cached search)' if plan.cached else ''}: "
+        f"predicted {plan.step_time_s * 1e3:.1f} ms/step",
     )
-    measured = run_.get("measured_step_time_s")
+    measured = run_.measured_step_time_s
     t.add_row(
         "train",
-        f"run {run_['run_id']} {run_['status']}: measured {measured * 1e3:.1f} ms/step"
+        f"run {run_.run_id} {run_.status}: measured {measured * 1e3:.1f} ms/step"
         if measured
-        else f"run {run_['run_id']} {run_['status']}",
+        else f"run {run_.run_id} {run_.status}",
     )
-    t.add_row("loss", f"{s['first_loss']:.3f} → {s['last_loss']:.3f}" if s["first_loss"] is not None else "-")
+    t.add_row("loss", f"{s.first_loss:.3f} → {s.last_loss:.3f}" if s.first_loss is not None else "-")
     Console().print(t)
     print(
-        f"database: {path}\nrun folder: {run_['run_dir']}\nplan: meshplan --state-dir {cfg.state.dir} "
-        f"db \"select * from plans where fingerprint = '{plan['best_plan_id']}'\"\n"
+        f"database: {path}\nrun folder: {run_.run_dir}\nplan: meshplan --state-dir {cfg.state.dir} "
+        f"db \"select * from plans where fingerprint = '{plan.best_plan_id}'\"\n"
         f"UI: meshplan --state-dir {cfg.state.dir} ui   (then run again to see it there)"
     )

@@ -16,7 +16,7 @@ from flows.app import app
 
 
 def _cluster(path: Path):
-    from planner.schedule.trace import cluster_from_csv, cluster_from_spec
+    from planner.scheduler.trace import cluster_from_csv, cluster_from_spec
     from planner.specs.cluster import parse_cluster_toml
 
     text = path.read_text()
@@ -41,9 +41,9 @@ def simulate(
 ) -> None:
     """Replay a trace round by round and report JCT, queueing, makespan and utilisation per policy."""
     from planner.errors import MeshplanError
-    from planner.schedule import POLICIES, PlannerSpeed, Policy, TableSpeed
-    from planner.schedule.simulate import simulate as run_sim
-    from planner.schedule.trace import parse_jobs, parse_lookup
+    from planner.scheduler import POLICIES, PlannerSpeed, Policy, TableSpeed
+    from planner.scheduler.simulate import simulate as run_sim
+    from planner.scheduler.trace import parse_jobs, parse_lookup
 
     cl, spec = _cluster(cluster)
     jobs = parse_jobs(trace.read_text(), set(cl.kinds), str(trace))

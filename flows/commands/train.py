@@ -221,10 +221,10 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
         typer.echo(f"dry run failed: {exc}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(out.model_dump_json(indent=2))
         return
-    typer.echo(f"dry run {out['run_id']} passed in {out['wall_s']:.1f} s ({out['run_dir']}):")
-    for line in out["lines"]:
+    typer.echo(f"dry run {out.run_id} passed in {out.wall_s:.1f} s ({out.run_dir}):")
+    for line in out.lines:
         typer.echo(f"  {line}")
 
 

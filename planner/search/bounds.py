@@ -55,20 +55,9 @@ def pool_bound(S: list[float], X: list[float], counts: list[int], total_mb: int)
     return max(max(S), work / rate)
 
 
-def replica_bound(arrs: list[StageArrays], counts: list[int], num_layers: int, total_mb: int) -> float:
-    """A lower bound on solve_replicas' cost from each class's stage arrays (any split, any shares)."""
-    S, X, tails = [], [], []
-    for s in arrs:
-        inv = 1.0 / s.a
-        S.append(num_layers * float(s.a.min()) + float(s.b.sum()))
-        X.append((num_layers + float((s.b * inv).sum())) / float(inv.sum()))
-        tails.append(tail_bound(s))
-    return pool_bound(S, X, counts, total_mb) + min(tails)
-
-
 class Bounds:
     """Bounds at three depths of the search tree: a shape (profile rows only), a shape × micro-batch ×
-    sharding (stage slopes a), and a candidate (its stage arrays, `split_bound` / `replica_bound`)."""
+    sharding (stage slopes a), and a candidate (its stage arrays, `split_bound`)."""
 
     def __init__(
         self,

@@ -93,10 +93,6 @@ def recompute_prefixes(pp: int, exhaustive_below: int = 8) -> list[int]:
     return sorted(out)
 
 
-def aligned(k: int, g: int) -> bool:
-    return g % k == 0 or k % g == 0
-
-
 def valid_tps(model: ModelSpec, cls: DeviceClass, space: SearchSpace) -> list[int]:
     g = cls.devices_per_node
     return [t for t in space.tps if g % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from planner.specs.model import ModelSpec
 from storage.jobs import get_job, job_events, job_model
 from tests.flows.test_elastic_job import rank0_rows, wait_until

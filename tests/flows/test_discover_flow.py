@@ -26,16 +26,16 @@ def test_probe_writes_a_snapshot_and_a_rerun_reuses_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHPLAN_NODE_NAME", "flow-test-node")  # inherited by the torchrun ranks
     db = str(tmp_path / "m.duckdb")
     first = discover_flow(db, num_ranks=2, **SMALL)
-    assert first["reused"] is False and first["source"] == "probe" and first["num_devices"] == 2
-    snap = load_snapshot(db, first["fingerprint"])
+    assert first.reused is False and first.source == "probe" and first.num_devices == 2
+    snap = load_snapshot(db, first.fingerprint)
     assert snap.cluster.nodes[0].name == "flow-test-node" and snap.cluster.nodes[0].device == "cpu"
     assert snap.measurements.height > 0 and "send_recv" in snap.fits["op"].to_list()
 
     second = discover_flow(db, num_ranks=2, **SMALL)
-    assert second == {**first, "reused": True}
+    assert second == first.model_copy(update={"reused": True})
 
     third = discover_flow(db, num_ranks=2, refresh=True, **SMALL)
-    assert third["reused"] is False and third["fingerprint"] == first["fingerprint"]
+    assert third.reused is False and third.fingerprint == first.fingerprint
     assert list_snapshots(db).height == 1  # re-measuring replaced the snapshot, it did not add one
 
 
@@ -44,20 +44,20 @@ def test_cluster_file_records_the_described_cluster(tmp_path):
     db = str(tmp_path / "m.duckdb")
     summary = discover_flow(db, cluster_file=str(MIXED))
     expected = parse_cluster_toml(MIXED.read_text())
-    assert summary["source"] == "file" and summary["name"] == "mixed-a100-v100-t4"
-    assert (summary["num_nodes"], summary["num_devices"]) == (4, 16)
-    snap = load_snapshot(db, summary["fingerprint"])
+    assert summary.source == "file" and summary.name == "mixed-a100-v100-t4"
+    assert (summary.num_nodes, summary.num_devices) == (4, 16)
+    snap = load_snapshot(db, summary.fingerprint)
     assert snap.cluster == expected and snap.source == "file"
     assert sorted(set(snap.devices["kind"])) == ["A100-SXM4-40GB", "T4", "V100-SXM2-32GB"]
-    assert discover_flow(db, cluster_file=str(MIXED))["reused"] is True
+    assert discover_flow(db, cluster_file=str(MIXED)).reused is True
 
 
 @pytest.mark.flow
 def test_snapshot_file_from_another_launch_is_ingested(tmp_path):
     db = str(tmp_path / "m.duckdb")
     summary = discover_flow(db, snapshot_file=str(ROOT / "tests" / "data" / "netbench_cpu_2ranks.json"))
-    assert summary["source"] == "probe" and summary["name"] == "discovered-testnode" and summary["num_devices"] == 2
-    assert load_snapshot(db, summary["fingerprint"]).measurements.height > 0
+    assert summary.source == "probe" and summary.name == "discovered-testnode" and summary.num_devices == 2
+    assert load_snapshot(db, summary.fingerprint).measurements.height > 0
     with pytest.raises(MeshplanError, match="snapshot_file"):
         discover_flow(db, snapshot_file=str(tmp_path / "missing.json"))
 

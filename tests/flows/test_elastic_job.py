@@ -20,7 +20,7 @@ import pytest
 
 from flows.job import job_flow
 from storage.jobs import get_job, job_events, submit_job, transition
-from tasks.schedule import request_resize
+from tasks.scheduler import request_resize
 from tests.worker.test_train_dist import assert_matches_reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]

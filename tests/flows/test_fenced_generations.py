@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from launcher.group import RUN_TAG, labelled
 from launcher.launch import run_label
 from planner.specs.model import get_model

@@ -12,10 +12,12 @@ def test_submit_list_cancel(tmp_path) -> None:
     )
     assert p.returncode == 0 and p.stdout.strip() == "a", p.stderr
     p = meshplan(tmp_path, "jobs")
-    assert p.stdout.split()[:3] == ["a", "queued", "gpt2-small"]
+    title, header, *rows = p.stdout.splitlines()
+    assert header.split()[:3] == ["job_id", "state", "model"]
+    assert rows[0].split()[:3] == ["a", "queued", "gpt2-small"]
     assert meshplan(tmp_path, "cancel", "a").returncode == 0
     p = meshplan(tmp_path, "jobs", "--events")
-    assert [ln.split()[3] for ln in p.stdout.splitlines()] == ["queued", "cancelled"]
+    assert [ln.split()[3] for ln in p.stdout.splitlines()[2:]] == ["queued", "cancelled"]
     p = meshplan(tmp_path, "cancel", "a")
     assert p.returncode == 1 and "cannot go to cancelled from cancelled" in p.stderr
     p = meshplan(tmp_path, "submit", "--model", "gpt9", "--global-batch", "8", "--iterations", "1")
@@ -36,7 +38,9 @@ def test_submit_records_the_training_options_the_runner_uses(tmp_path) -> None:
     assert p.returncode == 1 and p.stderr.lower().startswith("error: --lr") and "Traceback" not in p.stderr, p.stderr
     p = meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
     assert p.returncode == 1 and "--optimizer" in p.stderr and "adamw" in p.stderr, p.stderr
-    assert meshplan(tmp_path, "jobs").stdout.split()[0] == "b"  # the refused ones were never queued
+    assert (
+        meshplan(tmp_path, "jobs", "--format", "csv").stdout.splitlines()[1].split(",")[0] == "b"
+    )  # the refused ones were never queued
 
 
 def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flows.job import job_flow
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from storage.jobs import get_job, job_events, submit_job, transition
 from tests.flows.test_elastic_job import rank0_rows, wait_until
 from tests.worker.test_train_dist import assert_matches_reference

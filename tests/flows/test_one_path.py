@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.specs.config import SearchConfig
+
 ROOT = Path(__file__).parents[2]
 
 pytestmark = pytest.mark.flow
@@ -68,7 +70,7 @@ def test_plan_cli_and_plan_flow_return_the_same_ranking(tmp_path):
     assert len(cli_ranking) >= 2
 
     flow_db = str(tmp_path / "flow.duckdb")  # its own file: the flow's rows are its own, not the CLI's
-    out = plan_flow(flow_db, "gpt2-small", str(cluster), global_batch=16)
+    out = plan_flow(flow_db, "gpt2-small", SearchConfig(global_batch=16), str(cluster))
     assert out.feasible and out.complete
     assert out.search_key == doc["search_key"]
     flow_ranking = stored_ranking(flow_db, out.search_key)
@@ -79,12 +81,12 @@ def test_plan_cli_and_plan_flow_return_the_same_ranking(tmp_path):
 
 
 def test_every_search_shares_one_time_budget_default():
-    from flows.plan import plan_flow
+    # plan_flow and the pipeline take SearchConfig whole: its default is theirs
     from flows.replan import monitor_config
-    from flows.schedule import scheduler_flow
+    from flows.scheduler import scheduler_flow
     from planner.replan.monitor import MonitorConfig
     from planner.replan.options import replan
-    from planner.schedule.speed import PlannerSpeed
+    from planner.scheduler.speed import PlannerSpeed
     from planner.search import search
     from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig, SearchConfig
 
@@ -95,7 +97,6 @@ def test_every_search_shares_one_time_budget_default():
         "SearchConfig": SearchConfig().time_budget_s,
         "ReplanConfig": ReplanConfig().search_budget_s,
         "search": default(search, "time_budget_s"),
-        "plan_flow": default(plan_flow.fn, "time_budget_s"),
         "scheduler_flow": default(scheduler_flow.fn, "time_budget_s"),
         "PlannerSpeed": default(PlannerSpeed.__init__, "time_budget_s"),
         "replan": default(replan, "search_budget_s"),

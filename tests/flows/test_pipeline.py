@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from planner.specs.config import load_config
+from planner.specs.config import ProfileConfig, load_config
 
 SMALL = [
     "discover.num_ranks=2",
@@ -34,13 +34,13 @@ def test_second_run_skips_discovery_profiling_and_search_but_trains_again(tmp_pa
     first = pipeline_flow(db, cfg, runs)
     second = pipeline_flow(db, cfg, runs, show_progress=True)  # as `meshplan run` calls it
 
-    assert not first["snapshot"]["reused"] and first["profile"]["measured"] > 0 and not first["plan"]["cached"]
-    assert second["snapshot"]["reused"] and second["snapshot"]["fingerprint"] == first["snapshot"]["fingerprint"]
-    assert second["profile"]["measured"] == 0 and second["profile"]["reused"] == first["profile"]["measured"]
-    assert second["plan"]["cached"] and second["plan"]["best_plan_id"] == first["plan"]["best_plan_id"]
-    assert first["run"]["status"] == second["run"]["status"] == "completed"
-    assert first["run"]["run_id"] != second["run"]["run_id"]  # training really ran twice
-    assert second["last_loss"] < second["first_loss"]
+    assert not first.snapshot.reused and first.profile.measured > 0 and not first.plan.cached
+    assert second.snapshot.reused and second.snapshot.fingerprint == first.snapshot.fingerprint
+    assert second.profile.measured == 0 and second.profile.reused == first.profile.measured
+    assert second.plan.cached and second.plan.best_plan_id == first.plan.best_plan_id
+    assert first.run.status == second.run.status == "completed"
+    assert first.run.run_id != second.run.run_id  # training really ran twice
+    assert second.last_loss < second.first_loss
     log = capsys.readouterr().out
     assert "discover: reused snapshot" in log and "(cached search)" in log
     progress = re.findall(r"train: steps (\d+)/(\d+) \(", log)  # the training progress lines (not a terminal)
@@ -55,18 +55,11 @@ def test_one_off_profiler_crash_is_retried_and_the_flow_succeeds(tmp_path, monke
     from flows.profile import profile_flow
 
     monkeypatch.setenv("MESHPLAN_CRASH_ONCE", f"{tmp_path / 'crashes'}:profile")
-    state = profile_flow(
-        str(tmp_path / "m.duckdb"),
-        "tiny",
-        mbs=[1],
-        tp=[1],
-        repeats=2,
-        run_dir=str(tmp_path / "prof"),
-        return_state=True,
-    )
+    section = ProfileConfig(mbs=(1,), tp=(1,), repeats=2)
+    state = profile_flow(str(tmp_path / "m.duckdb"), "tiny", section, run_dir=str(tmp_path / "prof"), return_state=True)
     assert state.is_completed()
     assert (tmp_path / "crashes" / "profile").exists()  # the first attempt really crashed
-    assert state.result()["measured"] > 0
+    assert state.result().measured > 0
 
     async def attempts() -> list[int]:
         async with get_client() as client:

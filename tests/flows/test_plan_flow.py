@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.specs.config import ProfileConfig, SearchConfig
+
 EXAMPLES = Path(__file__).parents[2] / "examples" / "clusters"
 
 pytestmark = pytest.mark.flow
@@ -36,15 +38,8 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
     from storage.plans import best_plan, plans_frame
 
     db = str(tmp_path / "m.duckdb")
-    state = plan_flow(
-        db,
-        "gpt2-small",
-        str(EXAMPLES / "mixed-a100-v100-t4.toml"),
-        global_batch=32,
-        top_k=3,
-        time_budget_s=5.0,
-        return_state=True,
-    )
+    search = SearchConfig(global_batch=32, top_k=3, time_budget_s=5.0)
+    state = plan_flow(db, "gpt2-small", search, str(EXAMPLES / "mixed-a100-v100-t4.toml"), return_state=True)
     out = state.result()
     assert out.feasible
     frame = plans_frame(db, out.search_key)
@@ -54,9 +49,7 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
     assert len(_artifacts("plan-ranking", run_id)) == 1 and len(_artifacts("plan-report", run_id)) == 1
     shown = capsys.readouterr().out  # the search's progress lines (plain: pytest's stdout is no terminal)
     assert "plan: searching gpt2-small on" in shown and f"plan: {out.num_candidates} candidates priced" in shown
-    again = plan_flow(
-        db, "gpt2-small", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=32, top_k=3, time_budget_s=5.0
-    )
+    again = plan_flow(db, "gpt2-small", search, str(EXAMPLES / "mixed-a100-v100-t4.toml"))
     assert again.best_plan_id == out.best_plan_id
     assert "search result reused from the cache" in capsys.readouterr().out
     assert plans_frame(db, out.search_key).height == frame.height
@@ -65,7 +58,9 @@ def test_plan_flow_stores_ranked_plans_and_attaches_artifacts(tmp_path, capsys):
 def test_plan_flow_reports_an_infeasible_model(tmp_path):
     from flows.plan import plan_flow
 
-    out = plan_flow(str(tmp_path / "m.duckdb"), "gpt3-175b", str(EXAMPLES / "mixed-a100-v100-t4.toml"), global_batch=8)
+    out = plan_flow(
+        str(tmp_path / "m.duckdb"), "gpt3-175b", SearchConfig(global_batch=8), str(EXAMPLES / "mixed-a100-v100-t4.toml")
+    )
     assert not out.feasible and "gpt3-175b needs" in out.reasons[0]
 
 
@@ -86,19 +81,9 @@ def discovered(tmp_path_factory):
         timeout_s=180,
         run_dir=str(tmp / "discover"),
     )
-    profile_flow(
-        db_path=db,
-        model_name="tiny",
-        mbs=[1, 2],
-        seq=[32],
-        tp=[1],
-        recompute=[False],
-        repeats=2,
-        min_block_s=0.002,
-        comm=False,
-        run_dir=str(tmp / "runs"),
-    )
-    return db, snap["fingerprint"]
+    section = ProfileConfig(mbs=(1, 2), seq=(32,), tp=(1,), recompute=(False,), repeats=2, min_block_s=0.002)
+    profile_flow(db_path=db, model_name="tiny", profile=section, comm=False, run_dir=str(tmp / "runs"))
+    return db, snap.fingerprint
 
 
 @pytest.mark.dist
@@ -117,7 +102,7 @@ def test_a_discovered_cpu_machine_is_planned_with_its_measured_corrections(disco
     db, fingerprint = discovered
     snap = {"fingerprint": fingerprint}
     model = get_model("tiny")
-    out = plan_flow(db, "tiny", global_batch=4, seq=32, snapshot=snap["fingerprint"])
+    out = plan_flow(db, "tiny", SearchConfig(global_batch=4, seq=32), snapshot=snap["fingerprint"])
     assert out.feasible and "plan: calibrated to discovery" in capsys.readouterr().out
     calib = load_calibration.fn(db, model, snap["fingerprint"])
     adam = load_optimizer_profile(db, model, "cpu")
@@ -180,7 +165,7 @@ def test_meshplan_plan_and_estimate_price_a_discovered_cpu_machine_as_plan_flow_
     from storage.plans import plans_frame
 
     db, fingerprint = discovered
-    out = plan_flow(db, "tiny", global_batch=4, seq=32, snapshot=fingerprint)
+    out = plan_flow(db, "tiny", SearchConfig(global_batch=4, seq=32), snapshot=fingerprint)
     best = tmp_path / "best.json"
     args = ("--model", "tiny", "--global-batch", "4", "--seq", "32", "--snapshot", fingerprint, "--json")
     p = cli(tmp_path, "--db", db, "plan", *args, "--out", str(best), "--no-store")

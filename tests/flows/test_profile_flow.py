@@ -5,25 +5,35 @@ from pathlib import Path
 import pytest
 
 from flows.commands.profile import grid_values
+from flows.outcomes import KindEfficiency, ProfileOutcome
 from flows.profile import profile_flow
 from planner.errors import MeshplanError
 from planner.measure.profiles import DEFAULT_EFFICIENCY
+from planner.specs.config import ProfileConfig
 from planner.specs.model import PRESETS
 from storage.profiles import load_profile_table, profile_frame
 
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "mixed-a100-v100-t4.toml"
-TINY = dict(model_name="tiny", mbs=[1], seq=[16], tp=[1], repeats=2, min_block_s=0.002, comm=False)
+TINY = ProfileConfig(mbs=(1,), seq=(16,), tp=(1,), repeats=2, min_block_s=0.002, recompute=(False,))
+
+
+def _profile(db: str, comm: bool = False, **kw) -> ProfileOutcome:
+    """profile_flow on the tiny model with TINY's section, `kw`'s profile fields changed."""
+    fields = {k: v for k, v in kw.items() if k in ProfileConfig.model_fields}
+    flow_args = {k: v for k, v in kw.items() if k not in fields}
+    cfg = TINY.model_copy(update=fields)
+    return profile_flow(db_path=db, model_name="tiny", profile=cfg, comm=comm, **flow_args)
 
 
 def test_second_run_measures_nothing_and_keeps_the_first_measurements(tmp_path):
     db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
-    first = profile_flow(db_path=db, run_dir=run_dir, recompute=[False, True], **TINY)
-    assert (first["measured"], first["reused"], first["profiler_runs"]) == (6, 0, 1)  # 3 layer kinds x 2 recompute
+    first = _profile(db, run_dir=run_dir, recompute=(False, True))
+    assert (first.measured, first.reused, first.profiler_runs) == (6, 0, 1)  # 3 layer kinds x 2 recompute
     before = profile_frame(db).select("layer_kind", "recompute", "measured_at").sort("layer_kind", "recompute")
     assert len(list(Path(run_dir).glob("*.jsonl"))) == 1
 
-    second = profile_flow(db_path=db, run_dir=run_dir, recompute=[False, True], **TINY)
-    assert (second["measured"], second["reused"], second["profiler_runs"]) == (0, 6, 0)
+    second = _profile(db, run_dir=run_dir, recompute=(False, True))
+    assert (second.measured, second.reused, second.profiler_runs) == (0, 6, 0)
     after = profile_frame(db).select("layer_kind", "recompute", "measured_at").sort("layer_kind", "recompute")
     assert after.equals(before)
     table = load_profile_table(db, PRESETS["tiny"], ["cpu"])
@@ -32,21 +42,21 @@ def test_second_run_measures_nothing_and_keeps_the_first_measurements(tmp_path):
 
 def test_cluster_file_yields_estimated_gpu_rows_flagged_with_their_efficiency(tmp_path):
     db = str(tmp_path / "m.duckdb")
-    out = profile_flow(db_path=db, cluster_file=str(CLUSTER), recompute=[False], **{**TINY, "comm": True})
-    assert out["measured"] == 0 and out["profiler_runs"] == 0  # no CPU in that cluster: nothing to measure here
-    assert out["estimated"] == 3 * 3  # A100, V100, T4 x embedding, block, head
+    out = _profile(db, cluster_file=str(CLUSTER), comm=True)
+    assert out.measured == 0 and out.profiler_runs == 0  # no CPU in that cluster: nothing to measure here
+    assert out.estimated == 3 * 3  # A100, V100, T4 x embedding, block, head
     # Only a CPU could have been measured here, which says nothing about tensor cores: default efficiency.
-    assert out["efficiency"]["A100-SXM4-40GB"] == {"efficiency": DEFAULT_EFFICIENCY, "source": "default"}
+    assert out.efficiency["A100-SXM4-40GB"] == KindEfficiency(efficiency=DEFAULT_EFFICIENCY, source="default")
     a100 = profile_frame(db).filter(device_kind="A100-SXM4-40GB")
     assert a100.height == 3 and a100["estimated"].all() and (a100["efficiency"] == DEFAULT_EFFICIENCY).all()
     assert set(a100["dtype"]) == {"bf16"}
-    fits = {(f["link_kind"], f["op"]) for f in out["comm_fits"]}
+    fits = {(f["link_kind"], f["op"]) for f in out.comm_fits}
     assert {("nvlink3", "send_recv"), ("eth-100g", "send_recv")} <= fits
 
 
 def test_flow_rejects_a_tp_that_does_not_divide_the_heads(tmp_path):
     with pytest.raises(MeshplanError, match="profile.tp"):
-        profile_flow(db_path=str(tmp_path / "m.duckdb"), **{**TINY, "tp": [3]})
+        _profile(str(tmp_path / "m.duckdb"), tp=(3,))
 
 
 def test_cli_grid_options_accept_spaces_commas_and_repeats():
@@ -65,8 +75,8 @@ def test_tp_blocks_are_timed_on_a_real_tp_group_and_priced_without_a_second_all_
     from planner.cost.stage import StageContext, stage_coeffs
 
     db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
-    out = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **{**TINY, "tp": [2]})
-    assert out["measured"] == 3 and out["profiler_runs"] == 1
+    out = _profile(db, run_dir=run_dir, tp=(2,))
+    assert out.measured == 3 and out.profiler_runs == 1
     rows = profile_frame(db).sort("layer_kind")
     assert rows.height == 3, "one row per shape: only rank 0 of the group writes"
     assert rows["timing_method"].str.contains("real group of 2 ranks").all()
@@ -94,24 +104,24 @@ def test_optimizer_step_per_parameter_is_measured_once_per_layout_on_real_ranks_
     from storage.db import connect
 
     db, run_dir = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
-    first = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **TINY)
-    assert first["optimizer_measured"] == 1 and first["failed"] == []
+    first = _profile(db, run_dir=run_dir)
+    assert first.optimizer_measured == 1 and first.failed == []
     ranks = min(2, len(os.sched_getaffinity(0)))
-    assert first["optimizer"].pop("num_ranks") == ranks
-    assert set(first["optimizer"]) == {"plain", "tp", "fsdp"}
+    assert first.optimizer.pop("num_ranks") == ranks
+    assert set(first.optimizer) == {"plain", "tp", "fsdp"}
     # ~1e-8 s (plain) and ~3e-8 s (DTensor) per parameter here; 10 µs per parameter would be absurd.
-    assert all(0 < s < 1e-5 for s in first["optimizer"].values()), first["optimizer"]
+    assert all(0 < s < 1e-5 for s in first.optimizer.values()), first.optimizer
     with connect(db) as con:
         rows = con.execute(
             "SELECT layout, num_ranks, device_kind, torch_version, optimizer, s_per_param "
             "FROM optimizer_steps ORDER BY layout"
         ).fetchall()
     assert [r[:5] for r in rows] == [
-        (layout, ranks, "cpu", first["torch_version"], "adamw") for layout in ("fsdp", "plain", "tp")
+        (layout, ranks, "cpu", first.torch_version, "adamw") for layout in ("fsdp", "plain", "tp")
     ]
-    assert {r[0]: r[5] for r in rows} == first["optimizer"]
+    assert {r[0]: r[5] for r in rows} == first.optimizer
 
-    second = profile_flow(db_path=db, run_dir=run_dir, recompute=[False], **TINY)
-    assert second["optimizer_measured"] == 0 and second["measured"] == 0
-    second["optimizer"].pop("num_ranks")
-    assert second["optimizer"] == first["optimizer"]
+    second = _profile(db, run_dir=run_dir)
+    assert second.optimizer_measured == 0 and second.measured == 0
+    second.optimizer.pop("num_ranks")
+    assert second.optimizer == first.optimizer

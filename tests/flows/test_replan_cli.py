@@ -1,4 +1,4 @@
-"""`meshplan replan` on stored telemetry and `meshplan schedule` as a served deployment on a real server.
+"""`meshplan replan` on stored telemetry and `meshplan replan-every` as a served deployment on a real server.
 
 The stored run is synthetic telemetry (rank 1's per-sample compute doubles from step 15) ingested
 the way train_flow ingests real ranks' files, so no torchrun launch is needed here.
@@ -104,25 +104,26 @@ def test_replan_command_decides_and_records_for_a_stored_run(tmp_path):
     assert load_decisions(db, "stored")["chosen_action"].to_list() == ["rebalance"]
 
 
-def test_schedule_without_a_server_fails_with_one_line(tmp_path):
-    out = subprocess.run(
-        [*MESHPLAN, "--state-dir", str(tmp_path), "schedule", "--run-id", "x", "--every", "5m"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_replan_every_without_a_server_fails_with_one_line(tmp_path):
+    def run(command):
+        args = [*MESHPLAN, "--state-dir", str(tmp_path), command, "--run-id", "x", "--every", "5m"]
+        return subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=120)
+
+    out = run("replan-every")
     assert out.returncode == 1 and "run `meshplan ui` first" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    old = run("schedule")  # the deprecated name still works, and says so in one line
+    assert old.returncode == 1 and old.stderr.splitlines()[0].startswith("note: `meshplan schedule` is now")
+    assert old.stderr.splitlines()[1:] == out.stderr.splitlines()
 
 
-def test_schedule_serves_an_interval_deployment_that_runs_on_demand(tmp_path):
+def test_replan_every_serves_an_interval_deployment_that_runs_on_demand(tmp_path):
     _stored_straggler_run(tmp_path)
     command = [
         *MESHPLAN,
         "--state-dir",
         str(tmp_path),
-        "schedule",
+        "replan-every",
         "--run-id",
         "stored",
         "--every",

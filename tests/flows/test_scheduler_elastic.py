@@ -20,7 +20,7 @@ import time
 import pytest
 
 from flows.outcomes import SchedulerOutcome
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import ATOL, CLUSTER, TRAIN, rank0_rows, wait_until

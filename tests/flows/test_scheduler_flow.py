@@ -5,7 +5,7 @@ import os
 import pytest
 from prefect.artifacts import Artifact
 
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from planner.errors import MeshplanError
 from storage.jobs import job_events, list_jobs, submit_job
 
@@ -87,7 +87,7 @@ def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_st
     import sys
 
     from storage.jobs import set_job_run, transition
-    from tasks.schedule import reconcile_runners
+    from tasks.scheduler import reconcile_runners
 
     db = str(tmp_path / "m.duckdb")
     for j in ("nopid", "dead", "reused", "live"):

@@ -21,7 +21,7 @@ import time
 import duckdb
 import pytest
 
-from flows.schedule import scheduler_flow
+from flows.scheduler import scheduler_flow
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import rank0_rows, wait_until

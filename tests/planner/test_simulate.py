@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import MeshplanError
-from planner.schedule import ClusterState, Policy, TableSpeed
-from planner.schedule.simulate import simulate
-from planner.schedule.trace import cluster_from_csv, parse_jobs, parse_lookup
+from planner.scheduler import ClusterState, Policy, TableSpeed
+from planner.scheduler.simulate import simulate
+from planner.scheduler.trace import cluster_from_csv, parse_jobs, parse_lookup
 
 LOOKUP = """model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,feasible,sim_iter_time_s
 m_1B_64,a100,1,1,1,1,10.0
@@ -42,7 +42,7 @@ def test_every_job_finishes_under_every_policy_and_co_design_beats_fcfs() -> Non
         assert all(0 <= r.utilisation(k) <= 1 for k in r.kinds)
         assert all(o.segments and o.segments[-1][1] == o.finish_s for o in r.jobs)
     # on 8 GPUs greedy growth can cost a burst of arrivals more than it saves (gavel may win here);
-    # the claim against both baselines is bench/schedule.py's, on the shipped 1,938-job trace
+    # the claim against both baselines is bench/scheduler.py's, on the shipped 1,938-job trace
     assert res["jct"].avg_jct_s < res["fcfs"].avg_jct_s and res["gavel"].avg_jct_s < res["fcfs"].avg_jct_s
     assert cl.node_busy == [0, 0]  # the replay works on a copy
 

@@ -76,7 +76,7 @@ def test_custom_model_is_stored_with_its_job_and_pre_0012_rows_read_as_presets(t
     from planner.specs.model import PRESETS, ModelSpec
     from storage import db as store
     from storage.jobs import get_job, job_model
-    from tasks.schedule import job_from_row
+    from tasks.scheduler import job_from_row
 
     path = tmp_path / "m.duckdb"
     con = duckdb.connect(str(path))  # a store last opened before migration 0012, holding a job

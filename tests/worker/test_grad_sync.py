@@ -43,7 +43,7 @@ def _rank(rank: int, store: str, out: str) -> None:
             with open(out, "w") as f:
                 f.write("ok")
     finally:
-        dist.barrier()  # before destroy: gloo's exit-time abort otherwise (STACK.md §1.3)
+        dist.barrier()  # before destroy: gloo's exit-time abort otherwise
         dist.destroy_process_group()
 
 

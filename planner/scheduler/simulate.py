@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from planner.errors import MeshplanError
-from planner.schedule.decide import Policy, decide
-from planner.schedule.speed import SpeedSource
-from planner.schedule.types import ClusterState, Job, RunningJob
+from planner.scheduler.decide import Policy, decide
+from planner.scheduler.speed import SpeedSource
+from planner.scheduler.types import ClusterState, Job, RunningJob
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import MeshplanError
-from planner.schedule import (
+from planner.scheduler import (
     Allocation,
     ClusterState,
     Job,

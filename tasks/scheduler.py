@@ -27,7 +27,7 @@ from launcher.launch import start_logged
 from planner.errors import MeshplanError
 from planner.replan.options import relabel_for_runtime
 from planner.runtime import check_launchable, node_ranks
-from planner.schedule import (
+from planner.scheduler import (
     Allocation,
     ClusterState,
     Decision,
@@ -38,7 +38,7 @@ from planner.schedule import (
     SpeedSource,
     decide,
 )
-from planner.schedule.trace import cluster_from_spec
+from planner.scheduler.trace import cluster_from_spec
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SEARCH_BUDGET_S
 from planner.specs.plan import Plan

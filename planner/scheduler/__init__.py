@@ -1,8 +1,8 @@
 """Many jobs on one mixed cluster: allocations and plans chosen together, round by round (pure core)."""
 
-from planner.schedule.decide import CO_DESIGNED, Policy, decide
-from planner.schedule.speed import PlannerSpeed, Price, SpeedSource, TableSpeed
-from planner.schedule.types import (
+from planner.scheduler.decide import CO_DESIGNED, Policy, decide
+from planner.scheduler.speed import PlannerSpeed, Price, SpeedSource, TableSpeed
+from planner.scheduler.types import (
     POLICIES,
     Action,
     Allocation,

@@ -4,7 +4,7 @@ Speed ground truth: the trace's sim_lookup.csv (measured per-allocation iteratio
 artifact). Also prints how one decision's wall time grows with the queue length and the cluster's
 GPU count (a fresh TableSpeed, so the first call's filtering is included).
 
-    .venv/bin/python bench/schedule.py [--trace-dir /work/shared/data/cluster_trace] [--jobs N]
+    .venv/bin/python bench/scheduler.py [--trace-dir /work/shared/data/cluster_trace] [--jobs N]
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import argparse
 import time
 from pathlib import Path
 
-from planner.schedule import POLICIES, ClusterState, Policy, TableSpeed, decide
-from planner.schedule.simulate import simulate
-from planner.schedule.trace import cluster_from_csv, parse_jobs, parse_lookup
+from planner.scheduler import POLICIES, ClusterState, Policy, TableSpeed, decide
+from planner.scheduler.simulate import simulate
+from planner.scheduler.trace import cluster_from_csv, parse_jobs, parse_lookup
 
 
 def main() -> None:

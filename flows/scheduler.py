@@ -1,7 +1,7 @@
 """`scheduler_flow`: one round of the multi-job scheduler over the DuckDB queue, its decision an artifact.
 
 Tasks: read the state (queued jobs; running ones placed back on their recorded allocations), decide
-(planner/schedule, prices from the planner's search or a measured table), apply: every start,
+(planner/scheduler, prices from the planner's search or a measured table), apply: every start,
 resize, stop and rejection is a job state transition, and each acts on real ranks — a start runs
 the job's elastic runner (flows/job.py → train_flow), a resize asks its ranks to checkpoint and exit
 so the runner re-plans and resumes on the new allocation, a cancelled job's ranks are stopped.
@@ -18,11 +18,11 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
-from planner.schedule import PlannerSpeed, Policy, TableSpeed
-from planner.schedule.trace import parse_lookup
+from planner.scheduler import PlannerSpeed, Policy, TableSpeed
+from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S
-from tasks.schedule import alloc_text, apply_round, decide_round, read_state, reconcile_runners
+from tasks.scheduler import alloc_text, apply_round, decide_round, read_state, reconcile_runners
 from tasks.slurm import read_slurm_cluster
 
 

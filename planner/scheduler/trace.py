@@ -13,7 +13,7 @@ import csv
 import io
 
 from planner.errors import MeshplanError, closest
-from planner.schedule.types import Allocation, ClusterState, Job, kind_alias
+from planner.scheduler.types import Allocation, ClusterState, Job, kind_alias
 from planner.specs.cluster import ClusterSpec
 
 # Mixed-precision Adam keeps 16 bytes of state per parameter (fp16 weights and gradients, fp32

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from planner.schedule.types import Allocation, ClusterState, Job, kind_alias
+from planner.scheduler.types import Allocation, ClusterState, Job, kind_alias
 from planner.search import search
 from planner.specs.cluster import ClusterSpec, NodeSpec
 from planner.specs.config import SEARCH_BUDGET_S

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import MeshplanError
-from planner.schedule.speed import Price, SpeedSource
-from planner.schedule.types import (
+from planner.scheduler.speed import Price, SpeedSource
+from planner.scheduler.types import (
     POLICIES,
     Action,
     Allocation,
@@ -54,11 +54,6 @@ class Policy:
 
     def switch_s(self, job: Job) -> float:
         return self.relaunch_s + 2.0 * job.state_bytes / self.checkpoint_bytes_per_s
-
-
-def _remaining_iters(job: Job, running: dict[str, RunningJob]) -> float:
-    r = running.get(job.job_id)
-    return r.remaining_iterations if r else float(job.iterations)
 
 
 def _gpu_s(p: Price, iters: float) -> float:
