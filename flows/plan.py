@@ -7,6 +7,8 @@ artifact (best plan's bottleneck and memory per stage).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -17,6 +19,7 @@ from planner.report.timeline import schedule_picture
 from planner.search import NoFeasiblePlan
 from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import get_model
+from storage.pricing import rerank_for_runtime
 from tasks.plan import prepare_search, search_args, search_plans, store_plans
 
 
@@ -30,12 +33,15 @@ def plan_flow(
     cpu_dtype: str = ProfileConfig().dtype,
 ) -> PlanOutcome:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
-    newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
+        newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
 
-    `search` is the config's [search] section, taken whole (None: its defaults), so no knob of it is
-    lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs,
-    as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
-    profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections."""
+        `search` is the config's [search] section, taken whole (None: its defaults), so no knob of it is
+        lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing import rerank_for_runtime
+    from storage.pricing.pricing_inputs,
+        as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
+        profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections.
+        The plans found are re-priced and re-ranked under `search.runtime` (storage.pricing.rerank_for_runtime),
+        as `meshplan plan --runtime` does."""
     s = search or SearchConfig()
     model = get_model(model_name)
     inputs = prepare_search(db_path, model, cluster_file, snapshot, cpu_dtype)
@@ -55,6 +61,9 @@ def plan_flow(
             f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
             f"in {st.wall_s:.2f} s; {st.summary()}"
         )
+    if not isinstance(result, NoFeasiblePlan):  # the config's runtime orders what the search found
+        result, label = rerank_for_runtime(Path(db_path), result, model, inputs, s.runtime)
+        say(f"plan: priced for runtime {label}")
     title = f"{model.name} on {cluster.name} (batch {s.global_batch})"
     report = markdown_report(result, title)
     if not isinstance(result, NoFeasiblePlan):

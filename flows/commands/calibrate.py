@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings
+from storage.pricing import device_kind_of, price_for_runtime, rerank_for_runtime  # noqa: F401 (re-exported)
 
 RuntimeOpt = Annotated[
     str | None,
@@ -34,38 +35,6 @@ def runtime_name(cli: str | None, cfg: Any = None) -> str:
 
     name = cli or (cfg.search.runtime if cfg is not None else "meshplan")
     return profile_named(name).name
-
-
-def device_kind_of(cluster: Any) -> str:
-    """The kind figures are looked up for: the first node group's (mixed clusters: named in the label)."""
-    return cluster.nodes[0].device_kind
-
-
-def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
-    """(CostBreakdown, label) of `plan` priced as `inputs` says, under `runtime` and the figures stored
-    for (device kind, runtime). meshplan's runtime on CPU ranks with nothing calibrated prices exactly as
-    planner.cost.estimate (its fixed overheads are GPU host costs, and its per-micro-batch prior is 0)."""
-    from planner.cost import estimate
-    from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
-    from storage.calibrations import load_figures
-
-    kind = device_kind_of(inputs.cluster)
-    figures = load_figures(path, kind, runtime)
-    label = (figures or PRIOR_FIGURES).label(kind, runtime)
-    gpu = any(n.device != "cpu" for n in inputs.cluster.nodes)
-    if runtime == "meshplan" and figures is None and not gpu:  # CPU ranks: no fixed overheads to add
-        return estimate(plan, model, inputs.cluster, inputs.profiles, calibration=inputs.calibration), label
-    cost = price_under(
-        plan,
-        model,
-        inputs.cluster,
-        profile_named(runtime),
-        figures or PRIOR_FIGURES,
-        restack=runtime != "meshplan",
-        profiles=inputs.profiles,
-        calibration=inputs.calibration,
-    )
-    return cost, label
 
 
 def _mape(pairs: list[tuple[float, float]]) -> float:
@@ -221,24 +190,3 @@ def calibrate(
             f" per micro-batch {1e3 * (o['microbatch_s'] or 0):.2f} ms; MAPE {o['mape_before']:.1f}% ->"
             f" {o['mape_after']:.1f}% ({o['source']})"
         )
-
-
-def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
-    """The search's plans and baselines re-priced under `runtime` (its kernels, memory, overlap and
-    calibrated figures) and re-ranked: fitting plans first, then by step time. The search enumerates
-    with meshplan's own prices; the runtime decides the order of what it found. Unchanged (and the
-    label says so) for meshplan's runtime with nothing calibrated."""
-    import dataclasses
-
-    def priced(p: Any) -> tuple[Any, str]:
-        c, label = price_for_runtime(path, p.model_copy(update={"predicted": None}), model, inputs, runtime)
-        return p.model_copy(update={"predicted": c}), label
-
-    label = ""
-    plans = []
-    for p in res.plans:
-        q, label = priced(p)
-        plans.append(q)
-    plans.sort(key=lambda p: (not p.predicted.feasible, p.predicted.step_time_s))
-    baselines = {k: (priced(b)[0] if b is not None else None) for k, b in res.baselines.items()}
-    return dataclasses.replace(res, plans=tuple(plans), baselines=baselines), label

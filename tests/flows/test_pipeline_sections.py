@@ -31,6 +31,7 @@ seq = 48
 top_k = 2
 time_budget_s = 3.5
 fp8 = true
+runtime = "megatron"
 """
 
 
