@@ -19,6 +19,7 @@ grow with S_c and X_c, so lower bounds of those give a lower bound of T.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,6 +65,46 @@ def replica_bound(arrs: list[StageArrays], counts: list[int], num_layers: int, t
         X.append((num_layers + float((s.b * inv).sum())) / float(inv.sum()))
         tails.append(tail_bound(s))
     return pool_bound(S, X, counts, total_mb) + min(tails)
+
+
+class ShapeTable(NamedTuple):
+    """A shape list as padded arrays, for `Bounds.shape_bounds` (one numpy pass instead of one Python
+    call per shape × micro-batch size): row s holds shape s's (class, tp) combination ids and their
+    weights (a pipeline segment's stages, a replica group's replicas; padding: id `len(combos)`, 0)."""
+
+    shapes: list[Shape]
+    combos: list[tuple[int, int]]
+    idx: np.ndarray  # [S, K] int
+    weight: np.ndarray  # [S, K] float
+    pipe: np.ndarray  # [S] bool: pipeline family
+    pp: np.ndarray  # [S] int
+    dp: np.ndarray  # [S] int
+
+
+def shape_table(shapes: list[Shape]) -> ShapeTable:
+    ids: dict[tuple[int, int], int] = {}
+    rows: list[list[tuple[int, int]]] = []
+    for sh in shapes:
+        if sh.family == "pipeline":
+            rows.append([(ids.setdefault((g.cls, g.tp), len(ids)), g.stages) for g in sh.segments])
+        else:
+            tp = sh.segments[0].tp
+            rows.append([(ids.setdefault((c, tp), len(ids)), n) for c, n in sh.groups])
+    K = max((len(r) for r in rows), default=1)
+    idx = np.full((len(shapes), K), len(ids), dtype=np.int64)
+    weight = np.zeros((len(shapes), K))
+    for i, r in enumerate(rows):
+        for j, (c, w) in enumerate(r):
+            idx[i, j], weight[i, j] = c, w
+    return ShapeTable(
+        shapes,
+        list(ids),
+        idx,
+        weight,
+        np.array([sh.family == "pipeline" for sh in shapes], dtype=bool),
+        np.array([sh.pp for sh in shapes], dtype=np.int64),
+        np.array([sh.dp for sh in shapes], dtype=np.int64),
+    )
 
 
 class Bounds:
@@ -176,6 +217,30 @@ class Bounds:
         rate = sum(n * shape.pp / (L * self.a_floor(c, shape.segments[0].tp, mbs)) for c, n in shape.groups)
         return (total_mb + shape.dp * (shape.pp - 1)) / rate
 
+    def shape_bounds(self, tab: ShapeTable, mbs: int) -> np.ndarray:
+        """`shape` of every shape of `tab` at one micro-batch size, in one numpy pass (the same
+        formulas; +inf where the shape needs more replicas than the batch has micro-batches)."""
+        L, total_mb = self.L, self.gb // mbs
+        if not tab.shapes:
+            return np.zeros(0)
+        A = np.array([self.a_floor(c, t, mbs) for c, t in tab.combos] + [math.inf])
+        a = A[tab.idx]
+        inv = (tab.weight / a).sum(axis=1)  # Σ stages/a (pipelines), Σ replicas/a (replicas)
+        amin = a.min(axis=1)
+        pp, dp = tab.pp, tab.dp
+        m0 = -(-total_mb // dp)
+        vmax = {
+            p: max((v for v in self.space.virtual_stages if v >= 2 and L >= p * v), default=0) for p in set(pp.tolist())
+        }
+        vm = np.array([vmax[p] for p in pp.tolist()], dtype=np.float64)
+        inter = (pp >= 2) & (vm > 0) & (total_mb % dp == 0) & ((total_mb // dp) % pp == 0) & self.interleaved
+        w = np.where(inter, 1.0 / np.where(vm > 0, vm, 1.0), 1.0)
+        with np.errstate(divide="ignore"):
+            pipe = w * L * amin + (m0 - w) * L / inv
+            repl = (total_mb + dp * (pp - 1)) / (pp / L * inv)
+        out = np.where(tab.pipe, pipe, repl)
+        return np.where(total_mb >= dp, out, math.inf)
+
     def slope(
         self, sg: SegmentSpec, first: bool, last: bool, pp: int, mbs: int, sharding: str, dp: int, interior: bool
     ) -> float:
@@ -217,10 +282,17 @@ class Bounds:
         self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int
     ) -> float:
         """A 1F1B/GPipe lower bound for every recompute prefix of a shape × mbs × sharding, before its
-        arrays exist: per stage the smaller a and b of its two recompute contexts (p2p ≥ 0 dropped)
-        and a cap no smaller than its full-recompute cap (the loosest: `explore` skips a node whose
-        full recompute does not fit), from pipeline_arrays' allocation formula solved for n and
-        rounded up, then `capped_row`. +inf when even those caps cannot hold L blocks."""
+        arrays exist: `capped_row` over `pipeline_caps`. +inf when even those caps cannot hold L blocks."""
+        parts = self.pipeline_caps(segs, m, mbs, schedule, sharding, dp)
+        return math.inf if parts is None else capped_row(*parts, self.L, 1.0, m - 1.0)
+
+    def pipeline_caps(
+        self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int
+    ) -> tuple[list[float], list[float], list[int]] | None:
+        """Per stage of a shape × mbs × sharding, (a, b, cap): the smaller a and b of its two recompute
+        contexts (p2p ≥ 0 dropped) and a cap no smaller than its full-recompute cap (the loosest:
+        `explore` skips a node whose full recompute does not fit), from pipeline_arrays' allocation
+        formula solved for n and rounded up. None when even those caps cannot hold L blocks."""
         pr, L = self.pr, self.L
         pp = sum(sg.stages for sg in segs)
         nmax = max(1, L - pp + 1)
@@ -234,13 +306,13 @@ class Bounds:
         per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
         cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
-            return math.inf  # as capped_row answers, before pricing the other recompute contexts
+            return None  # as capped_row answers, before pricing the other recompute contexts
         if len(self.recs) > 1:
             hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
             a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
         else:
             a, b = lo[:, 0].tolist(), lo[:, 1].tolist()
-        return capped_row(a, b, cap, L, 1.0, m - 1.0)
+        return a, b, cap
 
     def optimistic(
         self,
@@ -287,7 +359,13 @@ class Bounds:
         cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
             return math.inf, pipes
-        return capped_row(rows[:, 0].tolist(), rows[:, 1].tolist(), cap, L, 1.0, m - 1.0), pipes
+        a, b = rows[:, 0].tolist(), rows[:, 1].tolist()
+        if schedule == "1f1b" and ws:
+            # interleaved ranks under 1F1B's caps (explore.Explorer._interleaved_node says why);
+            # rank 0's slope is its interior one: the first segment's smallest
+            a_il = [min(a[0], slopes[0]), *a[1:]]
+            pipes = [max(p, capped_row(a_il, b, cap, L, w, m - w)) for p, w in zip(pipes, ws, strict=True)]
+        return capped_row(a, b, cap, L, 1.0, m - 1.0), pipes
 
     def optimistic_replicas(
         self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, shardings: list[str], dp: int

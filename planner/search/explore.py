@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.devices import cross_node_link
 from planner.search.arrays import Pricer, SegmentSpec, StageSpec, mix_prefix, pipeline_arrays
-from planner.search.bounds import Bounds, capped_replica_bounds, prefix_bounds
+from planner.search.bounds import Bounds, ShapeTable, capped_replica_bounds, capped_row, prefix_bounds, shape_table
 from planner.search.build import Choice, balanced_microbatches
 from planner.search.inner import StageArrays, solve_split
 from planner.search.interleave import chunk_layers, interleaved_arrays
@@ -85,7 +85,7 @@ class Explorer:
         self.tag: Callable[[Choice], Choice] = lambda c: c
         self.expanded: set[Shape] = set()
         self.loosest: dict[tuple, StageArrays | None] = {}
-        self.capped: dict[tuple, float] = {}
+        self.capped: dict[tuple, tuple | None] = {}
         self.seg_memo: dict[Shape, list[SegmentSpec]] = {}
 
     # the kept set and its bound -------------------------------------------------------------------
@@ -122,18 +122,22 @@ class Explorer:
         and a budget cut's smallest bound left covers every pass."""
         self.found, self.nodes, self.leaves, self.ticket = other.found, other.nodes, other.leaves, other.ticket
 
-    def seed(self, shapes: list[Shape]) -> None:
-        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape."""
-        for sh in shapes:
-            for mbs in self.mbs_opts:
+    def seed(self, shapes: list[Shape], table: ShapeTable | None = None) -> None:
+        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape (all at once:
+        Bounds.shape_bounds over `table`, the shapes' ShapeTable, which passes may share)."""
+        tab = table if table is not None else shape_table(shapes)
+        for mbs in self.mbs_opts:
+            lbs = self.bounds.shape_bounds(tab, mbs).tolist()
+            for sh, lb in zip(shapes, lbs, strict=True):
                 if self.global_batch // mbs >= sh.dp:
-                    lb = self.bounds.shape(sh, mbs)
                     self.push(lb, self._shape_node(sh, mbs, lb))
 
-    def run(self, shapes: list[Shape], over_budget: Callable[[], bool]) -> float | None:
+    def run(
+        self, shapes: list[Shape], over_budget: Callable[[], bool], table: ShapeTable | None = None
+    ) -> float | None:
         """Explore until the frontier is empty or cannot beat the kept set (None), or the budget cuts
         it: then the smallest bound left on the frontier (shared: every sharing explorer's)."""
-        self.seed(shapes)
+        self.seed(shapes, table)
         while self.nodes or self.leaves:
             # candidates before nodes: a candidate that can still enter the kept set is solved as soon
             # as it exists (a depth-first dive), so good plans come early and a budget cut keeps them;
@@ -207,15 +211,19 @@ class Explorer:
                 run = lambda s=sharding, v=v: self._interleaved_node(shape, segs, mbs, s, total_mb, shape_lb, v)  # noqa: E731
                 self.push(max(shape_lb, lb), run)
 
-    def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
-        """Bounds.capped_pipeline of a shape × mbs × sharding, memoised (its primary and interleaved
-        nodes both read it)."""
+    def _caps(self, shape: Shape, segs, m: int, mbs: int, sharding: str):
+        """Bounds.pipeline_caps of a shape × mbs × sharding, memoised (its primary and interleaved
+        nodes both read them)."""
         key = (shape, mbs, sharding)
-        out = self.capped.get(key)
-        if out is None:
+        if key not in self.capped:
             assert self.primary is not None
-            out = self.capped[key] = self.bounds.capped_pipeline(segs, m, mbs, self.primary, sharding, shape.dp)
-        return out
+            self.capped[key] = self.bounds.pipeline_caps(segs, m, mbs, self.primary, sharding, shape.dp)
+        return self.capped[key]
+
+    def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
+        """Bounds.capped_pipeline of a shape × mbs × sharding (+inf: not even full recompute fits)."""
+        parts = self._caps(shape, segs, m, mbs, sharding)
+        return math.inf if parts is None else capped_row(*parts, self.L, 1.0, m - 1.0)
 
     def _primary_node(self, shape: Shape, segs, mbs: int, sharding: str, m: int, shape_lb: float) -> None:
         """The 1F1B (or GPipe) candidates of a sharding, bounded under their memory caps."""
@@ -229,18 +237,26 @@ class Explorer:
 
     def _interleaved_node(self, shape: Shape, segs, mbs: int, sharding: str, total_mb: int, shape_lb: float, v: int):
         """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
-        (interleaved holds even more)."""
+        (interleaved holds even more). Under a 1F1B primary, bounded under 1F1B's full-recompute caps
+        too (`capped_row` at the interleaved weights): rank j runs a chunk in stage j's context plus
+        others (times, bytes ≥ 0), holds at least 1F1B's in-flight micro-batches
+        (formulas.inflight_microbatches), so its a, b are no smaller and its cap no larger; rank 0's
+        slope is its interior one (`Bounds.slope`, the segment's smallest)."""
         m = math.ceil(total_mb / shape.dp)
-        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        w = 1.0 / v
+        lb = max(shape_lb, self.bounds.pipeline(segs, m, w, mbs, sharding, shape.dp))
         if lb * (1 - BOUND_MARGIN) >= self.bound():
             self.counts.pruned += 1  # cannot win: no need to price the memory check below
             return
-        if (
-            self.primary is not None
-            and self.space.recompute
-            and math.isinf(self._capped(shape, segs, m, mbs, sharding))
-        ):
-            return
+        if self.primary is not None:
+            parts = self._caps(shape, segs, m, mbs, sharding)
+            if parts is None:
+                if self.space.recompute:
+                    return
+            elif self.primary == "1f1b":
+                a, b, cap = parts
+                a0 = self.bounds.slope(segs[0], True, len(segs) == 1, shape.pp, mbs, sharding, shape.dp, True)
+                lb = max(lb, capped_row([min(a[0], a0), *a[1:]], b, cap, self.L, w, m - w))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:

@@ -26,7 +26,7 @@ from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.runtime import launchable_first
 from planner.search.arrays import Pricer
-from planner.search.bounds import Bounds
+from planner.search.bounds import Bounds, ShapeTable, shape_table
 from planner.search.build import build_plan
 from planner.search.classes import DeviceClass, device_classes
 from planner.search.cp import Folding, cp_degrees, fold_classes, with_cp
@@ -256,9 +256,13 @@ def _explore(
         s = spent()
         return s > budget_s and (bool(found) or s > 10 * budget_s)
 
+    tables: dict[int, ShapeTable] = {}  # passes of one folding share their shape list: encode it once
+    for _, _, shapes in passes:
+        if id(shapes) not in tables:
+            tables[id(shapes)] = shape_table(shapes)
     for ex, (_, _, shapes) in zip(exs[1:], passes[1:], strict=True):
-        ex.seed(shapes)
-    left = exs[0].run(passes[0][2], over_budget) if exs else None
+        ex.seed(shapes, tables[id(shapes)])
+    left = exs[0].run(passes[0][2], over_budget, tables[id(passes[0][2])]) if exs else None
     for ex in exs:
         for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
             setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))
