@@ -287,18 +287,20 @@ class Bounds:
         return math.inf if parts is None else capped_row(*parts, self.L, 1.0, m - 1.0)
 
     def pipeline_caps(
-        self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int
+        self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int, v: int = 1
     ) -> tuple[list[float], list[float], list[int]] | None:
         """Per stage of a shape × mbs × sharding, (a, b, cap): the smaller a and b of its two recompute
         contexts (p2p ≥ 0 dropped) and a cap no smaller than its full-recompute cap (the loosest:
         `explore` skips a node whose full recompute does not fit), from pipeline_arrays' allocation
-        formula solved for n and rounded up. None when even those caps cannot hold L blocks."""
+        formula solved for n and rounded up. None when even those caps cannot hold L blocks. With
+        schedule "interleaved-1f1b" and v chunks, per rank of the interleaved pipeline, n its total
+        blocks: its stage j's row at the interleaved in-flight count (explore.Explorer._interleaved_node)."""
         pr, L = self.pr, self.L
         pp = sum(sg.stages for sg in segs)
         nmax = max(1, L - pp + 1)
         # the stages of a segment share one context but at the pipeline's ends (Pricer.segment_rows)
         lo = pr.pipeline_rows(segs, mbs, self.recs[-1], sharding, dp)[0]
-        k = pr.inflight(schedule, pp, m)
+        k = pr.inflight(schedule, pp, m, v)
         mem_a, mem_b = lo[:, 6] + k * lo[:, 7], lo[:, 8] + k * lo[:, 9]
         room = (pr.room_bytes(segs) - lo[:, 10]) - mem_b
         # floor(peak(n)) ≤ capacity ⟺ n < room / mem_a; + 1 absorbs the rounding of this formula
@@ -360,11 +362,20 @@ class Bounds:
         if min(cap) < 1 or sum(cap) < L:
             return math.inf, pipes
         a, b = rows[:, 0].tolist(), rows[:, 1].tolist()
-        if schedule == "1f1b" and ws:
-            # interleaved ranks under 1F1B's caps (explore.Explorer._interleaved_node says why);
-            # rank 0's slope is its interior one: the first segment's smallest
+        if ws:
+            # interleaved ranks at their own in-flight counts (explore.Explorer._interleaved_node says
+            # why); rank 0's slope is its interior one: the first segment's smallest
             a_il = [min(a[0], slopes[0]), *a[1:]]
-            pipes = [max(p, capped_row(a_il, b, cap, L, w, m - w)) for p, w in zip(pipes, ws, strict=True)]
+            out = []
+            for p, w in zip(pipes, ws, strict=True):
+                v = round(1.0 / w)
+                kk = self.pr.inflight("interleaved-1f1b", pp, m, v)
+                ma, mb = rows[:, 2] * bpp + kk * rows[:, 4], rows[:, 3] * bpp + kk * rows[:, 5]
+                left = (self.pr.room_bytes(segs) - rows[:, 6]) - mb
+                q = np.divide(left, ma, out=np.full_like(left, float(nmax)), where=ma > 0)
+                c = np.where(ma > 0, np.clip(np.floor(q) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+                out.append(max(p, interleaved_row(a_il, b, c, L, v, m)))
+            pipes = out
         return capped_row(a, b, cap, L, 1.0, m - 1.0), pipes
 
     def optimistic_replicas(
@@ -568,6 +579,21 @@ def capped_replica_bounds(
         else:
             out.append(pool_bound(list(total[i]), list(worst[i]), counts, total_mb) + float(tails[i].min()))
     return out
+
+
+def interleaved_row(a: list[float], b: list[float], cap: list[int], num_layers: int, v: int, m: int) -> float:
+    """`capped_row` of an interleaved pipeline over ranks holding n_j ≥ v blocks each (one per chunk),
+    shifted as interleave.py does (n' = n_j − (v − 1) ≥ 1), at the weights (1/v, m − 1/v)."""
+    s = v - 1
+    pp = len(a)
+    return capped_row(
+        a,
+        [bi + ai * s for ai, bi in zip(a, b, strict=True)],
+        [c - s for c in cap],
+        num_layers - pp * s,
+        1.0 / v,
+        m - 1.0 / v,
+    )
 
 
 def capped_row(a: list[float], b: list[float], cap: list[int], num_layers: int, w_sum: float, w_max: float) -> float:

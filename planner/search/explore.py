@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 
 from planner.cost.devices import cross_node_link
 from planner.search.arrays import Pricer, SegmentSpec, StageSpec, mix_prefix, pipeline_arrays
-from planner.search.bounds import Bounds, ShapeTable, capped_replica_bounds, capped_row, prefix_bounds, shape_table
+from planner.search.bounds import (
+    Bounds,
+    ShapeTable,
+    capped_replica_bounds,
+    capped_row,
+    interleaved_row,
+    prefix_bounds,
+    shape_table,
+)
 from planner.search.build import Choice, balanced_microbatches
 from planner.search.inner import StageArrays, solve_split
 from planner.search.interleave import chunk_layers, interleaved_arrays
@@ -211,13 +219,14 @@ class Explorer:
                 run = lambda s=sharding, v=v: self._interleaved_node(shape, segs, mbs, s, total_mb, shape_lb, v)  # noqa: E731
                 self.push(max(shape_lb, lb), run)
 
-    def _caps(self, shape: Shape, segs, m: int, mbs: int, sharding: str):
-        """Bounds.pipeline_caps of a shape × mbs × sharding, memoised (its primary and interleaved
-        nodes both read them)."""
-        key = (shape, mbs, sharding)
+    def _caps(self, shape: Shape, segs, m: int, mbs: int, sharding: str, v: int = 1):
+        """Bounds.pipeline_caps of a shape × mbs × sharding (v > 1: interleaved, v chunks), memoised
+        (the primary and interleaved nodes of a sharding read the primary's)."""
+        key = (shape, mbs, sharding, v)
         if key not in self.capped:
             assert self.primary is not None
-            self.capped[key] = self.bounds.pipeline_caps(segs, m, mbs, self.primary, sharding, shape.dp)
+            sched = self.primary if v == 1 else "interleaved-1f1b"
+            self.capped[key] = self.bounds.pipeline_caps(segs, m, mbs, sched, sharding, shape.dp, v)
         return self.capped[key]
 
     def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
@@ -237,11 +246,11 @@ class Explorer:
 
     def _interleaved_node(self, shape: Shape, segs, mbs: int, sharding: str, total_mb: int, shape_lb: float, v: int):
         """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
-        (interleaved holds even more). Under a 1F1B primary, bounded under 1F1B's full-recompute caps
-        too (`capped_row` at the interleaved weights): rank j runs a chunk in stage j's context plus
-        others (times, bytes ≥ 0), holds at least 1F1B's in-flight micro-batches
-        (formulas.inflight_microbatches), so its a, b are no smaller and its cap no larger; rank 0's
-        slope is its interior one (`Bounds.slope`, the segment's smallest)."""
+        (interleaved holds even more). Bounded under memory too (bounds.interleaved_row): rank j runs
+        a chunk in stage j's context plus others (times, bytes ≥ 0) and a block's terms do not depend
+        on its context, so stage j's row at the interleaved in-flight count has a, b no larger and a
+        cap no smaller than rank j's (Bounds.pipeline_caps with v); rank 0's slope is its interior
+        one (`Bounds.slope`, the segment's smallest)."""
         m = math.ceil(total_mb / shape.dp)
         w = 1.0 / v
         lb = max(shape_lb, self.bounds.pipeline(segs, m, w, mbs, sharding, shape.dp))
@@ -253,10 +262,14 @@ class Explorer:
             if parts is None:
                 if self.space.recompute:
                     return
-            elif self.primary == "1f1b":
-                a, b, cap = parts
+            else:
+                inter = self._caps(shape, segs, m, mbs, sharding, v)
+                if inter is None:
+                    self.counts.infeasible += 1  # no rank's full recompute fits at interleaved's in-flight
+                    return
+                a, b, cap = inter
                 a0 = self.bounds.slope(segs[0], True, len(segs) == 1, shape.pp, mbs, sharding, shape.dp, True)
-                lb = max(lb, capped_row([min(a[0], a0), *a[1:]], b, cap, self.L, w, m - w))
+                lb = max(lb, interleaved_row([min(a[0], a0), *a[1:]], b, cap, self.L, v, m))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:
