@@ -284,15 +284,17 @@ class Bounds:
         """A 1F1B/GPipe lower bound for every recompute prefix of a shape × mbs × sharding, before its
         arrays exist: `capped_row` over `pipeline_caps`. +inf when even those caps cannot hold L blocks."""
         parts = self.pipeline_caps(segs, m, mbs, schedule, sharding, dp)
-        return math.inf if parts is None else capped_row(*parts, self.L, 1.0, m - 1.0)
+        return math.inf if parts is None else capped_row(*parts[:3], self.L, 1.0, m - 1.0)
 
     def pipeline_caps(
         self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int, v: int = 1
-    ) -> tuple[list[float], list[float], list[int]] | None:
-        """Per stage of a shape × mbs × sharding, (a, b, cap): the smaller a and b of its two recompute
+    ) -> tuple[list[float], list[float], list[int], tuple | None] | None:
+        """Per stage of a shape × mbs × sharding, (a, b, cap, per): the smaller a and b of its two recompute
         contexts (p2p ≥ 0 dropped) and a cap no smaller than its full-recompute cap (the loosest:
         `explore` skips a node whose full recompute does not fit), from pipeline_arrays' allocation
-        formula solved for n and rounded up. None when even those caps cannot hold L blocks. With
+        formula solved for n and rounded up; `per` (None without recompute in the space): each
+        setting's own (a, b) with recompute and without, and the caps without (prefix_row_bound).
+        None when even those caps cannot hold L blocks. With
         schedule "interleaved-1f1b" and v chunks, per rank of the interleaved pipeline, n its total
         blocks: its stage j's row at the interleaved in-flight count (explore.Explorer._interleaved_node)."""
         pr, L = self.pr, self.L
@@ -309,12 +311,17 @@ class Bounds:
         cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
             return None  # as capped_row answers, before pricing the other recompute contexts
-        if len(self.recs) > 1:
-            hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
-            a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
-        else:
-            a, b = lo[:, 0].tolist(), lo[:, 1].tolist()
-        return a, b, cap
+        if len(self.recs) == 1:
+            return lo[:, 0].tolist(), lo[:, 1].tolist(), cap, None
+        hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
+        a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
+        # the no-recompute rows and caps, for bounds per recompute prefix (prefix_row_bound)
+        mem_a, mem_b = hi[:, 6] + k * hi[:, 7], hi[:, 8] + k * hi[:, 9]
+        room = (pr.room_bytes(segs) - hi[:, 10]) - mem_b
+        free = mem_a > 0
+        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
+        cap_none = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+        return a, b, cap, (lo[:, 0].tolist(), lo[:, 1].tolist(), hi[:, 0].tolist(), hi[:, 1].tolist(), cap_none)
 
     def optimistic(
         self,
@@ -594,6 +601,26 @@ def interleaved_row(a: list[float], b: list[float], cap: list[int], num_layers: 
         1.0 / v,
         m - 1.0 / v,
     )
+
+
+def prefix_row_bound(parts: tuple, ks: list[int], num_layers: int, v: int, m: int, a0: float | None = None) -> float:
+    """The smallest `capped_row` (v = 1) or `interleaved_row` over recompute prefixes `ks` (stages
+    [0, k) with full recompute, the rest without, each with its own a, b and cap) from
+    Bounds.pipeline_caps' `parts`: tighter than mixing the cheaper a with the looser cap per stage.
+    `a0`: a smaller slope for stage 0 (an interleaved rank 0's interior one)."""
+    a, b, cap, per = parts
+    row = capped_row if v == 1 else (lambda a, b, c, L, *_: interleaved_row(a, b, c, L, v, m))
+    if per is None:
+        a = a if a0 is None else [min(a[0], a0), *a[1:]]
+        return row(a, b, cap, num_layers, 1.0, m - 1.0)
+    af, bf, an, bn, cn = per
+    out = math.inf
+    for k in ks:
+        ak = af[:k] + an[k:]
+        if a0 is not None:
+            ak[0] = min(ak[0], a0)
+        out = min(out, row(ak, bf[:k] + bn[k:], cap[:k] + cn[k:], num_layers, 1.0, m - 1.0))
+    return out
 
 
 def capped_row(a: list[float], b: list[float], cap: list[int], num_layers: int, w_sum: float, w_max: float) -> float:

@@ -31,9 +31,8 @@ from planner.search.bounds import (
     Bounds,
     ShapeTable,
     capped_replica_bounds,
-    capped_row,
-    interleaved_row,
     prefix_bounds,
+    prefix_row_bound,
     shape_table,
 )
 from planner.search.build import Choice, balanced_microbatches
@@ -232,7 +231,7 @@ class Explorer:
     def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
         """Bounds.capped_pipeline of a shape × mbs × sharding (+inf: not even full recompute fits)."""
         parts = self._caps(shape, segs, m, mbs, sharding)
-        return math.inf if parts is None else capped_row(*parts, self.L, 1.0, m - 1.0)
+        return math.inf if parts is None else prefix_row_bound(parts, self.prefixes(shape.pp), self.L, 1, m)
 
     def _primary_node(self, shape: Shape, segs, mbs: int, sharding: str, m: int, shape_lb: float) -> None:
         """The 1F1B (or GPipe) candidates of a sharding, bounded under their memory caps."""
@@ -267,9 +266,8 @@ class Explorer:
                 if inter is None:
                     self.counts.infeasible += 1  # no rank's full recompute fits at interleaved's in-flight
                     return
-                a, b, cap = inter
                 a0 = self.bounds.slope(segs[0], True, len(segs) == 1, shape.pp, mbs, sharding, shape.dp, True)
-                lb = max(lb, interleaved_row([min(a[0], a0), *a[1:]], b, cap, self.L, v, m))
+                lb = max(lb, prefix_row_bound(inter, self.prefixes(shape.pp), self.L, v, m, a0))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:
