@@ -424,6 +424,14 @@ class Bounds:
             return math.inf
         return pool_bound(list(total), list(worst), counts, total_mb)
 
+    def local_slope(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> float:
+        """A lower bound of every per-block time a of the segment's stages in any context (an interior
+        one included), any sharding: its local terms' smallest (`_local_rows`); 0 under a calibration
+        with FSDP overheads (`optimistic` says why)."""
+        if self.calib is not None and self.calib.fsdp is not None:
+            return 0.0
+        return self._local_rows(sg, mbs, first, last, pp)[1]
+
     def _local_rows(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[np.ndarray, float]:
         """Per stage of a segment: [min a, min b over the recompute settings (compute + exposed TP),
         parameters per block, fixed parameters, kept activation bytes per block and fixed, workspace]

@@ -239,7 +239,8 @@ class Explorer:
         if math.isinf(capped):
             self.counts.infeasible += 1  # not even full recompute fits
             return
-        lb = max(shape_lb, capped, self.bounds.pipeline(segs, m, 1.0, mbs, sharding, shape.dp))
+        # capped ≥ Bounds.pipeline (its slopes are no larger than the rows', caps and b ≥ 0 only add)
+        lb = max(shape_lb, capped)
         total_mb = self.global_batch // mbs
         self.push(lb, lambda: self._primary(shape, segs, mbs, sharding, total_mb))
 
@@ -249,24 +250,24 @@ class Explorer:
         a chunk in stage j's context plus others (times, bytes ≥ 0) and a block's terms do not depend
         on its context, so stage j's row at the interleaved in-flight count has a, b no larger and a
         cap no smaller than rank j's (Bounds.pipeline_caps with v); rank 0's slope is its interior
-        one (`Bounds.slope`, the segment's smallest)."""
+        one, at least its local terms' (Bounds.local_slope: dp time ≥ 0 on top). That bound is at least
+        Bounds.pipeline's, which bounds the node only without a primary schedule."""
         m = math.ceil(total_mb / shape.dp)
-        w = 1.0 / v
-        lb = max(shape_lb, self.bounds.pipeline(segs, m, w, mbs, sharding, shape.dp))
-        if lb * (1 - BOUND_MARGIN) >= self.bound():
-            self.counts.pruned += 1  # cannot win: no need to price the memory check below
-            return
-        if self.primary is not None:
+        lb = shape_lb
+        if self.primary is None:
+            lb = max(lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        else:
             parts = self._caps(shape, segs, m, mbs, sharding)
+            if parts is None and self.space.recompute:
+                return  # 1F1B's full recompute does not fit: interleaved holds even more
             if parts is None:
-                if self.space.recompute:
-                    return
+                lb = max(lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
             else:
                 inter = self._caps(shape, segs, m, mbs, sharding, v)
                 if inter is None:
                     self.counts.infeasible += 1  # no rank's full recompute fits at interleaved's in-flight
                     return
-                a0 = self.bounds.slope(segs[0], True, len(segs) == 1, shape.pp, mbs, sharding, shape.dp, True)
+                a0 = self.bounds.local_slope(segs[0], mbs, True, len(segs) == 1, shape.pp)
                 lb = max(lb, prefix_row_bound(inter, self.prefixes(shape.pp), self.L, v, m, a0))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
