@@ -133,6 +133,7 @@ class Bounds:
         # keyed on Pricer.link_id(dplink)
         self._slope: dict[tuple, float] = {}
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -407,11 +408,10 @@ class Bounds:
             room = self.pr.room_bytes([sg])
             per_rec = []
             for r in self.recs:
-                lts = [self.pr.local(sg.cls, sg.tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
                 # one micro-batch in flight: mem = state + activations (formulas.inflight_microbatches ≥ 1)
-                mem_a = np.array([lt.num_params_per_block * bpp + lt.activation_bytes_per_block for lt in lts])
-                mem_b = np.array([lt.num_params_fixed * bpp + lt.activation_bytes_fixed for lt in lts])
-                left = (room - np.array([lt.workspace_bytes for lt in lts])) - mem_b
+                pa, act_a, pf, act_f, ws = self._replica_mem(sg.cls, sg.tp, mbs, r, pp)
+                mem_a, mem_b = pa * bpp + act_a, pf * bpp + act_f
+                left = (room - ws) - mem_b
                 free = mem_a > 0
                 q = np.divide(left, mem_a, out=np.full_like(left, float(nmax)), where=free)
                 per_rec.append(np.where(free, np.clip(np.floor(q) + 1, 0, nmax), nmax))
@@ -431,6 +431,25 @@ class Bounds:
         if self.calib is not None and self.calib.fsdp is not None:
             return 0.0
         return self._local_rows(sg, mbs, first, last, pp)[1]
+
+    def _replica_mem(self, cls: int, tp: int, mbs: int, r: bool, pp: int) -> tuple[np.ndarray, ...]:
+        """Per stage of a pp-stage replica of one class: (parameters per block, activation bytes per
+        block, fixed parameters, fixed activation bytes, workspace) of its local terms, memoised."""
+        key = (cls, tp, mbs, r, pp)
+        out = self._mem.get(key)
+        if out is None:
+            lts = [self.pr.local(cls, tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
+            out = self._mem[key] = tuple(
+                np.array([getattr(lt, f) for lt in lts])
+                for f in (
+                    "num_params_per_block",
+                    "activation_bytes_per_block",
+                    "num_params_fixed",
+                    "activation_bytes_fixed",
+                    "workspace_bytes",
+                )
+            )
+        return out
 
     def _local_rows(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[np.ndarray, float]:
         """Per stage of a segment: [min a, min b over the recompute settings (compute + exposed TP),
