@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner.cost.devices import cross_node_link
 from planner.search.arrays import Pricer, SegmentSpec, StageSpec, mix_prefix, pipeline_arrays
 from planner.search.bounds import (
@@ -130,14 +132,32 @@ class Explorer:
         self.found, self.nodes, self.leaves, self.ticket = other.found, other.nodes, other.leaves, other.ticket
 
     def seed(self, shapes: list[Shape], table: ShapeTable | None = None) -> None:
-        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape (all at once:
-        Bounds.shape_bounds over `table`, the shapes' ShapeTable, which passes may share)."""
+        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape: all bounds at
+        once (Bounds.shape_bounds over `table`, the shapes' ShapeTable, which passes may share),
+        sorted, behind one frontier entry that pushes the next shape node each time it is expanded
+        (its bound is the smallest left), so shape nodes that cannot win are never built."""
         tab = table if table is not None else shape_table(shapes)
-        for mbs in self.mbs_opts:
-            lbs = self.bounds.shape_bounds(tab, mbs).tolist()
-            for sh, lb in zip(shapes, lbs, strict=True):
-                if self.global_batch // mbs >= sh.dp:
-                    self.push(lb, self._shape_node(sh, mbs, lb))
+        lbs = np.concatenate([self.bounds.shape_bounds(tab, mbs) for mbs in self.mbs_opts] or [np.zeros(0)])
+        order = np.argsort(lbs, kind="stable")
+        order = order[np.isfinite(lbs[order])]  # +inf: more replicas than micro-batches, no candidate
+        n = len(shapes)
+        lbl = lbs.tolist()
+        items = [(lbl[i], shapes[i % n], self.mbs_opts[i // n]) for i in order.tolist()]
+        pos = 0
+
+        def stream() -> None:
+            nonlocal pos
+            lb, sh, mbs = items[pos]
+            pos += 1
+            self.push(lb, self._shape_node(sh, mbs, lb))
+            if pos < len(items):
+                if items[pos][0] * (1 - BOUND_MARGIN) >= self.bound():
+                    self.counts.pruned += len(items) - pos  # sorted: none left can win
+                else:
+                    self.push(items[pos][0], stream)
+
+        if items:
+            self.push(items[0][0], stream)
 
     def run(
         self, shapes: list[Shape], over_budget: Callable[[], bool], table: ShapeTable | None = None
