@@ -203,6 +203,11 @@ def search(
         cost = estimate(plan, model, cluster, table, idx, calibration)
         if cost.feasible and plan.fingerprint() not in plans:
             plans[plan.fingerprint()] = plan.model_copy(update={"predicted": cost})
+    if not plans:
+        # every plan found failed estimate's check (seen once: a budget cut that had found only one);
+        # answer "nothing fits" with the reason rather than an empty ranking
+        why = f"the {len(found)} plan(s) found were rejected by the cost model's check (estimate)"
+        return NoFeasiblePlan((*reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), why), stats)
     # the top_k cheapest, launchable ones first (planner/runtime.py); a refused one keeps its reason in its notes
     ranked = launchable_first(sorted(plans.values(), key=lambda p: p.predicted.step_time_s)[:top_k], model)  # type: ignore[union-attr]
     base = {}
