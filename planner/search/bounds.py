@@ -19,6 +19,7 @@ grow with S_c and X_c, so lower bounds of those give a lower bound of T.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,46 @@ def pool_bound(S: list[float], X: list[float], counts: list[int], total_mb: int)
     return max(max(S), work / rate)
 
 
+class ShapeTable(NamedTuple):
+    """A shape list as padded arrays, for `Bounds.shape_bounds` (one numpy pass instead of one Python
+    call per shape × micro-batch size): row s holds shape s's (class, tp) combination ids and their
+    weights (a pipeline segment's stages, a replica group's replicas; padding: id `len(combos)`, 0)."""
+
+    shapes: list[Shape]
+    combos: list[tuple[int, int]]
+    idx: np.ndarray  # [S, K] int
+    weight: np.ndarray  # [S, K] float
+    pipe: np.ndarray  # [S] bool: pipeline family
+    pp: np.ndarray  # [S] int
+    dp: np.ndarray  # [S] int
+
+
+def shape_table(shapes: list[Shape]) -> ShapeTable:
+    ids: dict[tuple[int, int], int] = {}
+    rows: list[list[tuple[int, int]]] = []
+    for sh in shapes:
+        if sh.family == "pipeline":
+            rows.append([(ids.setdefault((g.cls, g.tp), len(ids)), g.stages) for g in sh.segments])
+        else:
+            tp = sh.segments[0].tp
+            rows.append([(ids.setdefault((c, tp), len(ids)), n) for c, n in sh.groups])
+    K = max((len(r) for r in rows), default=1)
+    idx = np.full((len(shapes), K), len(ids), dtype=np.int64)
+    weight = np.zeros((len(shapes), K))
+    for i, r in enumerate(rows):
+        for j, (c, w) in enumerate(r):
+            idx[i, j], weight[i, j] = c, w
+    return ShapeTable(
+        shapes,
+        list(ids),
+        idx,
+        weight,
+        np.array([sh.family == "pipeline" for sh in shapes], dtype=bool),
+        np.array([sh.pp for sh in shapes], dtype=np.int64),
+        np.array([sh.dp for sh in shapes], dtype=np.int64),
+    )
+
+
 class Bounds:
     """Bounds at three depths of the search tree: a shape (profile rows only), a shape × micro-batch ×
     sharding (stage slopes a), and a candidate (its stage arrays, `split_bound`)."""
@@ -81,6 +122,7 @@ class Bounds:
         # keyed on Pricer.link_id(dplink)
         self._slope: dict[tuple, float] = {}
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
+        self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -165,6 +207,30 @@ class Bounds:
         rate = sum(n * shape.pp / (L * self.a_floor(c, shape.segments[0].tp, mbs)) for c, n in shape.groups)
         return (total_mb + shape.dp * (shape.pp - 1)) / rate
 
+    def shape_bounds(self, tab: ShapeTable, mbs: int) -> np.ndarray:
+        """`shape` of every shape of `tab` at one micro-batch size, in one numpy pass (the same
+        formulas; +inf where the shape needs more replicas than the batch has micro-batches)."""
+        L, total_mb = self.L, self.gb // mbs
+        if not tab.shapes:
+            return np.zeros(0)
+        A = np.array([self.a_floor(c, t, mbs) for c, t in tab.combos] + [math.inf])
+        a = A[tab.idx]
+        inv = (tab.weight / a).sum(axis=1)  # Σ stages/a (pipelines), Σ replicas/a (replicas)
+        amin = a.min(axis=1)
+        pp, dp = tab.pp, tab.dp
+        m0 = -(-total_mb // dp)
+        vmax = {
+            p: max((v for v in self.space.virtual_stages if v >= 2 and L >= p * v), default=0) for p in set(pp.tolist())
+        }
+        vm = np.array([vmax[p] for p in pp.tolist()], dtype=np.float64)
+        inter = (pp >= 2) & (vm > 0) & (total_mb % dp == 0) & ((total_mb // dp) % pp == 0) & self.interleaved
+        w = np.where(inter, 1.0 / np.where(vm > 0, vm, 1.0), 1.0)
+        with np.errstate(divide="ignore"):
+            pipe = w * L * amin + (m0 - w) * L / inv
+            repl = (total_mb + dp * (pp - 1)) / (pp / L * inv)
+        out = np.where(tab.pipe, pipe, repl)
+        return np.where(total_mb >= dp, out, math.inf)
+
     def slope(
         self, sg: SegmentSpec, first: bool, last: bool, pp: int, mbs: int, sharding: str, dp: int, interior: bool
     ) -> float:
@@ -206,16 +272,27 @@ class Bounds:
         self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int
     ) -> float:
         """A 1F1B/GPipe lower bound for every recompute prefix of a shape × mbs × sharding, before its
-        arrays exist: per stage the smaller a and b of its two recompute contexts (p2p ≥ 0 dropped)
-        and a cap no smaller than its full-recompute cap (the loosest: `explore` skips a node whose
-        full recompute does not fit), from pipeline_arrays' allocation formula solved for n and
-        rounded up, then `capped_row`. +inf when even those caps cannot hold L blocks."""
+        arrays exist: `capped_row` over `pipeline_caps`. +inf when even those caps cannot hold L blocks."""
+        parts = self.pipeline_caps(segs, m, mbs, schedule, sharding, dp)
+        return math.inf if parts is None else capped_row(*parts[:3], self.L, 1.0, m - 1.0)
+
+    def pipeline_caps(
+        self, segs: list[SegmentSpec], m: int, mbs: int, schedule: str, sharding: str, dp: int, v: int = 1
+    ) -> tuple[list[float], list[float], list[int], tuple | None] | None:
+        """Per stage of a shape × mbs × sharding, (a, b, cap, per): the smaller a and b of its two recompute
+        contexts (p2p ≥ 0 dropped) and a cap no smaller than its full-recompute cap (the loosest:
+        `explore` skips a node whose full recompute does not fit), from pipeline_arrays' allocation
+        formula solved for n and rounded up; `per` (None without recompute in the space): each
+        setting's own (a, b) with recompute and without, and the caps without (prefix_row_bound).
+        None when even those caps cannot hold L blocks. With
+        schedule "interleaved-1f1b" and v chunks, per rank of the interleaved pipeline, n its total
+        blocks: its stage j's row at the interleaved in-flight count (explore.Explorer._interleaved_node)."""
         pr, L = self.pr, self.L
         pp = sum(sg.stages for sg in segs)
         nmax = max(1, L - pp + 1)
         # the stages of a segment share one context but at the pipeline's ends (Pricer.segment_rows)
         lo = pr.pipeline_rows(segs, mbs, self.recs[-1], sharding, dp)[0]
-        k = pr.inflight(schedule, pp, m)
+        k = pr.inflight(schedule, pp, m, v)
         mem_a, mem_b = lo[:, 6] + k * lo[:, 7], lo[:, 8] + k * lo[:, 9]
         room = (pr.room_bytes(segs) - lo[:, 10]) - mem_b
         # floor(peak(n)) ≤ capacity ⟺ n < room / mem_a; + 1 absorbs the rounding of this formula
@@ -223,13 +300,18 @@ class Bounds:
         per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
         cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
-            return math.inf  # as capped_row answers, before pricing the other recompute contexts
-        if len(self.recs) > 1:
-            hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
-            a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
-        else:
-            a, b = lo[:, 0].tolist(), lo[:, 1].tolist()
-        return capped_row(a, b, cap, L, 1.0, m - 1.0)
+            return None  # as capped_row answers, before pricing the other recompute contexts
+        if len(self.recs) == 1:
+            return lo[:, 0].tolist(), lo[:, 1].tolist(), cap, None
+        hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
+        a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
+        # the no-recompute rows and caps, for bounds per recompute prefix (prefix_row_bound)
+        mem_a, mem_b = hi[:, 6] + k * hi[:, 7], hi[:, 8] + k * hi[:, 9]
+        room = (pr.room_bytes(segs) - hi[:, 10]) - mem_b
+        free = mem_a > 0
+        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
+        cap_none = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+        return a, b, cap, (lo[:, 0].tolist(), lo[:, 1].tolist(), hi[:, 0].tolist(), hi[:, 1].tolist(), cap_none)
 
     def optimistic(
         self,
@@ -276,7 +358,22 @@ class Bounds:
         cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
         if min(cap) < 1 or sum(cap) < L:
             return math.inf, pipes
-        return capped_row(rows[:, 0].tolist(), rows[:, 1].tolist(), cap, L, 1.0, m - 1.0), pipes
+        a, b = rows[:, 0].tolist(), rows[:, 1].tolist()
+        if ws:
+            # interleaved ranks at their own in-flight counts (explore.Explorer._interleaved_node says
+            # why); rank 0's slope is its interior one: the first segment's smallest
+            a_il = [min(a[0], slopes[0]), *a[1:]]
+            out = []
+            for p, w in zip(pipes, ws, strict=True):
+                v = round(1.0 / w)
+                kk = self.pr.inflight("interleaved-1f1b", pp, m, v)
+                ma, mb = rows[:, 2] * bpp + kk * rows[:, 4], rows[:, 3] * bpp + kk * rows[:, 5]
+                left = (self.pr.room_bytes(segs) - rows[:, 6]) - mb
+                q = np.divide(left, ma, out=np.full_like(left, float(nmax)), where=ma > 0)
+                c = np.where(ma > 0, np.clip(np.floor(q) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+                out.append(max(p, interleaved_row(a_il, b, c, L, v, m)))
+            pipes = out
+        return capped_row(a, b, cap, L, 1.0, m - 1.0), pipes
 
     def optimistic_replicas(
         self, segs: list[SegmentSpec], counts: list[int], total_mb: int, mbs: int, shardings: list[str], dp: int
@@ -300,11 +397,10 @@ class Bounds:
             room = self.pr.room_bytes([sg])
             per_rec = []
             for r in self.recs:
-                lts = [self.pr.local(sg.cls, sg.tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
                 # one micro-batch in flight: mem = state + activations (formulas.inflight_microbatches ≥ 1)
-                mem_a = np.array([lt.num_params_per_block * bpp + lt.activation_bytes_per_block for lt in lts])
-                mem_b = np.array([lt.num_params_fixed * bpp + lt.activation_bytes_fixed for lt in lts])
-                left = (room - np.array([lt.workspace_bytes for lt in lts])) - mem_b
+                pa, act_a, pf, act_f, ws = self._replica_mem(sg.cls, sg.tp, mbs, r, pp)
+                mem_a, mem_b = pa * bpp + act_a, pf * bpp + act_f
+                left = (room - ws) - mem_b
                 free = mem_a > 0
                 q = np.divide(left, mem_a, out=np.full_like(left, float(nmax)), where=free)
                 per_rec.append(np.where(free, np.clip(np.floor(q) + 1, 0, nmax), nmax))
@@ -316,6 +412,33 @@ class Bounds:
         if not ok.all():
             return math.inf
         return pool_bound(list(total), list(worst), counts, total_mb)
+
+    def local_slope(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> float:
+        """A lower bound of every per-block time a of the segment's stages in any context (an interior
+        one included), any sharding: its local terms' smallest (`_local_rows`); 0 under a calibration
+        with FSDP overheads (`optimistic` says why)."""
+        if self.calib is not None and self.calib.fsdp is not None:
+            return 0.0
+        return self._local_rows(sg, mbs, first, last, pp)[1]
+
+    def _replica_mem(self, cls: int, tp: int, mbs: int, r: bool, pp: int) -> tuple[np.ndarray, ...]:
+        """Per stage of a pp-stage replica of one class: (parameters per block, activation bytes per
+        block, fixed parameters, fixed activation bytes, workspace) of its local terms, memoised."""
+        key = (cls, tp, mbs, r, pp)
+        out = self._mem.get(key)
+        if out is None:
+            lts = [self.pr.local(cls, tp, mbs, r, i == 0, i == pp - 1 or pp == 1, pp) for i in range(pp)]
+            out = self._mem[key] = tuple(
+                np.array([getattr(lt, f) for lt in lts])
+                for f in (
+                    "num_params_per_block",
+                    "activation_bytes_per_block",
+                    "num_params_fixed",
+                    "activation_bytes_fixed",
+                    "workspace_bytes",
+                )
+            )
+        return out
 
     def _local_rows(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[np.ndarray, float]:
         """Per stage of a segment: [min a, min b over the recompute settings (compute + exposed TP),
@@ -478,6 +601,41 @@ def capped_replica_bounds(
             out.append(math.inf)
         else:
             out.append(pool_bound(list(total[i]), list(worst[i]), counts, total_mb) + float(tails[i].min()))
+    return out
+
+
+def interleaved_row(a: list[float], b: list[float], cap: list[int], num_layers: int, v: int, m: int) -> float:
+    """`capped_row` of an interleaved pipeline over ranks holding n_j ≥ v blocks each (one per chunk),
+    shifted as interleave.py does (n' = n_j − (v − 1) ≥ 1), at the weights (1/v, m − 1/v)."""
+    s = v - 1
+    pp = len(a)
+    return capped_row(
+        a,
+        [bi + ai * s for ai, bi in zip(a, b, strict=True)],
+        [c - s for c in cap],
+        num_layers - pp * s,
+        1.0 / v,
+        m - 1.0 / v,
+    )
+
+
+def prefix_row_bound(parts: tuple, ks: list[int], num_layers: int, v: int, m: int, a0: float | None = None) -> float:
+    """The smallest `capped_row` (v = 1) or `interleaved_row` over recompute prefixes `ks` (stages
+    [0, k) with full recompute, the rest without, each with its own a, b and cap) from
+    Bounds.pipeline_caps' `parts`: tighter than mixing the cheaper a with the looser cap per stage.
+    `a0`: a smaller slope for stage 0 (an interleaved rank 0's interior one)."""
+    a, b, cap, per = parts
+    row = capped_row if v == 1 else (lambda a, b, c, L, *_: interleaved_row(a, b, c, L, v, m))
+    if per is None:
+        a = a if a0 is None else [min(a[0], a0), *a[1:]]
+        return row(a, b, cap, num_layers, 1.0, m - 1.0)
+    af, bf, an, bn, cn = per
+    out = math.inf
+    for k in ks:
+        ak = af[:k] + an[k:]
+        if a0 is not None:
+            ak[0] = min(ak[0], a0)
+        out = min(out, row(ak, bf[:k] + bn[k:], cap[:k] + cn[k:], num_layers, 1.0, m - 1.0))
     return out
 
 

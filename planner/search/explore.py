@@ -25,9 +25,18 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner.cost.devices import cross_node_link
 from planner.search.arrays import Pricer, SegmentSpec, StageSpec, mix_prefix, pipeline_arrays
-from planner.search.bounds import Bounds, capped_replica_bounds, prefix_bounds
+from planner.search.bounds import (
+    Bounds,
+    ShapeTable,
+    capped_replica_bounds,
+    prefix_bounds,
+    prefix_row_bound,
+    shape_table,
+)
 from planner.search.build import Choice, balanced_microbatches
 from planner.search.inner import StageArrays, solve_split
 from planner.search.interleave import chunk_layers, interleaved_arrays
@@ -85,7 +94,7 @@ class Explorer:
         self.tag: Callable[[Choice], Choice] = lambda c: c
         self.expanded: set[Shape] = set()
         self.loosest: dict[tuple, StageArrays | None] = {}
-        self.capped: dict[tuple, float] = {}
+        self.capped: dict[tuple, tuple | None] = {}
         self.seg_memo: dict[Shape, list[SegmentSpec]] = {}
 
     # the kept set and its bound -------------------------------------------------------------------
@@ -122,18 +131,40 @@ class Explorer:
         and a budget cut's smallest bound left covers every pass."""
         self.found, self.nodes, self.leaves, self.ticket = other.found, other.nodes, other.leaves, other.ticket
 
-    def seed(self, shapes: list[Shape]) -> None:
-        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape."""
-        for sh in shapes:
-            for mbs in self.mbs_opts:
-                if self.global_batch // mbs >= sh.dp:
-                    lb = self.bounds.shape(sh, mbs)
-                    self.push(lb, self._shape_node(sh, mbs, lb))
+    def seed(self, shapes: list[Shape], table: ShapeTable | None = None) -> None:
+        """Put every shape × micro-batch size on the frontier, bounded by Bounds.shape: all bounds at
+        once (Bounds.shape_bounds over `table`, the shapes' ShapeTable, which passes may share),
+        sorted, behind one frontier entry that pushes the next shape node each time it is expanded
+        (its bound is the smallest left), so shape nodes that cannot win are never built."""
+        tab = table if table is not None else shape_table(shapes)
+        lbs = np.concatenate([self.bounds.shape_bounds(tab, mbs) for mbs in self.mbs_opts] or [np.zeros(0)])
+        order = np.argsort(lbs, kind="stable")
+        order = order[np.isfinite(lbs[order])]  # +inf: more replicas than micro-batches, no candidate
+        n = len(shapes)
+        lbl = lbs.tolist()
+        items = [(lbl[i], shapes[i % n], self.mbs_opts[i // n]) for i in order.tolist()]
+        pos = 0
 
-    def run(self, shapes: list[Shape], over_budget: Callable[[], bool]) -> float | None:
+        def stream() -> None:
+            nonlocal pos
+            lb, sh, mbs = items[pos]
+            pos += 1
+            self.push(lb, self._shape_node(sh, mbs, lb))
+            if pos < len(items):
+                if items[pos][0] * (1 - BOUND_MARGIN) >= self.bound():
+                    self.counts.pruned += len(items) - pos  # sorted: none left can win
+                else:
+                    self.push(items[pos][0], stream)
+
+        if items:
+            self.push(items[0][0], stream)
+
+    def run(
+        self, shapes: list[Shape], over_budget: Callable[[], bool], table: ShapeTable | None = None
+    ) -> float | None:
         """Explore until the frontier is empty or cannot beat the kept set (None), or the budget cuts
         it: then the smallest bound left on the frontier (shared: every sharing explorer's)."""
-        self.seed(shapes)
+        self.seed(shapes, table)
         while self.nodes or self.leaves:
             # candidates before nodes: a candidate that can still enter the kept set is solved as soon
             # as it exists (a depth-first dive), so good plans come early and a budget cut keeps them;
@@ -207,15 +238,20 @@ class Explorer:
                 run = lambda s=sharding, v=v: self._interleaved_node(shape, segs, mbs, s, total_mb, shape_lb, v)  # noqa: E731
                 self.push(max(shape_lb, lb), run)
 
-    def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
-        """Bounds.capped_pipeline of a shape × mbs × sharding, memoised (its primary and interleaved
-        nodes both read it)."""
-        key = (shape, mbs, sharding)
-        out = self.capped.get(key)
-        if out is None:
+    def _caps(self, shape: Shape, segs, m: int, mbs: int, sharding: str, v: int = 1):
+        """Bounds.pipeline_caps of a shape × mbs × sharding (v > 1: interleaved, v chunks), memoised
+        (the primary and interleaved nodes of a sharding read the primary's)."""
+        key = (shape, mbs, sharding, v)
+        if key not in self.capped:
             assert self.primary is not None
-            out = self.capped[key] = self.bounds.capped_pipeline(segs, m, mbs, self.primary, sharding, shape.dp)
-        return out
+            sched = self.primary if v == 1 else "interleaved-1f1b"
+            self.capped[key] = self.bounds.pipeline_caps(segs, m, mbs, sched, sharding, shape.dp, v)
+        return self.capped[key]
+
+    def _capped(self, shape: Shape, segs, m: int, mbs: int, sharding: str) -> float:
+        """Bounds.capped_pipeline of a shape × mbs × sharding (+inf: not even full recompute fits)."""
+        parts = self._caps(shape, segs, m, mbs, sharding)
+        return math.inf if parts is None else prefix_row_bound(parts, self.prefixes(shape.pp), self.L, 1, m)
 
     def _primary_node(self, shape: Shape, segs, mbs: int, sharding: str, m: int, shape_lb: float) -> None:
         """The 1F1B (or GPipe) candidates of a sharding, bounded under their memory caps."""
@@ -223,24 +259,36 @@ class Explorer:
         if math.isinf(capped):
             self.counts.infeasible += 1  # not even full recompute fits
             return
-        lb = max(shape_lb, capped, self.bounds.pipeline(segs, m, 1.0, mbs, sharding, shape.dp))
+        # capped ≥ Bounds.pipeline (its slopes are no larger than the rows', caps and b ≥ 0 only add)
+        lb = max(shape_lb, capped)
         total_mb = self.global_batch // mbs
         self.push(lb, lambda: self._primary(shape, segs, mbs, sharding, total_mb))
 
     def _interleaved_node(self, shape: Shape, segs, mbs: int, sharding: str, total_mb: int, shape_lb: float, v: int):
         """Interleaved candidates with v chunks per rank; none when 1F1B's full recompute does not fit
-        (interleaved holds even more)."""
+        (interleaved holds even more). Bounded under memory too (bounds.interleaved_row): rank j runs
+        a chunk in stage j's context plus others (times, bytes ≥ 0) and a block's terms do not depend
+        on its context, so stage j's row at the interleaved in-flight count has a, b no larger and a
+        cap no smaller than rank j's (Bounds.pipeline_caps with v); rank 0's slope is its interior
+        one, at least its local terms' (Bounds.local_slope: dp time ≥ 0 on top). That bound is at least
+        Bounds.pipeline's, which bounds the node only without a primary schedule."""
         m = math.ceil(total_mb / shape.dp)
-        lb = max(shape_lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
-        if lb * (1 - BOUND_MARGIN) >= self.bound():
-            self.counts.pruned += 1  # cannot win: no need to price the memory check below
-            return
-        if (
-            self.primary is not None
-            and self.space.recompute
-            and math.isinf(self._capped(shape, segs, m, mbs, sharding))
-        ):
-            return
+        lb = shape_lb
+        if self.primary is None:
+            lb = max(lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+        else:
+            parts = self._caps(shape, segs, m, mbs, sharding)
+            if parts is None and self.space.recompute:
+                return  # 1F1B's full recompute does not fit: interleaved holds even more
+            if parts is None:
+                lb = max(lb, self.bounds.pipeline(segs, m, 1.0 / v, mbs, sharding, shape.dp))
+            else:
+                inter = self._caps(shape, segs, m, mbs, sharding, v)
+                if inter is None:
+                    self.counts.infeasible += 1  # no rank's full recompute fits at interleaved's in-flight
+                    return
+                a0 = self.bounds.local_slope(segs[0], mbs, True, len(segs) == 1, shape.pp)
+                lb = max(lb, prefix_row_bound(inter, self.prefixes(shape.pp), self.L, v, m, a0))
         self.push(lb, lambda: self._interleaved(shape, segs, mbs, sharding, total_mb, v))
 
     def _loosest(self, shape: Shape, segs, mbs: int, sharding: str, m: int) -> StageArrays | None:

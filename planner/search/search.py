@@ -26,7 +26,7 @@ from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.runtime import launchable_first
 from planner.search.arrays import Pricer
-from planner.search.bounds import Bounds
+from planner.search.bounds import Bounds, ShapeTable, shape_table
 from planner.search.build import build_plan
 from planner.search.classes import DeviceClass, device_classes
 from planner.search.cp import Folding, cp_degrees, fold_classes, with_cp
@@ -203,6 +203,11 @@ def search(
         cost = estimate(plan, model, cluster, table, idx, calibration)
         if cost.feasible and plan.fingerprint() not in plans:
             plans[plan.fingerprint()] = plan.model_copy(update={"predicted": cost})
+    if not plans:
+        # every plan found failed estimate's check (seen once: a budget cut that had found only one);
+        # answer "nothing fits" with the reason rather than an empty ranking
+        why = f"the {len(found)} plan(s) found were rejected by the cost model's check (estimate)"
+        return NoFeasiblePlan((*reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), why), stats)
     # the top_k cheapest, launchable ones first (planner/runtime.py); a refused one keeps its reason in its notes
     ranked = launchable_first(sorted(plans.values(), key=lambda p: p.predicted.step_time_s)[:top_k], model)  # type: ignore[union-attr]
     base = {}
@@ -256,9 +261,13 @@ def _explore(
         s = spent()
         return s > budget_s and (bool(found) or s > 10 * budget_s)
 
+    tables: dict[int, ShapeTable] = {}  # passes of one folding share their shape list: encode it once
+    for _, _, shapes in passes:
+        if id(shapes) not in tables:
+            tables[id(shapes)] = shape_table(shapes)
     for ex, (_, _, shapes) in zip(exs[1:], passes[1:], strict=True):
-        ex.seed(shapes)
-    left = exs[0].run(passes[0][2], over_budget) if exs else None
+        ex.seed(shapes, tables[id(shapes)])
+    left = exs[0].run(passes[0][2], over_budget, tables[id(passes[0][2])]) if exs else None
     for ex in exs:
         for name in ("shapes", "candidates", "pruned", "infeasible", "inner_solves"):
             setattr(stats, name, getattr(stats, name) + getattr(ex.counts, name))

@@ -137,3 +137,62 @@ def test_replica_bounds_of_all_prefixes_at_once_equal_one_prefix_at_a_time(cases
             total_mb,
         )
         assert lb == want or (math.isinf(lb) and math.isinf(want))
+
+
+def test_node_bounds_never_exceed_a_candidate_below_them(monkeypatch):
+    """Every primary and interleaved node's bound (per recompute prefix, under memory caps, rank 0
+    at its local slope) is ≤ the cost of every candidate solved below it, with nothing pruned."""
+    from planner.search import explore as E
+    from planner.search import search
+    from planner.search.space import SearchSpace
+    from planner.specs.cluster import parse_cluster
+    from planner.specs.model import ModelSpec
+
+    lbs: dict[tuple, float] = {}
+    costs: dict[tuple, float] = {}
+    monkeypatch.setattr(E.Explorer, "bound", lambda self: math.inf)  # solve everything
+
+    def keep(name: str, v_of):
+        orig = getattr(E.Explorer, name)
+
+        def node(self, *args):
+            push = self.push
+
+            def wrapped(lb, run, leaf=False):
+                lbs[(id(self), args[0], args[2], args[3], v_of(args))] = lb
+                return push(lb, run, leaf)
+
+            self.push = wrapped
+            try:
+                orig(self, *args)
+            finally:
+                del self.push
+
+        monkeypatch.setattr(E.Explorer, name, node)
+
+    keep("_primary_node", lambda a: 1)
+    keep("_interleaved_node", lambda a: a[-1])
+    record = E.Explorer.record
+
+    def rec(self, cost, shape, choice):
+        key = (id(self), shape, choice.mbs, choice.sharding, choice.virtual_stages)
+        costs[key] = min(costs.get(key, math.inf), cost)
+        record(self, cost, shape, choice)
+
+    monkeypatch.setattr(E.Explorer, "record", rec)
+    node = {"intra_link": "nvlink3", "inter_link": "ib-hdr", "num_devices": 2, "count": 2}
+    cluster = parse_cluster(
+        {
+            "name": "two",
+            "nodes": [
+                {"name": "a", "device": "A100-SXM4-40GB", **node},
+                {"name": "v", "device": "V100-SXM2-16GB", **node},
+            ],
+        }
+    )
+    model = ModelSpec(name="m", num_layers=8, hidden=2048, num_heads=16, vocab_size=32000, seq_len=2048)
+    space = SearchSpace(micro_batch_sizes=(1, 2), shardings=("none", "zero2"), tps=(1, 2), families=("pipeline",))
+    search(model, cluster, global_batch=16, space=space, baselines=False)
+    solved = [k for k in lbs if k in costs]
+    assert len(solved) > 10 and any(k[-1] > 1 for k in solved)
+    assert all(lbs[k] <= costs[k] * (1 + 1e-9) for k in solved)
