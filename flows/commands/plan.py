@@ -23,6 +23,7 @@ from flows.commands.model_options import (
     model_for_plan,
     resolve_model,
 )
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
 
 
 def calibration_doc(calibration: Any) -> dict[str, Any] | None:
@@ -51,10 +52,16 @@ def plan(
     snapshot: Annotated[
         str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
     ] = None,
-    global_batch: Annotated[int | None, typer.Option("--global-batch", help="samples per optimizer step")] = None,
-    seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
-    top: Annotated[int | None, typer.Option("--top", help="how many plans to rank")] = None,
-    budget: Annotated[float | None, typer.Option("--budget", help="search time budget in seconds")] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="samples per optimizer step")
+    ] = None,
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, max=MAX_SEQ, help="sequence length (default: the model's)")
+    ] = None,
+    top: Annotated[int | None, typer.Option("--top", min=1, max=MAX_TOP, help="how many plans to rank")] = None,
+    budget: Annotated[
+        float | None, typer.Option("--budget", min=0.01, max=MAX_SECONDS, help="search time budget in seconds")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="write the best plan as JSON here")] = None,
     flow: Annotated[bool, typer.Option("--flow", help="run as a Prefect flow (artifacts in the UI)")] = False,
