@@ -123,7 +123,7 @@ def plan(
     key = save_plans(path, res.plans, res.baselines) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
-    rows = ranking_rows(res)
+    rows = ranking_rows(res, m)
     if as_json:
         doc = {
             "feasible": True,
