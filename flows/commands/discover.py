@@ -28,7 +28,7 @@ def discover(
         extra.append(f"discover.num_ranks={num_ranks}")
     if refresh:
         extra.append("discover.refresh=true")
-    cfg = load_settings(extra)
+    cfg = load_settings(extra, {"discover.cluster": "--cluster", "discover.num_ranks": "--num-ranks"})
     if cfg.discover.cluster:
         _check_cluster_file(Path(cfg.discover.cluster))
     prefect_env(cfg)

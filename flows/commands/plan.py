@@ -76,7 +76,16 @@ def plan(
     for name, v in (("global_batch", global_batch), ("seq", seq), ("top_k", top), ("time_budget_s", budget)):
         if v is not None:
             extra.append(f"search.{name}={v}")
-    cfg = load_settings(extra)
+    cfg = load_settings(
+        extra,
+        {
+            "search.global_batch": "--global-batch",
+            "search.seq": "--seq",
+            "search.top_k": "--top",
+            "search.time_budget_s": "--budget",
+            "model": "--model",
+        },
+    )
     path = db_path(cfg)
     prefect_env(cfg)  # before anything imports prefect (tasks.plan below, or the flow)
     if flow:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from flows.app import app, db_path, load_settings, prefect_env
-from planner.limits import MAX_RANKS, MAX_STEPS
+from planner.limits import MAX_STEPS
 
 
 @app.command()
@@ -17,7 +17,7 @@ def run(
         int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="training steps (default: config train.steps)")
     ] = None,
     ranks: Annotated[
-        int | None, typer.Option("--ranks", min=1, max=MAX_RANKS, help="CPU ranks to use when no GPU is present")
+        int | None, typer.Option("--ranks", min=1, max=64, help="CPU ranks to use when no GPU is present")
     ] = None,
 ) -> None:
     """Run the whole pipeline on this machine and print a summary of what each stage did."""
@@ -27,7 +27,7 @@ def run(
     extra = [f"model={json.dumps(model)}"] if model else []
     extra += [f"train.steps={steps}"] if steps else []
     extra += [f"discover.num_ranks={ranks}"] if ranks else []
-    cfg = load_settings(extra)
+    cfg = load_settings(extra, {"model": "--model", "train.steps": "--steps", "discover.num_ranks": "--ranks"})
     prefect_env(cfg)
     from rich.console import Console
     from rich.table import Table

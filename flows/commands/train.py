@@ -106,7 +106,9 @@ def train(
     ):
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
-    cfg = load_settings(extra)
+    cfg = load_settings(
+        extra, {f"train.{f}": "--" + f.replace("_", "-") for f in ("steps", "nproc_per_node", "data", "rdzv_endpoint")}
+    )
     prefect_env(cfg)
 
     from planner.errors import MeshplanError
