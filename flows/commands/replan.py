@@ -40,7 +40,7 @@ def _replan_kwargs(cfg) -> dict:
     }
 
 
-def check_run(cfg: Any, run_id: str, cluster: Path | None) -> None:
+def check_run(cfg: Any, run_id: str | None, cluster: Path | None) -> None:
     """The run and the cluster file exist: checked before a Prefect flow (and maybe a server) starts,
     so a typo costs a line, not a minute."""
     from planner.errors import MeshplanError
@@ -48,7 +48,7 @@ def check_run(cfg: Any, run_id: str, cluster: Path | None) -> None:
 
     if cluster is not None and not cluster.is_file():
         raise MeshplanError("--cluster", str(cluster), "no such file; pass a cluster TOML")
-    if load_run(db_path(cfg), run_id) is None:
+    if run_id is not None and load_run(db_path(cfg), run_id) is None:
         raise MeshplanError("--run-id", run_id, "no such run in the database; list runs with `meshplan db`")
 
 
@@ -101,7 +101,7 @@ def schedule(
 
     seconds = parse_every(every)
     cfg = load_settings()
-    check_run(cfg, run_id, cluster)
+    check_run(cfg, None, cluster)  # the run itself may start after its schedule is served
     prefect_env(cfg)
     if "PREFECT_API_URL" not in os.environ:
         raise MeshplanError(
