@@ -156,6 +156,9 @@ def plan(
         typer.echo(f"calibrated to {inputs.calibration.source}")
     typer.echo(f"search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, {st.wall_s:.2f} s")
     typer.echo(st.summary())
+    faster = [r for r in rows if r.get("launchable") is False and r["step_time_s"] < rows[0]["step_time_s"]]
+    if faster:  # the summary's "best" is the fastest priced plan; say which one can actually run
+        typer.echo(f"plan {faster[0]['rank']}* is faster but cannot be launched; plan 1 is the fastest that can")
     if out is not None:
         typer.echo(f"best plan written to {out}")
 
