@@ -53,8 +53,9 @@ def run_cli(argv: list[str]) -> int:
 
 def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
     """The one line for a user's mistake, or None when `exc` is not one."""
-    from typer._click.exceptions import BadParameter, ClickException, MissingParameter, UsageError
-    from typer.exceptions import Abort
+    # typer 0.29 vendors click: its usage errors live in typer._click (BadParameter, Abort are public)
+    from typer import Abort, BadParameter
+    from typer._click.exceptions import ClickException, MissingParameter, UsageError
 
     from planner.errors import MeshplanError
 
@@ -66,7 +67,7 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
         shown = f"{flag}={value!r}" if value is not None else flag
         return f"{shown}: {exc.message[:1].lower()}{exc.message[1:]}; see {_help(argv)}"
     if isinstance(exc, UsageError):
-        return f"{exc.format_message()}; see {_help(argv)}"
+        return f"{exc.format_message().rstrip('.')}; see {_help(argv)}"
     if isinstance(exc, ClickException):
         return exc.format_message()
     if isinstance(exc, Abort):
