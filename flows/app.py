@@ -46,10 +46,22 @@ def _globals(
     G.config_file, G.overrides, G.state_dir, G.db = config, list(set_ or []), state_dir, db
 
 
-def load_settings(extra: list[str] | None = None) -> RunConfig:
-    """The RunConfig: embedded defaults < config file < --set < command options (`extra`)."""
+def load_settings(extra: list[str] | None = None, flags: dict[str, str] | None = None) -> RunConfig:
+    """The RunConfig: embedded defaults < config file < --set < command options (`extra`).
+
+    `flags` maps a config field a command option sets ("search.global_batch") to that option
+    ("--global-batch"): a bad value is then named by the flag the user typed, not as `--set`."""
     from planner.errors import MeshplanError
     from planner.specs.config import load_config
+
+    if extra and flags:
+        try:
+            load_config(None, list(extra), origin="--set")
+        except MeshplanError as exc:
+            key = str(exc.field).split(": ", 1)[-1]
+            if key in flags:
+                raise MeshplanError(flags[key], exc.value, exc.fix) from None
+            raise
 
     text = None
     if G.config_file is not None:

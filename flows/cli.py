@@ -25,24 +25,83 @@ from flows.commands import (  # noqa: F401
 )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every user mistake (a bad option value or type too, not only a MeshplanError) is
+    one line on stderr and exit 1, so scripts see one convention. Anything else is a bug and keeps
+    its traceback."""
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
+
+
+def run_cli(argv: list[str]) -> int:
+    """The CLI on `argv`, in this process; returns the exit code (the fuzz tests call it directly)."""
+    from typer.main import get_command
+
+    command = get_command(app)
+    if not argv:  # `meshplan` alone: the overview, not an error
+        argv = ["--help"]
     try:
-        app()
-    except Exception as exc:  # user mistakes: one line, exit 1; anything else is a bug and keeps its traceback
-        if _is_user_error(exc):
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(1)
-        raise
+        rc = command.main(args=argv, prog_name="meshplan", standalone_mode=False)
+    except Exception as exc:
+        line = user_error_line(exc, argv)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
+    return rc if isinstance(rc, int) else 0
 
 
-def _is_user_error(exc: BaseException) -> bool:
+def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
+    """The one line for a user's mistake, or None when `exc` is not one."""
+    # typer 0.29 vendors click: its usage errors live in typer._click (BadParameter, Abort are public)
+    from typer import Abort, BadParameter
+    from typer._click.exceptions import ClickException, MissingParameter, UsageError
+
     from planner.errors import MeshplanError
 
-    if isinstance(exc, MeshplanError | FileNotFoundError | PermissionError | IsADirectoryError):
-        return True
-    return type(exc).__name__ in {"StoreLockedError", "StoreDamagedError", "UserError"}
+    if isinstance(exc, MissingParameter) and exc.param is not None:
+        return f"{_flag_of(exc.param)}: required; see {_help(argv)}"
+    if isinstance(exc, BadParameter) and exc.param is not None:
+        flag = _flag_of(exc.param)
+        value = _typed_value(flag, argv)
+        shown = f"{flag}={value!r}" if value is not None else flag
+        return f"{shown}: {exc.message[:1].lower()}{exc.message[1:]}; see {_help(argv)}"
+    if isinstance(exc, UsageError):
+        return f"{exc.format_message().rstrip('.')}; see {_help(argv)}"
+    if isinstance(exc, ClickException):
+        return exc.format_message()
+    if isinstance(exc, Abort):
+        return "aborted"
+    if isinstance(exc, MeshplanError | FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError):
+        return str(exc)
+    if type(exc).__name__ in {"StoreLockedError", "StoreDamagedError", "UserError"}:
+        return str(exc)
+    return None
+
+
+def _flag_of(param: object) -> str:
+    opts = getattr(param, "opts", None) or [getattr(param, "name", "?")]
+    longs = [o for o in opts if o.startswith("--")]
+    return (longs or opts)[0]
+
+
+def _typed_value(flag: str, argv: list[str]) -> str | None:
+    """What the user typed after `flag` (`--flag V` or `--flag=V`), the last time they typed it."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1 :]
+    return value
+
+
+def _help(argv: list[str]) -> str:
+    """`meshplan CMD --help` for the command the user typed (or `meshplan --help`)."""
+    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands if c.callback}
+    cmd = next((a for a in argv if a in names), None)
+    return f"`meshplan {cmd} --help`" if cmd else "`meshplan --help`"
 
 
 if __name__ == "__main__":

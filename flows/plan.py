@@ -72,7 +72,7 @@ def plan_flow(
     if isinstance(result, NoFeasiblePlan):
         return PlanOutcome(feasible=False, reasons=list(result.reasons), cached=cached)
     key = store_plans(db_path, result)
-    create_table_artifact(key="plan-ranking", table=ranking_rows(result), description=title)
+    create_table_artifact(key="plan-ranking", table=ranking_rows(result, model), description=title)
     return PlanOutcome(
         feasible=True,
         cached=cached,

@@ -17,6 +17,9 @@ _FIXES = {
     "greater_than": "too small",
     "greater_than_equal": "too small",
     "less_than_equal": "too large",
+    "int_type": "must be a JSON integer, not a string or a decimal",
+    "float_type": "must be a JSON number, not a string",
+    "bool_type": "must be true or false",
 }
 
 
@@ -24,6 +27,18 @@ def parse(model: type[M], data: Any, origin: str = "") -> M:
     """Validate `data` as `model`; on failure raise a MeshplanError for the first problem found."""
     try:
         return model.model_validate(data)
+    except MeshplanError:
+        raise
+    except ValidationError as exc:
+        raise _as_error(exc, origin) from None
+
+
+def parse_json_strict(model: type[M], text: str, origin: str = "") -> M:
+    """Validate JSON text as `model` in strict mode: a number written as a string (`"tp": "2"`) is
+    refused naming the field, not silently converted, since a file whose types drift is one a
+    person or another tool edited by hand and may mean something else."""
+    try:
+        return model.model_validate_json(text, strict=True)
     except MeshplanError:
         raise
     except ValidationError as exc:

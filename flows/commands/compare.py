@@ -70,11 +70,14 @@ def compare(
     cfg = load_settings()
     path = db_path(cfg)
     rt = runtime_name(runtime, cfg)
-    priced: list[dict[str, Any]] = []
+    plans = []
     for arg, f in (("plan_a", plan_a), ("plan_b", plan_b)):
         if not f.is_file():
             raise MeshplanError(arg, str(f), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)")
-        p = parse_plan_json(f.read_text(), origin=f.name)
+        plans.append((f, parse_plan_json(f.read_text(), origin=f.name)))
+    same_work(plans[0][1], plans[1][1], plan_b.name)
+    priced: list[dict[str, Any]] = []
+    for f, p in plans:
         m = model_for_plan(p, given)
         inputs = pricing_inputs(path, m, cluster)  # as estimate prices it (calibrated on a discovered CPU machine)
         spec, source = inputs.cluster, inputs.profile_source
@@ -103,6 +106,24 @@ def compare(
         return
     _print(priced, spec.name, speedup)
     typer.echo(f"runtime: {rt} ({priced[0]['figures']})")
+
+
+def same_work(a: Any, b: Any, where: str) -> None:
+    """Refuse plans that do different work per step: a speed-up between a 13B model's plan and a
+    tiny one's, or between batches of 8 and 512, compares the jobs, not the plans."""
+    from planner.errors import MeshplanError
+
+    fa, fb = a.provenance.model_fingerprint, b.provenance.model_fingerprint
+    if a.model != b.model or (fa and fb and fa != fb):
+        raise MeshplanError(
+            f"{where}: model", b.model, f"plan_a is for {a.model}; compare two plans for the same model"
+        )
+    for field in ("global_batch_size", "seq_len"):
+        va, vb = getattr(a, field), getattr(b, field)
+        if va != vb:
+            raise MeshplanError(
+                f"{where}: {field}", vb, f"plan_a has {field}={va}; compare plans for the same batch and sequence"
+            )
 
 
 def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) -> None:

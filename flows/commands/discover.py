@@ -14,7 +14,9 @@ from flows.app import app, db_path, load_settings, prefect_env
 @app.command()
 def discover(
     cluster: Annotated[Path | None, typer.Option("--cluster", help="cluster TOML file instead of probing")] = None,
-    num_ranks: Annotated[int | None, typer.Option("--num-ranks", help="CPU ranks to probe (no GPU)")] = None,
+    num_ranks: Annotated[
+        int | None, typer.Option("--num-ranks", min=1, max=64, help="CPU ranks to probe (no GPU)")
+    ] = None,
     refresh: Annotated[bool, typer.Option("--refresh", help="re-measure even if this hardware is stored")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     executor: Annotated[
@@ -35,7 +37,7 @@ def discover(
         extra.append(f"discover.num_ranks={num_ranks}")
     if refresh:
         extra.append("discover.refresh=true")
-    cfg = load_settings(extra)
+    cfg = load_settings(extra, {"discover.cluster": "--cluster", "discover.num_ranks": "--num-ranks"})
     from planner.errors import MeshplanError
 
     if executor not in ("local", "slurm"):

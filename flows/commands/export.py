@@ -55,6 +55,7 @@ def export(
     price goes to stderr with the runtime that priced it, so a pipe carries only the config."""
     from planner.errors import MeshplanError
     from planner.report.export import to_megatron, to_torchtitan
+    from planner.runtime import launch_problems
     from planner.specs.plan import check_plan_against, parse_plan_json
 
     if fmt not in FORMATS:
@@ -65,12 +66,25 @@ def export(
         )
     p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
     given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
-    if fmt == "megatron" or given is not None:  # torchtitan's fragment needs no model dimensions
+    m, unchecked = None, []
+    try:
         m = model_for_plan(p, given)
+    except MeshplanError:
+        if fmt == "megatron" or given is not None:
+            raise
+        # torchtitan's fragment needs no model dimensions; say what could not be checked without them
+        unchecked = [f"not checked against {p.model}'s heads and layers; pass its --model to check"]
+    if m is not None:
         check_plan_against(p, m.num_layers, p.num_devices)
+    # the launch contract estimate and the dry run use: a plan our runtime refuses (tp 3 on 40
+    # heads, too few micro-batches for its schedule) is refused here too, not handed to another stack
+    for problem in launch_problems(p, model=m):
+        raise MeshplanError(
+            f"{plan_file.name}: {problem.field}", problem.value, f"{problem.fix} (meshplan's runtime refuses this plan)"
+        )
     text, warnings = to_torchtitan(p) if fmt == "torchtitan" else to_megatron(p, m)
     typer.echo(text, nl=False)
-    for w in warnings:
+    for w in [*warnings, *unchecked]:
         typer.echo(f"warning: {w}", err=True)
     _price_for_target(p, given, cluster, runtime or fmt)
 

@@ -21,12 +21,13 @@ from flows.commands.model_options import (
     VocabOpt,
 )
 from flows.commands.tables import Col, FormatOption, emit, print_table
+from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_SEQ, MAX_STEPS
 
 
 @app.command()
 def submit(
-    global_batch: Annotated[int, typer.Option("--global-batch", help="samples per step")],
-    iterations: Annotated[int, typer.Option("--iterations", help="steps to run")],
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="samples per step")],
+    iterations: Annotated[int, typer.Option("--iterations", min=1, max=MAX_STEPS, help="steps to run")],
     model: ModelOpt = None,
     layers: LayersOpt = None,
     hidden: HiddenOpt = None,
@@ -37,16 +38,25 @@ def submit(
     seq_len: SeqLenOpt = None,
     family: FamilyOpt = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="default: a fresh id")] = None,
-    seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
-    priority: Annotated[int, typer.Option("--priority")] = 0,
-    deadline_s: Annotated[float | None, typer.Option("--deadline-s", help="seconds from submission")] = None,
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, max=MAX_SEQ, help="sequence length (default: the model's)")
+    ] = None,
+    priority: Annotated[
+        int, typer.Option("--priority", min=-MAX_PRIORITY, max=MAX_PRIORITY, help="higher runs first")
+    ] = 0,
+    deadline_s: Annotated[
+        float | None, typer.Option("--deadline-s", min=0.001, max=MAX_SECONDS, help="seconds from submission")
+    ] = None,
     gpu_kinds: Annotated[str, typer.Option("--gpu-kinds", help="allowed kinds, comma separated (default any)")] = "",
     data: Annotated[str | None, typer.Option("--data", help="synthetic | text (default: config train.data)")] = None,
     optimizer: Annotated[str | None, typer.Option("--optimizer", help="adamw | sgd (default: config)")] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="learning rate (default: config train.lr)")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="data and init seed (default: config)")] = None,
+    seed: Annotated[
+        int | None, typer.Option("--seed", min=0, max=MAX_SEED, help="data and init seed (default: config)")
+    ] = None,
     checkpoint_every: Annotated[
-        int | None, typer.Option("--checkpoint-every", help="steps between checkpoints (default: config)")
+        int | None,
+        typer.Option("--checkpoint-every", min=1, max=MAX_STEPS, help="steps between checkpoints (default: config)"),
     ] = None,
 ) -> None:
     """Queue a training job for the cluster scheduler (training options default to the config's [train]).
@@ -56,6 +66,7 @@ def submit(
     the job's ranks."""
     from flows.commands.model_options import resolve_model
     from planner.errors import MeshplanError
+    from planner.schedule.types import parse_kinds
     from storage.jobs import submit_job
 
     # an unknown preset or bad dimensions fail here, naming the option, not in a later round
@@ -64,7 +75,7 @@ def submit(
         raise MeshplanError("--model", None, "name a preset, `custom` with --layers --hidden --heads, or a model TOML")
     if seq is not None and spec.has_learned_positions and seq > spec.seq_len:
         raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
-    kinds = tuple(k.strip().lower() for k in gpu_kinds.split(",") if k.strip())
+    kinds = parse_kinds(gpu_kinds)
     options = {"data": data, "optimizer": optimizer, "lr": lr, "seed": seed, "checkpoint_every": checkpoint_every}
     train = job_train_options({k: v for k, v in options.items() if v is not None})
     jid = submit_job(

@@ -24,6 +24,7 @@ from flows.commands.model_options import (
     model_for_plan,
     resolve_model,
 )
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
 
 
 def calibration_doc(calibration: Any) -> dict[str, Any] | None:
@@ -52,10 +53,16 @@ def plan(
     snapshot: Annotated[
         str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
     ] = None,
-    global_batch: Annotated[int | None, typer.Option("--global-batch", help="samples per optimizer step")] = None,
-    seq: Annotated[int | None, typer.Option("--seq", help="sequence length (default: the model's)")] = None,
-    top: Annotated[int | None, typer.Option("--top", help="how many plans to rank")] = None,
-    budget: Annotated[float | None, typer.Option("--budget", help="search time budget in seconds")] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="samples per optimizer step")
+    ] = None,
+    seq: Annotated[
+        int | None, typer.Option("--seq", min=1, max=MAX_SEQ, help="sequence length (default: the model's)")
+    ] = None,
+    top: Annotated[int | None, typer.Option("--top", min=1, max=MAX_TOP, help="how many plans to rank")] = None,
+    budget: Annotated[
+        float | None, typer.Option("--budget", min=0.01, max=MAX_SECONDS, help="search time budget in seconds")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="write the best plan as JSON here")] = None,
     flow: Annotated[bool, typer.Option("--flow", help="run as a Prefect flow (artifacts in the UI)")] = False,
@@ -71,7 +78,16 @@ def plan(
     for name, v in (("global_batch", global_batch), ("seq", seq), ("top_k", top), ("time_budget_s", budget)):
         if v is not None:
             extra.append(f"search.{name}={v}")
-    cfg = load_settings(extra)
+    cfg = load_settings(
+        extra,
+        {
+            "search.global_batch": "--global-batch",
+            "search.seq": "--seq",
+            "search.top_k": "--top",
+            "search.time_budget_s": "--budget",
+            "model": "--model",
+        },
+    )
     path = db_path(cfg)
     prefect_env(cfg)  # before anything imports prefect (tasks.plan below, or the flow)
     if flow:
@@ -116,7 +132,7 @@ def plan(
     key = save_plans(path, res.plans, res.baselines) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
-    rows = ranking_rows(res)
+    rows = ranking_rows(res, m)
     if as_json:
         doc = {
             "feasible": True,
@@ -143,6 +159,9 @@ def plan(
         typer.echo(f"calibrated to {inputs.calibration.source}")
     typer.echo(f"search: {st.shapes} shapes, {st.candidates} candidates, {st.pruned} pruned, {st.wall_s:.2f} s")
     typer.echo(st.summary())
+    faster = [r for r in rows if r.get("launchable") is False and r["step_time_s"] < rows[0]["step_time_s"]]
+    if faster:  # the summary's "best" is the fastest priced plan; say which one can actually run
+        typer.echo(f"plan {faster[0]['rank']}* is faster but cannot be launched; plan 1 is the fastest that can")
     if out is not None:
         typer.echo(f"best plan written to {out}")
 

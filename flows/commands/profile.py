@@ -71,7 +71,9 @@ def profile(
     for opt, field in (("--mbs", "mbs"), ("--seq", "seq"), ("--tp", "tp")):
         if grid[opt]:
             extra.append(f"profile.{field}={grid[opt]}")
-    cfg = load_settings(extra)
+    cfg = load_settings(
+        extra, {"profile.mbs": "--mbs", "profile.seq": "--seq", "profile.tp": "--tp", "model": "--model"}
+    )
     prefect_env(cfg)
 
     from flows.profile import profile_flow

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -41,6 +41,18 @@ def _replan_kwargs(cfg) -> dict:
     }
 
 
+def check_run(cfg: Any, run_id: str | None, cluster: Path | None) -> None:
+    """The run and the cluster file exist: checked before a Prefect flow (and maybe a server) starts,
+    so a typo costs a line, not a minute."""
+    from planner.errors import MeshplanError
+    from storage.runs import load_run
+
+    if cluster is not None and not cluster.is_file():
+        raise MeshplanError("--cluster", str(cluster), "no such file; pass a cluster TOML")
+    if run_id is not None and load_run(db_path(cfg), run_id) is None:
+        raise MeshplanError("--run-id", run_id, "no such run in the database; list runs with `meshplan db`")
+
+
 @app.command()
 def replan(
     run_id: Annotated[str, typer.Option("--run-id", help="a training run in the database")],
@@ -50,6 +62,7 @@ def replan(
 ) -> None:
     """Detect stragglers in a run's telemetry, price keep / rebalance / relayout and record the decision."""
     cfg = load_settings()
+    check_run(cfg, run_id, cluster)
     prefect_env(cfg)
     from flows.replan import replan_flow
 
@@ -92,6 +105,7 @@ def replan_every(
         typer.echo("note: `meshplan schedule` is now `meshplan replan-every` (the old name will go)", err=True)
     seconds = parse_every(every)
     cfg = load_settings()
+    check_run(cfg, None, cluster)  # the run itself may start after its schedule is served
     prefect_env(cfg)
     if "PREFECT_API_URL" not in os.environ:
         raise MeshplanError(

@@ -7,13 +7,18 @@ from typing import Annotated
 import typer
 
 from flows.app import app, db_path, load_settings, prefect_env
+from planner.limits import MAX_STEPS
 
 
 @app.command()
 def run(
     model: Annotated[str | None, typer.Option("--model", help="model preset (default: config `model`, tiny)")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="training steps (default: config train.steps)")] = None,
-    ranks: Annotated[int | None, typer.Option("--ranks", help="CPU ranks to use when no GPU is present")] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="training steps (default: config train.steps)")
+    ] = None,
+    ranks: Annotated[
+        int | None, typer.Option("--ranks", min=1, max=64, help="CPU ranks to use when no GPU is present")
+    ] = None,
 ) -> None:
     """Run the whole pipeline on this machine and print a summary of what each stage did."""
     import json
@@ -22,7 +27,7 @@ def run(
     extra = [f"model={json.dumps(model)}"] if model else []
     extra += [f"train.steps={steps}"] if steps else []
     extra += [f"discover.num_ranks={ranks}"] if ranks else []
-    cfg = load_settings(extra)
+    cfg = load_settings(extra, {"model": "--model", "train.steps": "--steps", "discover.num_ranks": "--ranks"})
     prefect_env(cfg)
     from rich.console import Console
     from rich.table import Table

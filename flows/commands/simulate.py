@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from flows.app import app
+from planner.limits import MAX_SECONDS
 
 
 def _cluster(path: Path):
@@ -37,7 +38,9 @@ def simulate(
         Path | None, typer.Option("--speed", help="measured iteration times (sim_lookup.csv format)")
     ] = None,
     plot: Annotated[Path, typer.Option("--plot", help="where to save the plot (PNG or SVG)")] = Path("simulate.png"),
-    round_s: Annotated[float, typer.Option("--round-s", help="scheduling round, seconds")] = 300.0,
+    round_s: Annotated[
+        float, typer.Option("--round-s", min=0.001, max=MAX_SECONDS, help="scheduling round, seconds")
+    ] = 300.0,
 ) -> None:
     """Replay a trace round by round and report JCT, queueing, makespan and utilisation per policy."""
     from planner.errors import MeshplanError

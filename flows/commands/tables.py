@@ -169,7 +169,7 @@ def print_ranking(rows: list[dict], title: str) -> None:
     for r in rows:
         cells.append(
             [
-                _rank_label(r["rank"]),
+                _rank_label(r["rank"]) + ("*" if r.get("launchable") is False else ""),
                 short_layout(r["layout"]),
                 short_time(r["step_time_s"]),
                 short_count(r["tokens_per_s"]),
@@ -184,5 +184,8 @@ def print_ranking(rows: list[dict], title: str) -> None:
     if names:
         shorts = "/".join(f"×{n[:3]}" for n in names)
         con.print(f"{shorts}: {'/'.join(n + chr(39) + 's' for n in names)} step time ÷ this plan's; GiB: peak/capacity")
+    refused = [r for r in rows if r.get("launchable") is False]
+    if refused:
+        con.print(f"*: meshplan's runtime cannot launch it ({refused[0]['refused']}); ranked after those it can")
     if rows:
         con.print(f"best plan {rows[0]['fingerprint']}: bottleneck {rows[0]['bottleneck']}")

@@ -20,6 +20,7 @@ from flows.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
+from planner.limits import MAX_RANKS, MAX_SECONDS, MAX_SLOWDOWN, MAX_STEPS
 
 if TYPE_CHECKING:
     from planner.specs.config import RunConfig
@@ -29,10 +30,16 @@ if TYPE_CHECKING:
 def train(
     plan: Annotated[Path | None, typer.Option("--plan", help="plan JSON file")] = None,
     plan_id: Annotated[str | None, typer.Option("--plan-id", help="id of a plan stored in the database")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="total optimizer steps (config train.steps)")] = None,
-    nproc_per_node: Annotated[int | None, typer.Option("--nproc-per-node", help="ranks on this node")] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="number of nodes")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", help="this node's index (0..nnodes-1)")] = 0,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="total optimizer steps (config train.steps)")
+    ] = None,
+    nproc_per_node: Annotated[
+        int | None, typer.Option("--nproc-per-node", min=1, max=MAX_RANKS, help="ranks on this node")
+    ] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, max=MAX_RANKS, help="number of nodes")] = 1,
+    node_rank: Annotated[
+        int, typer.Option("--node-rank", min=0, max=MAX_RANKS, help="this node's index (0..nnodes-1)")
+    ] = 0,
     rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0")] = None,
     data: Annotated[str | None, typer.Option("--data", help="synthetic | text (config train.data)")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="reuse a run id to resume its checkpoint")] = None,
@@ -51,16 +58,27 @@ def train(
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML for re-planning (default: CPU ranks)")
     ] = None,
-    slow_rank: Annotated[int, typer.Option("--slow-rank", help="fault injection: rank to slow down")] = -1,
+    slow_rank: Annotated[
+        int, typer.Option("--slow-rank", min=-1, max=MAX_RANKS, help="fault injection: rank to slow down")
+    ] = -1,
     slow_factor: Annotated[
-        float, typer.Option("--slow-factor", help="fault injection: compute slowdown (2 = 2x)")
+        float, typer.Option("--slow-factor", max=MAX_SLOWDOWN, help="fault injection: compute slowdown (2 = 2x)")
     ] = 1.0,
-    slow_from_step: Annotated[int, typer.Option("--slow-from-step", help="fault injection: first slow step")] = 0,
-    slow_link_rank: Annotated[int, typer.Option("--slow-link-rank", help="fault injection: rank whose sends lag")] = -1,
-    slow_link_s_per_mib: Annotated[float, typer.Option("--slow-link-s-per-mib", help="extra s per MiB sent")] = 0.0,
-    slow_link_s_per_msg: Annotated[float, typer.Option("--slow-link-s-per-msg", help="extra s per message")] = 0.0,
+    slow_from_step: Annotated[
+        int, typer.Option("--slow-from-step", min=0, max=MAX_STEPS, help="fault injection: first slow step")
+    ] = 0,
+    slow_link_rank: Annotated[
+        int, typer.Option("--slow-link-rank", min=-1, max=MAX_RANKS, help="fault injection: rank whose sends lag")
+    ] = -1,
+    slow_link_s_per_mib: Annotated[
+        float, typer.Option("--slow-link-s-per-mib", min=0, max=MAX_SECONDS, help="extra s per MiB sent")
+    ] = 0.0,
+    slow_link_s_per_msg: Annotated[
+        float, typer.Option("--slow-link-s-per-msg", min=0, max=MAX_SECONDS, help="extra s per message")
+    ] = 0.0,
     slow_link_from_step: Annotated[
-        int, typer.Option("--slow-link-from-step", help="fault injection: first step with slow sends")
+        int,
+        typer.Option("--slow-link-from-step", min=0, max=MAX_STEPS, help="fault injection: first step with slow sends"),
     ] = 0,
     dry_run: Annotated[
         bool,
@@ -100,7 +118,9 @@ def train(
     ):
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
-    cfg = load_settings(extra)
+    cfg = load_settings(
+        extra, {f"train.{f}": "--" + f.replace("_", "-") for f in ("steps", "nproc_per_node", "data", "rdzv_endpoint")}
+    )
     prefect_env(cfg)
 
     from planner.errors import MeshplanError

@@ -11,7 +11,7 @@ from flows.app import app, load_settings, prefect_env
 
 @app.command()
 def ui(
-    port: Annotated[int | None, typer.Option(help="port (default ui.port = 4200)")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="port (default ui.port = 4200)")] = None,
     host: Annotated[str | None, typer.Option(help="interface to bind (default 127.0.0.1: this machine only)")] = None,
 ) -> None:
     """Start the Prefect UI for this state folder; meshplan commands run meanwhile report to it."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from planner.runtime import launch_problems
 from planner.search.search import NoFeasiblePlan, SearchResult
+from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan
 
 GIB = 2**30
@@ -51,14 +53,22 @@ def plan_row(plan: Plan, rank: int | str, speedups: dict[str, float | None]) -> 
     return row
 
 
-def ranking_rows(result: SearchResult) -> list[dict]:
+def ranking_rows(result: SearchResult, model: ModelSpec | None = None) -> list[dict]:
+    """The ranked plans, then the baselines. Plans the runtime can launch come first
+    (planner/runtime.launchable_first), so a refused plan may be faster than the ones above it:
+    its row says `launchable: false` and why (`refused`), and the table marks it, so step times
+    that go down the table are explained, never silently out of order."""
     rows = []
     for i, p in enumerate(result.plans):
         ups = {}
         for name, b in result.baselines.items():
             ok = b is not None and b.predicted is not None and b.predicted.feasible
             ups[name] = b.predicted.step_time_s / p.predicted.step_time_s if ok else None  # type: ignore[union-attr]
-        rows.append(plan_row(p, i + 1, ups))
+        row = plan_row(p, i + 1, ups)
+        problems = launch_problems(p, model=model)
+        row["launchable"] = not problems
+        row["refused"] = f"{problems[0].field}: {problems[0].fix}" if problems else None
+        rows.append(row)
     for name, b in result.baselines.items():
         if b is not None and b.predicted is not None:
             rows.append(plan_row(b, f"baseline:{name}", {}))

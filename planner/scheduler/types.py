@@ -20,6 +20,30 @@ def kind_alias(device: str) -> str:
     return device.split("-")[0].lower()
 
 
+def known_kinds() -> list[str]:
+    """Every kind a job may ask for: the catalog's GPU families, and `cpu` (a discovered CPU machine)."""
+    from planner.specs.catalog import CATALOG
+
+    return sorted({kind_alias(name) for name in CATALOG} | {"cpu"})
+
+
+def parse_kinds(text: str, flag: str = "--gpu-kinds") -> tuple[str, ...]:
+    """'A100, v100' → ('a100', 'v100'); a kind no cluster can have is refused now, naming `flag`,
+    rather than queued as a job no round can ever start."""
+    from planner.errors import closest
+
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    known = known_kinds()
+    for k in kinds:
+        if k not in known:
+            near = closest(k, known)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            raise MeshplanError(
+                flag, k, f"no such GPU kind; {hint}kinds: {', '.join(known)} (`meshplan gpus` lists the GPUs)"
+            )
+    return kinds
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """`count` GPUs of one kind on `num_nodes` nodes, `count // num_nodes` on each."""

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ, MAX_TOP
 from planner.validation import parse, parse_toml
 
 # The plan search's time budget wherever a search runs without one given: `meshplan plan`, plan_flow,
@@ -23,7 +24,8 @@ SEARCH_BUDGET_S = 2.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # nan/inf are never a meaningful budget, rate or timeout: refused like any other bad value
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class StateConfig(_Section):
@@ -56,9 +58,9 @@ class ProfileConfig(_Section):
 
 
 class SearchConfig(_Section):
-    global_batch: int = Field(default=8, gt=0, description="samples per optimizer step")
-    seq: int = Field(default=0, ge=0, description="sequence length; 0 = the model's seq_len")
-    top_k: int = Field(default=5, gt=0)
+    global_batch: int = Field(default=8, gt=0, le=MAX_GLOBAL_BATCH, description="samples per optimizer step")
+    seq: int = Field(default=0, ge=0, le=MAX_SEQ, description="sequence length; 0 = the model's seq_len")
+    top_k: int = Field(default=5, gt=0, le=MAX_TOP)
     time_budget_s: float = Field(default=SEARCH_BUDGET_S, gt=0, description="plan search budget; the search is anytime")
     fp8: bool = Field(
         default=False,
@@ -76,7 +78,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(default=10, gt=0)
     data: Literal["synthetic", "text"] = "text"
     lr: float = Field(default=3e-3, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     timeout_s: float = Field(default=900, gt=0)
     optimizer: Literal["adamw", "sgd"] = "adamw"
     max_restarts: int = Field(

@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import MeshplanError
-from planner.validation import parse
+from planner.validation import parse, parse_json_strict
 
 PLAN_VERSION = 1
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -323,7 +323,7 @@ def parse_plan_json(text: str, origin: str = "plan.json") -> Plan:
         raise MeshplanError(
             f"{origin}: version", data.get("version"), f"this meshplan reads plan version {PLAN_VERSION}; re-plan"
         )
-    return parse_plan(data, origin)
+    return parse_json_strict(Plan, text, origin)
 
 
 def check_plan_against(plan: Plan, num_layers: int, num_devices: int) -> None:

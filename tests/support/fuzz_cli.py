@@ -1,0 +1,376 @@
+"""Generated command lines for every `meshplan` command, and the CLI's outcome on each, in-process.
+
+Shared by tests/flows/test_cli_fuzz.py (a few examples per command, in CI) and bench/fuzz_cli.py
+(thousands). The property: a command either succeeds (exit 0) or exits 1 with one line naming the
+flag or field (`error: --flag=...` / `error: file: field=...`): never a traceback, never another exit
+code, never a hang, and the DuckDB file still opens with every job it was told to queue.
+
+Commands that launch processes (profile, train, run, ui; discover always gets --cluster, which
+records the file without probing) are driven
+only on their validation path: each generated line carries at least one value that must be
+refused before anything starts (a number out of range, a word where a number goes), so a launch
+would show as a hang or an `ok`, both of which the callers count as failures for those commands.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import sys
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).parents[2]
+PLAN_V1 = json.loads((ROOT / "tests" / "data" / "plan_v1.json").read_text())
+CLUSTERS = [
+    ROOT / "examples" / "clusters" / "mixed-a100-v100-t4.toml",
+    ROOT / "examples" / "clusters" / "custom-links.toml",
+]
+MODEL_TOML = ROOT / "examples" / "models" / "llama-7b-like.toml"
+
+# commands that would start processes or servers if their options were all valid
+LAUNCHERS = {"profile", "train", "run", "ui"}
+
+_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00"), min_size=0, max_size=10
+)
+_junk_number = st.sampled_from(
+    ["abc", "", "1e3", "nan", "inf", "-inf", "0x10", "99999999999999999999", "-64", "1.5", "٣", " 8", "8 "]
+)
+
+
+def ints(lo: int = -5, hi: int = 64) -> st.SearchStrategy[str]:
+    """An option's value: mostly small integers, sometimes huge, negative or not a number."""
+    return st.one_of(
+        st.integers(lo, hi).map(str), st.integers().map(str), st.integers(-(2**70), 2**70).map(str), _junk_number
+    )
+
+
+def floats() -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.floats(-10, 1000).map(repr), st.floats(allow_nan=True, allow_infinity=True).map(repr), _junk_number
+    )
+
+
+def bad_int() -> st.SearchStrategy[str]:
+    """A value every integer option refuses at parsing: not a number, or beyond every bound."""
+    return st.one_of(st.sampled_from(["abc", "", "nan", "1.5", "x1", "--"]), st.integers(2**63, 2**80).map(str))
+
+
+@dataclass
+class Files:
+    """The files generated lines point at: fixed ones, and one slot per kind rewritten per example."""
+
+    root: Path
+    state: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = self.root / "state"
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.root / "plan_ok.json").write_text(json.dumps(PLAN_V1))
+
+    @property
+    def db(self) -> Path:
+        return self.state / "meshplan.duckdb"
+
+
+def _plan_doc() -> st.SearchStrategy[str]:
+    """plan_v1.json, valid or with one field replaced by a generated JSON value (strings for
+    numbers, negatives, huge numbers, wrong shapes), or not JSON at all."""
+    leaf = st.one_of(
+        st.integers(-3, 9),
+        st.integers(),
+        st.text(max_size=6),
+        st.sampled_from(["2", "1f1b", "gpipe", "zero3", None, True, 1.5, [], {}]),
+    )
+    keys = sorted(PLAN_V1)
+    stage_keys = sorted(PLAN_V1["stages"][0])
+
+    @st.composite
+    def mutated(draw: st.DrawFn) -> str:
+        doc = json.loads(json.dumps(PLAN_V1))
+        if draw(st.booleans()):
+            k = draw(st.sampled_from(keys))
+            doc[k] = draw(leaf)
+        else:
+            i = draw(st.integers(0, 1))
+            k = draw(st.sampled_from(stage_keys))
+            doc["stages"][i][k] = draw(leaf)
+        return json.dumps(doc)
+
+    return st.one_of(st.just(json.dumps(PLAN_V1)), mutated(), st.text(max_size=40))
+
+
+TOML_VALUES = ["-1", "0", "1e400", '"x"', "99999999999999999999", "[]", "nan"]
+
+
+def _toml_doc() -> st.SearchStrategy[str]:
+    """A cluster TOML: an example file, one with a line dropped or a value replaced, or junk."""
+    base = CLUSTERS[0].read_text().splitlines()
+
+    @st.composite
+    def mutated(draw: st.DrawFn) -> str:
+        lines = list(base)
+        i = draw(st.integers(0, len(lines) - 1))
+        if draw(st.booleans()):
+            del lines[i]
+        elif "=" in lines[i]:
+            key = lines[i].split("=", 1)[0]
+            lines[i] = key + "= " + draw(st.sampled_from(TOML_VALUES))
+        return "\n".join(lines) + "\n"
+
+    return st.one_of(st.just("\n".join(base) + "\n"), mutated(), st.text(max_size=40))
+
+
+def _model() -> st.SearchStrategy[list[str]]:
+    custom = st.lists(
+        st.tuples(
+            st.sampled_from(["--layers", "--hidden", "--heads", "--kv-heads", "--ffn-hidden", "--vocab", "--seq-len"]),
+            ints(1, 512),
+        ),
+        max_size=4,
+    ).map(lambda kv: [t for pair in kv for t in pair])
+    return st.one_of(
+        st.just([]),
+        st.sampled_from(["tiny", "gpt2-small", "gpt9", "llama3-8b", str(MODEL_TOML), "none.toml"]).map(
+            lambda m: ["--model", m]
+        ),
+        st.tuples(st.just(["--model", "custom", "--layers", "4", "--hidden", "64", "--heads", "4"]), custom).map(
+            lambda t: t[0] + t[1]
+        ),
+        custom,
+    )
+
+
+def _options(table: dict[str, st.SearchStrategy[str] | None]) -> st.SearchStrategy[list[str]]:
+    """Any subset of a command's options, in any order; None marks a flag without a value."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[str]:
+        names = draw(st.lists(st.sampled_from(sorted(table)), unique=True, max_size=len(table)))
+        out: list[str] = []
+        for n in names:
+            out.append(n)
+            if table[n] is not None:
+                out.append(draw(table[n]))
+        return out
+
+    return build()
+
+
+@st.composite
+def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = False) -> list[str]:
+    """One generated `meshplan` argv for `command` (files written under files.root as a side effect).
+    `cheap`: no line that would run a Prefect flow (CI's few examples; the bench runs them all)."""
+    r = files.root
+
+    def write(name: str, text: str) -> str:
+        (r / name).write_text(text)
+        return str(r / name)
+
+    plan_file = st.one_of(
+        st.just(str(r / "plan_ok.json")), _plan_doc().map(lambda t: write("gen_plan.json", t)), st.just("missing.json")
+    )
+    cluster_file = st.one_of(
+        st.sampled_from([str(c) for c in CLUSTERS]),
+        _toml_doc().map(lambda t: write("gen_cluster.toml", t)),
+        st.just("missing.toml"),
+    )
+    model = draw(_model())
+    budget = st.sampled_from(["0.05", "0.1", "-1", "nan", "1e12", "abc"])
+    if command == "plan":
+        opts = {
+            "--global-batch": ints(1, 64),
+            "--seq": ints(1, 256),
+            "--top": ints(1, 6),
+            "--budget": budget,
+            "--cluster": cluster_file,
+            "--json": None,
+            "--no-store": None,
+        }
+        # a search always runs on a small budget: the fuzz is about inputs, not about search time
+        preset = ["--model", "tiny", "--cluster", str(CLUSTERS[0])] if draw(st.booleans()) else []
+        return ["plan", *(preset or model), *draw(_options(opts)), "--budget", draw(budget)]
+    if command == "estimate":
+        opts = {"--cluster": cluster_file, "--json": None}
+        return ["estimate", "--plan", draw(plan_file), *model, *draw(_options(opts))]
+    if command == "export":
+        fmt = st.sampled_from(["torchtitan", "megatron", "deepspeed", ""])
+        return ["export", draw(plan_file), "--format", draw(fmt), *model]
+    if command == "compare":
+        return ["compare", draw(plan_file), draw(plan_file), "--cluster", draw(cluster_file), *model]
+    if command == "submit":
+        opts = {
+            "--global-batch": ints(1, 64),
+            "--iterations": ints(1, 100),
+            "--seq": ints(1, 256),
+            "--priority": ints(-3, 3),
+            "--deadline-s": floats(),
+            "--gpu-kinds": st.one_of(st.sampled_from(["a100", "A100,v100", "h900", "cpu", ",", "t4, a10"]), _text),
+            "--job-id": _text,
+            "--lr": floats(),
+            "--seed": ints(0, 9),
+            "--checkpoint-every": ints(1, 9),
+            "--optimizer": st.sampled_from(["adamw", "sgd", "lion", ""]),
+            "--data": st.sampled_from(["synthetic", "text", "json", ""]),
+        }
+        # mostly with what a job needs, so valid submissions (and the jobs they queue) are common too
+        need = ["--model", "tiny", "--global-batch", draw(ints(1, 64)), "--iterations", draw(ints(1, 100))]
+        given = [] if draw(st.integers(0, 4)) == 0 else need
+        return ["submit", *(model if not given else []), *given, *draw(_options(opts))]
+    if command == "jobs":
+        return [
+            "jobs",
+            *draw(_options({"--state": st.one_of(_text, st.just("queued")), "--events": None, "--json": None})),
+        ]
+    if command == "cancel":
+        return ["cancel", draw(st.one_of(_text.filter(lambda s: not s.startswith("-")), st.just("nope")))]
+    if command == "db":
+        # reads only: writing SQL is `db --write`'s concern; the fuzz checks bad SQL is one line
+        return [
+            "db",
+            *draw(st.one_of(st.just([]), _text.map(lambda s: ["select " + s]), st.just(["select * from jobs"]))),
+        ]
+    if command in ("gpus", "models"):
+        return [command]
+    if command == "simulate":
+        opts = {
+            "--policy": st.sampled_from(["jct", "fcfs", "all", "nope"]),
+            "--round-s": floats(),
+            "--speed": cluster_file,
+        }
+        trace = st.one_of(st.just("missing.csv"), _text.map(lambda t: write("gen_trace.csv", t)))
+        return [
+            "simulate",
+            "--trace",
+            draw(trace),
+            "--cluster",
+            draw(cluster_file),
+            *draw(_options(opts)),
+            "--plot",
+            str(r / "sim.png"),
+        ]
+    if command == "schedule-cluster":
+        opts = {
+            "--every": st.sampled_from(["30s", "5m", "0s", "-1m", "abc", "99999999999d"]),
+            "--policy": st.sampled_from(["jct", "nope"]),
+        }
+        return ["schedule-cluster", "--cluster", draw(cluster_file), *draw(_options(opts))]
+    if command == "replan":
+        return [
+            "replan",
+            "--run-id",
+            draw(_text),
+            *draw(_options({"--json": None, "--dry-run": None, "--cluster": cluster_file})),
+        ]
+    if command == "schedule":
+        opts = {"--every": st.sampled_from(["30s", "5m", "0s", "-1m", "abc"]), "--cluster": cluster_file}
+        return ["schedule", "--run-id", draw(_text), *draw(_options(opts))]
+    if command == "discover":
+        # with --cluster it records the file (no processes); a bad --num-ranks is refused first
+        opts = {"--num-ranks": ints(1, 4), "--json": None, "--refresh": None}
+        line = ["discover", "--cluster", draw(cluster_file), *draw(_options(opts))]
+        return line + (["--num-ranks", draw(bad_int())] if cheap else [])
+    # launchers: one value that must be refused before anything starts, among other options
+    if command == "train":
+        bad = draw(st.sampled_from(["--steps", "--nproc-per-node", "--nnodes", "--slow-rank", "--slow-from-step"]))
+        others = {"--plan": plan_file, "--dry-run": None, "--json": None}
+        return ["train", *draw(_options(others)), bad, draw(bad_int())]
+    if command == "run":
+        bad = draw(st.sampled_from(["--steps", "--ranks"]))
+        return ["run", *draw(_options({"--model": st.sampled_from(["tiny", "gpt9"])})), bad, draw(bad_int())]
+    if command == "profile":
+        bad = draw(st.sampled_from(["--mbs", "--tp", "--seq"]))
+        junk = st.sampled_from(["abc", "1.5", "x", "1,,y", "nan"])
+        return ["profile", *draw(_options({"--model": st.sampled_from(["tiny", "gpt9"])})), bad, draw(junk)]
+    if command == "ui":
+        return ["ui", "--port", draw(st.one_of(bad_int(), st.sampled_from(["0", "-1", "65536", "70000"])))]
+    raise ValueError(command)
+
+
+COMMANDS = [
+    "plan",
+    "estimate",
+    "export",
+    "compare",
+    "submit",
+    "jobs",
+    "cancel",
+    "db",
+    "gpus",
+    "models",
+    "simulate",
+    "schedule-cluster",
+    "replan",
+    "schedule",
+    "discover",
+    "train",
+    "run",
+    "profile",
+    "ui",
+]
+
+_NAMES_SOMETHING = re.compile(r"^error: \S.*(=|--|: )")
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(*_: object) -> None:
+    raise Hang()
+
+
+def outcome(argv: list[str], files: Files, timeout_s: int = 60) -> tuple[str, str]:
+    """('ok' | 'error' | 'crash', detail) for `meshplan --state-dir STATE argv`, run in this process."""
+    from flows.cli import run_cli
+
+    full = ["--state-dir", str(files.state), *argv]
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_handler = sys.argv, signal.signal(signal.SIGALRM, _alarm)
+    sys.argv = ["meshplan", *full]  # profile reads space-separated lists from the raw command line
+    signal.alarm(timeout_s)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = run_cli(full)
+    except Hang:
+        return "crash", f"hang > {timeout_s} s: {argv}"
+    except BaseException as exc:  # noqa: BLE001 - a crash is what the property looks for
+        return "crash", f"{argv}\n{''.join(traceback.format_exception(exc))}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_handler)
+        sys.argv = old_argv
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and not ln.startswith("warning: ")]
+    lines = [ln for ln in lines if "EventsWorker" not in ln]
+    text = err.getvalue() + out.getvalue()
+    if "Traceback" in text:
+        return "crash", f"{argv}: traceback printed\n{text[-2000:]}"
+    if rc == 0:
+        return "ok", out.getvalue().strip()[-200:]
+    if rc == 1 and len(lines) == 1 and _NAMES_SOMETHING.match(lines[0]):
+        return "error", lines[0]
+    if rc == 1 and not lines and out.getvalue().strip():
+        return "ok", "a result that says no (does not fit / infeasible)"  # estimate, plan --json
+    return "crash", f"{argv}: rc={rc}\nstderr: {err.getvalue()[-2000:]}"
+
+
+def db_intact(files: Files, job_ids: set[str]) -> str | None:
+    """None when the DuckDB file opens and holds every job submitted; else what is wrong."""
+    if not files.db.exists():
+        return None if not job_ids else f"{files.db} is gone but {len(job_ids)} jobs were queued"
+    from storage.db import query, tables
+
+    try:
+        tables(files.db)
+        have = set(query(files.db, "SELECT job_id FROM jobs")["job_id"].to_list()) if job_ids else set()
+    except Exception as exc:  # noqa: BLE001
+        return f"{files.db}: {type(exc).__name__}: {exc}"
+    lost = job_ids - have
+    return f"jobs lost: {sorted(lost)[:5]}" if lost else None
