@@ -1,0 +1,398 @@
+"""Placement search: which groups, which parallel configuration each, which models each hosts.
+
+AlpaServe's method (Li et al., OSDI'23 §4.3): enumerate partitions of the cluster into equal groups
+and each group's configuration (pp stages × tp ranks on its device kind); for each, start from
+empty groups and greedily add the (model, group) replica that most raises the number of requests
+the simulator says meet their SLO, within the group's memory, until no replica helps; keep the
+best. Speed comes from locality: a replica only changes the requests of the models connected to it
+through shared groups (a component of the model–group graph), so a candidate's gain needs only its
+component simulated, and components are memoised by a canonical key — (config, hosted models) per
+group, groups being interchangeable — so unchanged candidates cost nothing the next round and empty
+groups of one configuration are simulated once. The search runs on the first `search_s` seconds of
+the trace; the result is scored on all of it.
+
+Baselines in the same code: selective replication (Clockwork-style: no model parallelism, each
+replica on the smallest tp group every model fits, replicas added by the same greedy, i.e. by load)
+and one model per group (equal groups, the busiest models one each, the best configuration each).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import MeshplanError
+from planner.serve.cost import Config, ServeCost
+from planner.serve.simulate import SimGroup, SimResult, simulate
+from planner.serve.workload import ServedModel, Trace, Workload
+
+METHODS = ("meshplan", "selective-replication", "one-model-per-group")
+
+
+class GroupPlacement(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    devices: tuple[int, ...] = Field(min_length=1)
+    kind: str
+    pp: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    models: tuple[str, ...] = ()
+
+
+class Placement(BaseModel):
+    """What `meshplan serve` starts: the models (self-contained specs) and the groups hosting them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    cluster: str
+    dtype: str = "fp16"
+    max_batch: int = Field(default=1, ge=1)
+    models: tuple[ServedModel, ...]
+    groups: tuple[GroupPlacement, ...]
+    attainment: float | None = None
+    search_s: float = 0.0
+
+    def config(self, g: GroupPlacement) -> Config:
+        return Config(g.kind, g.pp, g.tp)
+
+
+@dataclass
+class Slot:
+    """A group before models are placed: its devices and configuration."""
+
+    devices: tuple[int, ...]
+    cfg: Config
+
+
+@dataclass
+class Problem:
+    """Everything a placement is scored against: models, trace, SLOs and the cost model."""
+
+    workload: Workload
+    cost: ServeCost
+    trace: Trace
+    slo_s: np.ndarray
+    _by_model: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._by_model = [np.flatnonzero(self.trace.model == i) for i in range(len(self.workload.models))]
+
+    @property
+    def models(self) -> tuple[ServedModel, ...]:
+        return self.workload.models
+
+    def times(self, m: int, cfg: Config) -> list[tuple[float, ...]]:
+        sm = self.models[m]
+        return [
+            self.cost.stage_times(sm.name, sm.spec, cfg, b * sm.batch, sm.tokens)
+            for b in range(1, self.workload.max_batch + 1)
+        ]
+
+    def fits(self, m: int, cfg: Config) -> bool:
+        sm = self.models[m]
+        return self.cost.supports(sm.spec, cfg) and self.cost.weight_bytes(sm.spec, cfg) <= self.cost.capacity_bytes(
+            cfg.kind
+        )
+
+    def sub_trace(self, models: list[int]) -> Trace:
+        idx = np.sort(np.concatenate([self._by_model[m] for m in models]))
+        return Trace(self.trace.arrival_s[idx], self.trace.model[idx], self.trace.duration_s)
+
+    def run(self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None) -> SimResult:
+        groups = [SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch) for c, h in zip(cfgs, hosts, strict=True)]
+        routes: dict[int, list[int]] = {}
+        for gi, h in enumerate(hosts):
+            for m in h:
+                routes.setdefault(m, []).append(gi)
+        return simulate(groups, routes, trace if trace is not None else self.trace, self.slo_s)
+
+
+def single_device_latency(problem_cost: ServeCost, sm: ServedModel, kind: str) -> float:
+    return sum(problem_cost.stage_times(sm.name, sm.spec, Config(kind, 1, 1), sm.batch, sm.tokens))
+
+
+def resolve_slos(w: Workload, cost: ServeCost) -> np.ndarray:
+    """Seconds per model: slo_s, or slo_scale × the model's latency alone on one device of the
+    cluster's fastest kind (AlpaServe's SLO scale)."""
+    kinds = {n.device_kind: n for n in cost.cluster.nodes}
+    fastest = max(kinds, key=lambda k: kinds[k].peak_flop_per_s(w.dtype))
+    return np.array(
+        [m.slo_s if m.slo_s is not None else m.slo_scale * single_device_latency(cost, m, fastest) for m in w.models]  # type: ignore[operator]
+    )
+
+
+def partition(cost: ServeCost, size: int) -> list[tuple[tuple[int, ...], str, int]] | None:
+    """Groups of `size` devices, none mixing node groups: (device ids, kind, devices per node) each;
+    None when some node group cannot be cut into groups of `size` (a group inside one node, or
+    whole nodes)."""
+    out = []
+    base = 0
+    for n in cost.cluster.nodes:
+        total = n.count * n.num_devices
+        ok = (size <= n.num_devices and n.num_devices % size == 0) or (size % n.num_devices == 0 and total % size == 0)
+        if not ok:
+            return None
+        for start in range(0, total, size):
+            out.append((tuple(range(base + start, base + start + size)), n.device_kind, n.num_devices))
+        base += total
+    return out
+
+
+def configs(size: int, per_node: int) -> list[tuple[int, int]]:
+    """(pp, tp) with pp·tp = size, tp inside a node (tensor parallelism needs the fast link)."""
+    return [(size // tp, tp) for tp in range(1, size + 1) if size % tp == 0 and tp <= per_node and per_node % tp == 0]
+
+
+class _Greedy:
+    """The greedy replica placement on fixed slots (module docstring)."""
+
+    def __init__(self, p: Problem, slots: list[Slot]) -> None:
+        self.p, self.slots = p, slots
+        self.hosts: list[list[int]] = [[] for _ in slots]
+        self.used = [0.0] * len(slots)
+        self.cache: dict[tuple, int] = {}
+        self.sims = 0
+
+    def component(self, edges: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """Models and groups connected to the given (model, group) edges in the current graph plus them."""
+        hosts = [list(h) for h in self.hosts]
+        for m, g in edges:
+            if m not in hosts[g]:
+                hosts[g].append(m)
+        by_model: dict[int, list[int]] = {}
+        for g, h in enumerate(hosts):
+            for m in h:
+                by_model.setdefault(m, []).append(g)
+        models, groups = set(), set()
+        todo_m = [m for m, _ in edges]
+        todo_g = [g for _, g in edges]
+        while todo_m or todo_g:
+            if todo_m:
+                m = todo_m.pop()
+                if m not in models:
+                    models.add(m)
+                    todo_g += by_model.get(m, [])
+            else:
+                g = todo_g.pop()
+                if g not in groups:
+                    groups.add(g)
+                    todo_m += hosts[g]
+        return sorted(models), sorted(groups)
+
+    def good(self, models: list[int], groups: list[int], extra: tuple[int, int] | None = None) -> int:
+        """Requests of `models` meeting their SLO on `groups` (with the `extra` replica added)."""
+        hosts = {g: sorted(self.hosts[g] + ([extra[0]] if extra and extra[1] == g and extra[0] not in self.hosts[g] else [])) for g in groups}
+        served = sorted({m for g in groups for m in hosts[g]})
+        unserved = tuple(m for m in models if m not in served)
+        key = (tuple(sorted((self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(hosts[g])) for g in groups if hosts[g])), unserved)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        live = [g for g in groups if hosts[g]]
+        if not served:
+            value = 0
+        else:
+            self.sims += 1
+            r = self.p.run([self.slots[g].cfg for g in live], [hosts[g] for g in live], self.p.sub_trace(served))
+            value = int(r.good().sum())
+        self.cache[key] = value
+        return value
+
+    def gain(self, m: int, g: int) -> int:
+        """Good requests gained by adding model m to group g: its merged component after, less the
+        components of m and of g before (one, when they are already connected)."""
+        cm = self._current_component(model=m)
+        cg = self._current_component(group=g)
+        before = self.good(*cm)
+        if not set(cg[1]) & set(cm[1]):
+            before += self.good(*cg)
+        am, ag = self.component([(m, g)])
+        return self.good(am, ag, (m, g)) - before
+
+    def _current_component(self, model: int | None = None, group: int | None = None) -> tuple[list[int], list[int]]:
+        if model is not None:
+            groups = [g for g, h in enumerate(self.hosts) if model in h]
+            if not groups:
+                return [model], []
+            return self.component([(model, groups[0])])
+        assert group is not None
+        if not self.hosts[group]:
+            return [], [group]
+        return self.component([(self.hosts[group][0], group)])
+
+    def run(self, deadline: float | None = None) -> list[list[int]]:
+        n_models = len(self.p.models)
+        fit = {(m, g): self.p.fits(m, s.cfg) for m in range(n_models) for g, s in enumerate(self.slots)}
+        weight = {(m, g): self.p.cost.weight_bytes(self.p.models[m].spec, s.cfg) for (m, g) in fit if fit[(m, g)] for s in [self.slots[g]]}
+        cap = [self.p.cost.capacity_bytes(s.cfg.kind) for s in self.slots]
+        while deadline is None or time.monotonic() < deadline:
+            best, pick = 0, None
+            empty_seen: set[tuple] = set()
+            for g, s in enumerate(self.slots):
+                if not self.hosts[g]:  # empty groups of one config are interchangeable: try the first
+                    sig = (s.cfg.kind, s.cfg.pp, s.cfg.tp)
+                    if sig in empty_seen:
+                        continue
+                    empty_seen.add(sig)
+                for m in range(n_models):
+                    if not fit[(m, g)] or m in self.hosts[g] or self.used[g] + weight[(m, g)] > cap[g]:
+                        continue
+                    gain = self.gain(m, g)
+                    if gain > best:
+                        best, pick = gain, (m, g)
+            if pick is None:
+                break
+            m, g = pick
+            self.hosts[g].append(m)
+            self.used[g] += weight[(m, g)]
+        return self.hosts
+
+
+def _score(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> float:
+    return p.run([s.cfg for s in slots], hosts).attainment()
+
+
+def _check_fits(p: Problem, slot_sets: list[list[Slot]]) -> None:
+    """A model that fits no group of any candidate partition: one line naming it and the fix."""
+    for m, sm in enumerate(p.models):
+        if not any(p.fits(m, s.cfg) for slots in slot_sets for s in slots):
+            raise MeshplanError(
+                f"models.{sm.name}",
+                sm.preset or sm.spec.name,
+                "fits no group of this cluster (too large for the memory of any group, or its heads / layers "
+                "do not divide over tp / pp); add devices, use a smaller model or a smaller dtype",
+            )
+
+
+def _placement(method: str, p: Problem, slots: list[Slot], hosts: list[list[int]], score: float, took: float) -> Placement:
+    names = [m.name for m in p.models]
+    return Placement(
+        method=method,
+        cluster=p.cost.cluster.name,
+        dtype=p.workload.dtype,
+        max_batch=p.workload.max_batch,
+        models=p.models,
+        groups=tuple(
+            GroupPlacement(devices=s.devices, kind=s.cfg.kind, pp=s.cfg.pp, tp=s.cfg.tp, models=tuple(names[m] for m in sorted(h)))
+            for s, h in zip(slots, hosts, strict=True)
+        ),
+        attainment=score,
+        search_s=took,
+    )
+
+
+def candidate_slots(p: Problem, pp_allowed: bool = True) -> list[list[Slot]]:
+    """Every uniform partition × configuration (pp × tp per group)."""
+    out = []
+    n = p.cost.cluster.num_devices
+    for size in [s for s in range(1, n + 1) if n % s == 0 or s <= n]:
+        parts = partition(p.cost, size)
+        if parts is None:
+            continue
+        per_node = min(pn for _, _, pn in parts)
+        for pp, tp in configs(size, per_node):
+            if pp > 1 and not pp_allowed:
+                continue
+            out.append([Slot(d, Config(k, pp, tp)) for d, k, _ in parts])
+    return out
+
+
+def search(p: Problem, search_s: float = 30.0, budget_s: float = 60.0) -> Placement:
+    """meshplan's placement (module docstring); the greedy runs on the trace's first `search_s` seconds."""
+    t0 = time.monotonic()
+    slot_sets = candidate_slots(p)
+    _check_fits(p, slot_sets)
+    small = Problem(p.workload, p.cost, p.trace.head(search_s), p.slo_s)
+    best: tuple[float, list[Slot], list[list[int]]] | None = None
+    for slots in slot_sets:
+        hosts = _Greedy(small, slots).run(deadline=t0 + budget_s)
+        score = _score(small, slots, hosts)
+        if best is None or score > best[0] + 1e-9:
+            best = (score, slots, [list(h) for h in hosts])
+    assert best is not None
+    _, slots, hosts = best
+    return _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+
+
+def selective_replication(p: Problem, search_s: float = 30.0) -> Placement:
+    """No model parallelism: replicas on the smallest tp group (pp = 1) every model fits, added greedily."""
+    t0 = time.monotonic()
+    slot_sets = [s for s in candidate_slots(p, pp_allowed=False)]
+    slot_sets.sort(key=lambda ss: ss[0].cfg.size)
+    small = Problem(p.workload, p.cost, p.trace.head(search_s), p.slo_s)
+    for slots in slot_sets:
+        if all(any(small.fits(m, s.cfg) for s in slots) for m in range(len(p.models))):
+            hosts = _Greedy(small, slots).run()
+            return _placement("selective-replication", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    _check_fits(p, [])
+    raise AssertionError("unreachable")
+
+
+def one_model_per_group(p: Problem) -> Placement:
+    """Equal groups, as many as models if the devices allow (else fewer: the least loaded models go
+    unserved); the busiest models first, each on the configuration of its group that serves it best."""
+    t0 = time.monotonic()
+    n, k = p.cost.cluster.num_devices, len(p.models)
+    load = [float((p.trace.model == m).sum()) * sum(p.times(m, Config(p.cost.cluster.nodes[0].device_kind, 1, 1))[0]) for m in range(k)]
+    order = sorted(range(k), key=lambda m: -load[m])
+    for size in [s for s in range(max(1, n // k), n + 1)]:
+        parts = partition(p.cost, size)
+        if parts is None:
+            continue
+        slots: list[Slot] = []
+        hosts: list[list[int]] = []
+        queue = list(order)
+        for d, kind, per_node in parts:
+            placed = False
+            for m in list(queue):
+                opts = [Config(kind, pp, tp) for pp, tp in configs(size, per_node) if p.fits(m, Config(kind, pp, tp))]
+                if not opts:
+                    continue
+                best = max(opts, key=lambda c: p.run([c], [[m]], p.sub_trace([m])).good().sum())
+                slots.append(Slot(d, best))
+                hosts.append([m])
+                queue.remove(m)
+                placed = True
+                break
+            if not placed:
+                pp, tp = configs(size, per_node)[0]
+                slots.append(Slot(d, Config(kind, pp, tp)))
+                hosts.append([])
+        if len(queue) < k:
+            return _placement("one-model-per-group", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    _check_fits(p, [])
+    raise AssertionError("unreachable")
+
+
+def check_placement(pl: Placement, cost: ServeCost) -> None:
+    """A placement file must fit: known models, devices of the cluster, each device's memory."""
+    names = {m.name: m for m in pl.models}
+    n = cost.cluster.num_devices
+    seen: set[int] = set()
+    for i, g in enumerate(pl.groups):
+        if len(g.devices) != g.pp * g.tp:
+            raise MeshplanError(f"groups[{i}].devices", list(g.devices), f"needs pp×tp = {g.pp * g.tp} devices")
+        for d in g.devices:
+            if not 0 <= d < n or d in seen:
+                raise MeshplanError(f"groups[{i}].devices", d, f"device ids must be distinct and in 0..{n - 1}")
+            seen.add(d)
+        used = 0.0
+        for name in g.models:
+            if name not in names:
+                raise MeshplanError(f"groups[{i}].models", name, f"not a model of the placement; one of {', '.join(names)}")
+            cfg = pl.config(g)
+            if not cost.supports(names[name].spec, cfg):
+                raise MeshplanError(f"groups[{i}].tp", g.tp, f"{name} cannot be split {g.pp}×{g.tp}; use a tp dividing its heads")
+            used += cost.weight_bytes(names[name].spec, cfg)
+        cap = cost.capacity_bytes(g.kind)
+        if used > cap:
+            raise MeshplanError(
+                f"groups[{i}].models",
+                list(g.models),
+                f"weights need {used / 2**30:.2f} GiB per device, a {g.kind} gives {cap / 2**30:.2f} GiB; "
+                "host fewer models on this group or raise its pp×tp",
+            )
