@@ -8,8 +8,8 @@ best. Speed comes from locality: a replica only changes the requests of the mode
 through shared groups (a component of the model–group graph), so a candidate's gain needs only its
 component simulated, and components are memoised by a canonical key — (config, hosted models) per
 group, groups being interchangeable — so unchanged candidates cost nothing the next round and empty
-groups of one configuration are simulated once. The search runs on the first `search_s` seconds of
-the trace; the result is scored on all of it.
+groups of one configuration are simulated once. The search screens every partition on a short head
+of the trace, searches the best few again on a longer one, and scores the result on all of it.
 
 Baselines in the same code: selective replication (Clockwork-style: no model parallelism, each
 replica on the smallest tp group every model fits, replicas added by the same greedy, i.e. by load)
@@ -301,15 +301,30 @@ def candidate_slots(p: Problem, pp_allowed: bool = True) -> list[list[Slot]]:
     return out
 
 
-def search(p: Problem, search_s: float = 30.0, budget_s: float = 60.0) -> Placement:
-    """meshplan's placement (module docstring); the greedy runs on the trace's first `search_s` seconds."""
+def _head(trace: Trace, requests: int) -> Trace:
+    """The trace's first `requests` requests (all of them if fewer)."""
+    if len(trace) <= requests:
+        return trace
+    return trace.head(float(trace.arrival_s[requests]))
+
+
+def search(p: Problem, requests: int = 2000, screen_requests: int = 400, finalists: int = 3) -> Placement:
+    """meshplan's placement (module docstring). Every partition × configuration is screened by the
+    greedy on the trace's first `screen_requests` requests; the `finalists` best are searched again
+    on the first `requests`, and the best of those is scored on the whole trace."""
     t0 = time.monotonic()
     slot_sets = candidate_slots(p)
     _check_fits(p, slot_sets)
-    small = Problem(p.workload, p.cost, p.trace.head(search_s), p.slo_s)
+    screen = Problem(p.workload, p.cost, _head(p.trace, screen_requests), p.slo_s)
+    ranked = []
+    for i, slots in enumerate(slot_sets):
+        hosts = _Greedy(screen, slots).run()
+        ranked.append((_score(screen, slots, hosts), -i, slots))
+    ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+    small = Problem(p.workload, p.cost, _head(p.trace, requests), p.slo_s)
     best: tuple[float, list[Slot], list[list[int]]] | None = None
-    for slots in slot_sets:
-        hosts = _Greedy(small, slots).run(deadline=t0 + budget_s)
+    for _, _, slots in ranked[:finalists]:
+        hosts = _Greedy(small, slots).run()
         score = _score(small, slots, hosts)
         if best is None or score > best[0] + 1e-9:
             best = (score, slots, [list(h) for h in hosts])
@@ -318,12 +333,12 @@ def search(p: Problem, search_s: float = 30.0, budget_s: float = 60.0) -> Placem
     return _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
 
 
-def selective_replication(p: Problem, search_s: float = 30.0) -> Placement:
+def selective_replication(p: Problem, requests: int = 2000) -> Placement:
     """No model parallelism: replicas on the smallest tp group (pp = 1) every model fits, added greedily."""
     t0 = time.monotonic()
     slot_sets = [s for s in candidate_slots(p, pp_allowed=False)]
     slot_sets.sort(key=lambda ss: ss[0].cfg.size)
-    small = Problem(p.workload, p.cost, p.trace.head(search_s), p.slo_s)
+    small = Problem(p.workload, p.cost, _head(p.trace, requests), p.slo_s)
     for slots in slot_sets:
         if all(any(small.fits(m, s.cfg) for s in slots) for m in range(len(p.models))):
             hosts = _Greedy(small, slots).run()

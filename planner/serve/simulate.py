@@ -90,9 +90,30 @@ def _finish(free: list[float], start: float, stages: tuple[float, ...]) -> float
     return e
 
 
-def _advance(g: SimGroup, until: float, arrival: np.ndarray, model: np.ndarray, deadline: np.ndarray, out: np.ndarray) -> None:
+def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: list, out: list) -> None:
     """Start every batch of `g` whose start time is ≤ `until` (later arrivals cannot join it)."""
     q, free = g.queue, g.free
+    if g.max_batch == 1:  # the common case, kept tight: the placement search runs thousands of these
+        while q:
+            head = q[0]
+            a = arrival[head]
+            start = free[0] if free[0] > a else a
+            if start > until:
+                return
+            q.popleft()
+            stages = g.times[model[head]][0]
+            e = start
+            ends = []
+            for s, t in enumerate(stages):
+                f = free[s]
+                e = (e if e > f else f) + t
+                ends.append(e)
+            if e > deadline[head]:
+                continue  # dropped: latency stays NaN
+            free[: len(ends)] = ends
+            g.busy_s += stages[0]
+            out[head] = e - a
+        return
     while q:
         head = q[0]
         start = max(free[0], arrival[head])
@@ -130,7 +151,7 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
     """Serve `trace` on `groups`; `routes[m]` = the groups hosting model m (none: its requests drop)."""
     arrival, model = trace.arrival_s, trace.model
     deadline = arrival + slo_s[model]
-    out = np.full(len(arrival), np.nan)
+    out = [float('nan')] * len(arrival)
     for g in groups:
         g.reset()
     arr_list, mod_list = arrival.tolist(), model.tolist()
@@ -154,4 +175,4 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
         _advance(g, t, arr_list, mod_list, dl_list, out)
     for g in groups:
         _advance(g, float("inf"), arr_list, mod_list, dl_list, out)
-    return SimResult(out, model, slo_s, trace.duration_s, [g.busy_s for g in groups])
+    return SimResult(np.array(out), model, slo_s, trace.duration_s, [g.busy_s for g in groups])
