@@ -102,8 +102,11 @@ class Problem:
         idx = np.sort(np.concatenate([self._by_model[m] for m in models]))
         return Trace(self.trace.arrival_s[idx], self.trace.model[idx], self.trace.duration_s)
 
-    def run(self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None) -> SimResult:
-        groups = [SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch) for c, h in zip(cfgs, hosts, strict=True)]
+    def run(self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0) -> SimResult:
+        groups = [
+            SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s)
+            for c, h in zip(cfgs, hosts, strict=True)
+        ]
         routes: dict[int, list[int]] = {}
         for gi, h in enumerate(hosts):
             for m in h:
@@ -381,6 +384,14 @@ def one_model_per_group(p: Problem) -> Placement:
             return _placement("one-model-per-group", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
     _check_fits(p, [])
     raise AssertionError("unreachable")
+
+
+def simulate_placement(pl: Placement, cost: ServeCost, trace: Trace, overhead_s: float = 0.0) -> SimResult:
+    """Serve `trace` on a placement (SLOs resolved against `cost`'s cluster)."""
+    w = Workload(name="placement", models=pl.models, duration_s=max(trace.duration_s, 1e-9), max_batch=pl.max_batch, dtype=pl.dtype)
+    p = Problem(w, cost, trace, resolve_slos(w, cost))
+    idx = {m.name: i for i, m in enumerate(pl.models)}
+    return p.run([pl.config(g) for g in pl.groups], [[idx[n] for n in g.models] for g in pl.groups], overhead_s=overhead_s)
 
 
 def check_placement(pl: Placement, cost: ServeCost) -> None:

@@ -30,6 +30,7 @@ class SimGroup:
     pp: int
     times: dict[int, list[tuple[float, ...]]]
     max_batch: int = 1
+    overhead_s: float = 0.0  # per request, outside the stages (front end, sockets): delays, occupies nothing
     free: list[float] = field(default_factory=list)
     queue: deque = field(default_factory=deque)
     busy_s: float = 0.0  # first-stage busy time (utilisation)
@@ -108,11 +109,11 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
                 f = free[s]
                 e = (e if e > f else f) + t
                 ends.append(e)
-            if e > deadline[head]:
+            if e + g.overhead_s > deadline[head]:
                 continue  # dropped: latency stays NaN
             free[: len(ends)] = ends
             g.busy_s += stages[0]
-            out[head] = e - a
+            out[head] = e + g.overhead_s - a
         return
     while q:
         head = q[0]
@@ -128,11 +129,11 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
                 break
             if model[r] != m or arrival[r] > start:
                 continue
-            if _finish(free, start, g.times[m][0]) > deadline[r]:
+            if _finish(free, start, g.times[m][0]) + g.overhead_s > deadline[r]:
                 q.remove(r)
                 continue  # dropped: latency stays NaN
             trial = batch + [r]
-            if _finish(free, start, g.times[m][len(trial) - 1]) <= min(deadline[x] for x in trial):
+            if _finish(free, start, g.times[m][len(trial) - 1]) + g.overhead_s <= min(deadline[x] for x in trial):
                 batch = trial
         if not batch:
             continue
@@ -144,7 +145,7 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
             free[s] = e
         g.busy_s += g.times[m][len(batch) - 1][0]
         for r in batch:
-            out[r] = e - arrival[r]
+            out[r] = e + g.overhead_s - arrival[r]
 
 
 def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace, slo_s: np.ndarray) -> SimResult:
