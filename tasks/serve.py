@@ -94,18 +94,29 @@ def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -
         return [f.result() for f in futures]
 
 
-def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
-    """Per (model, pp, tp, batch 1): the stage seconds the serving ranks measured (calib_rank*.json)."""
+def read_calibration(run_dir: Path, pl: Placement) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
+    """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
+    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none);
+    and per request id the seconds its stages computed in total."""
     stages: dict[tuple[int, str], dict[int, float]] = {}
+    per_request: dict[int, float] = {}
     for f in run_dir.glob("calib_rank*.json"):
         d = json.loads(f.read_text())
         for name, t in d["stage_s"].items():
             stages.setdefault((d["group"], name), {})[d["stage"]] = t
+    for f in run_dir.glob("stage_rank*.json"):
+        d = json.loads(f.read_text())
+        by_model: dict[str, list[float]] = {}
+        for r in d["requests"]:
+            by_model.setdefault(r["model"], []).append(r["compute_s"])
+            per_request[r["id"]] = per_request.get(r["id"], 0.0) + r["compute_s"]
+        for name, ts in by_model.items():
+            stages.setdefault((d["group"], name), {})[d["stage"]] = statistics.fmean(ts)
     out = {}
     for (gi, name), per in stages.items():
         g = pl.groups[gi]
         out[(name, g.pp, g.tp, 1)] = tuple(per[s] for s in range(g.pp))
-    return out
+    return out, per_request
 
 
 @task(name="serve-run", cache_policy=NO_CACHE, retries=0)
@@ -147,12 +158,10 @@ def run_serving(
         http_port = router.start_http(port)
         print(f"serving {', '.join(router.served)} on http://127.0.0.1:{http_port}/models/<name>", flush=True)
         router.phase = "warmup"
-        warm: dict[str, list[float]] = {}
         for name in router.served:
             for _ in range(warmup):
-                t0 = time.monotonic()
                 _post(http_port, name, 60.0)
-                warm.setdefault(name, []).append(time.monotonic() - t0)
+        warm = [(r["request_id"], r["latency_s"]) for r in router.rows if r["latency_s"] is not None]
         router.phase = "serve"
         if trace is not None:
             statuses = replay(http_port, trace, names)
@@ -173,12 +182,13 @@ def run_serving(
         recorded += record_requests(db_path, router.take_rows())
     if rc != 0:
         raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
-    calib = read_calibration(out, pl)
+    calib, per_request = read_calibration(out, pl)
     result = {"run_id": run_id, "recorded": recorded, "statuses": statuses, "calibration": {str(k): v for k, v in calib.items()}}
     if trace is not None:
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
-        predicted = {n: sum(calib[(n, g.pp, g.tp, 1)]) for g in pl.groups for n in g.models}
-        overhead = statistics.median(statistics.median(v) - predicted[n] for n, v in warm.items())
+        # what a request spends outside the stages' forwards (HTTP, sockets, p2p): unloaded warm-ups
+        gaps = [lat - per_request[rid] for rid, lat in warm if rid in per_request]
+        overhead = statistics.median(gaps) if gaps else 0.0
         sim = simulate_placement(pl, ccost, trace, overhead_s=max(0.0, overhead))
         result["overhead_s"] = overhead
         result["simulated"] = sim.per_model(names)

@@ -8,7 +8,9 @@ simulator's calibrated per-stage times. Then, per group, the first stage connect
 (the flow process's request front end) and reads requests, one JSON line each; it drops a request
 whose predicted finish passes its deadline, else embeds it, runs its blocks and sends a header
 (op, model, request id, tokens) and the activation to the next stage; the last stage runs the head
-and reports the request done on its own router connection. Stages work on different requests at
+and reports the request done on its own router connection. Each rank also logs every request's
+service seconds, from taking it to handing it on (`stage_rank<R>.json`), the service times the simulator is calibrated with after a
+replay (the start-up figure is timed with every rank busy at once). Stages work on different requests at
 once: pipelined execution, FCFS. A stop line ends the group's pipeline; every rank then meets the
 others at a barrier before the process group is destroyed (gloo's exit abort, STACK.md §1.3).
 """
@@ -99,7 +101,10 @@ def _connect(router: str, hello: dict) -> socket.socket:
     return s
 
 
-def serve(pl: Placement, gi: int, stage: int, base: int, parts: dict[str, Decoder], predicted: dict[str, float], router: str) -> None:
+def serve(
+    pl: Placement, gi: int, stage: int, base: int, parts: dict[str, Decoder], predicted: dict[str, float], router: str
+) -> list[dict]:
+    """Run this rank's stage until the group stops; (request id, model, seconds of this stage's forward) each."""
     g = pl.groups[gi]
     names = list(g.models)
     specs = {m.name: m for m in pl.models}
@@ -109,11 +114,13 @@ def serve(pl: Placement, gi: int, stage: int, base: int, parts: dict[str, Decode
     done = _connect(router, {"group": gi, "role": "done"}) if last else None
     lines = lead.makefile("r") if lead is not None else None
     header = torch.zeros(4, dtype=torch.long)
+    log: list[dict] = []
     with torch.no_grad():
         while True:
             if first:
                 assert lines is not None and lead is not None
                 line = lines.readline()
+                t_begin = time.perf_counter()
                 msg = json.loads(line) if line else {"stop": True}
                 if msg.get("stop"):
                     header[:] = torch.tensor([STOP, 0, 0, 0])
@@ -130,6 +137,7 @@ def serve(pl: Placement, gi: int, stage: int, base: int, parts: dict[str, Decode
                 m = names.index(name)
             else:
                 dist.recv(header, prev_rank)
+                t_begin = time.perf_counter()
                 if int(header[0]) == STOP:
                     if not last:
                         dist.send(header, next_rank)
@@ -147,9 +155,12 @@ def serve(pl: Placement, gi: int, stage: int, base: int, parts: dict[str, Decode
                 header[:] = torch.tensor([RUN, m, rid, y.shape[1]])
                 dist.send(header, next_rank)
                 dist.send(y.contiguous(), next_rank)
+            # service time: what this stage spent on the request, from taking it to handing it on
+            log.append({"id": rid, "model": name, "compute_s": time.perf_counter() - t_begin})
     for s in (lead, done):
         if s is not None:
             s.close()
+    return log
 
 
 def main() -> None:
@@ -176,7 +187,8 @@ def main() -> None:
         if item is not None and item["group"] == gi:
             for name, t in item["stage_s"].items():
                 predicted[name] = predicted.get(name, 0.0) + t
-    serve(pl, gi, stage, base, parts, predicted, args.router)
+    log = serve(pl, gi, stage, base, parts, predicted, args.router)
+    (out / f"stage_rank{rank}.json").write_text(json.dumps({"group": gi, "stage": stage, "requests": log}))
     dist.barrier()
     dist.destroy_process_group()
 
