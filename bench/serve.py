@@ -22,7 +22,11 @@ from planner.serve.workload import ServedModel, Workload, make_trace
 from planner.specs.cluster import parse_cluster
 
 SIZES = ["gpt3-1.3b"] * 6 + ["gpt3-2.7b"] * 5 + ["gpt3-6.7b"] * 5
-METHODS = {"meshplan": search, "selective-replication": selective_replication, "one-model-per-group": one_model_per_group}
+METHODS = {
+    "meshplan": search,
+    "selective-replication": selective_replication,
+    "one-model-per-group": one_model_per_group,
+}
 
 
 def cluster(nodes: int = 1):

@@ -18,6 +18,7 @@ from flows.commands import (  # noqa: F401
     profile,
     replan,
     run,
+    serve,
     simulate,
     train,
     ui,

@@ -52,7 +52,9 @@ def plan_placements(workload: Workload, cluster: ClusterSpec) -> dict[str, Place
 
 
 @task(name="serve-simulate", cache_policy=stable_inputs())
-def simulate_workload(placement: Placement, cluster: ClusterSpec, trace_csv: str | None, duration_s: float) -> list[dict]:
+def simulate_workload(
+    placement: Placement, cluster: ClusterSpec, trace_csv: str | None, duration_s: float
+) -> list[dict]:
     """Per-model attainment, p50/p99 and goodput of a placement on a trace (Gamma arrivals from the
     placement's models when no CSV is given)."""
     from planner.serve.workload import parse_trace_csv
@@ -62,7 +64,9 @@ def simulate_workload(placement: Placement, cluster: ClusterSpec, trace_csv: str
     if trace_csv is not None:
         trace = parse_trace_csv(trace_csv, names)
     else:
-        trace = make_trace(Workload(name="sim", models=placement.models, duration_s=duration_s, max_batch=placement.max_batch))
+        trace = make_trace(
+            Workload(name="sim", models=placement.models, duration_s=duration_s, max_batch=placement.max_batch)
+        )
     r = simulate_placement(placement, cost, trace)
     rows = r.per_model(names)
     for i, busy in enumerate(r.group_busy_s):
@@ -94,7 +98,9 @@ def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -
         return [f.result() for f in futures]
 
 
-def read_calibration(run_dir: Path, pl: Placement) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
+def read_calibration(
+    run_dir: Path, pl: Placement
+) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
     """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
     ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none);
     and per request id the seconds its stages computed in total."""
@@ -183,7 +189,12 @@ def run_serving(
     if rc != 0:
         raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
     calib, per_request = read_calibration(out, pl)
-    result = {"run_id": run_id, "recorded": recorded, "statuses": statuses, "calibration": {str(k): v for k, v in calib.items()}}
+    result = {
+        "run_id": run_id,
+        "recorded": recorded,
+        "statuses": statuses,
+        "calibration": {str(k): v for k, v in calib.items()},
+    }
     if trace is not None:
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
         # what a request spends outside the stages' forwards (HTTP, sockets, p2p): unloaded warm-ups
@@ -214,4 +225,4 @@ def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
     return _R(lat, model, slo, duration_s, []).per_model(names)
 
 
-__all__ = ["SimResult", "measured_stats", "plan_placements", "run_serving", "simulate_workload", "MeshplanError"]
+

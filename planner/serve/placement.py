@@ -102,7 +102,9 @@ class Problem:
         idx = np.sort(np.concatenate([self._by_model[m] for m in models]))
         return Trace(self.trace.arrival_s[idx], self.trace.model[idx], self.trace.duration_s)
 
-    def run(self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0) -> SimResult:
+    def run(
+        self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0
+    ) -> SimResult:
         groups = [
             SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s)
             for c, h in zip(cfgs, hosts, strict=True)
@@ -188,10 +190,22 @@ class _Greedy:
 
     def good(self, models: list[int], groups: list[int], extra: tuple[int, int] | None = None) -> int:
         """Requests of `models` meeting their SLO on `groups` (with the `extra` replica added)."""
-        hosts = {g: sorted(self.hosts[g] + ([extra[0]] if extra and extra[1] == g and extra[0] not in self.hosts[g] else [])) for g in groups}
+        hosts = {
+            g: sorted(self.hosts[g] + ([extra[0]] if extra and extra[1] == g and extra[0] not in self.hosts[g] else []))
+            for g in groups
+        }
         served = sorted({m for g in groups for m in hosts[g]})
         unserved = tuple(m for m in models if m not in served)
-        key = (tuple(sorted((self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(hosts[g])) for g in groups if hosts[g])), unserved)
+        key = (
+            tuple(
+                sorted(
+                    (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(hosts[g]))
+                    for g in groups
+                    if hosts[g]
+                )
+            ),
+            unserved,
+        )
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -230,7 +244,12 @@ class _Greedy:
     def run(self, deadline: float | None = None) -> list[list[int]]:
         n_models = len(self.p.models)
         fit = {(m, g): self.p.fits(m, s.cfg) for m in range(n_models) for g, s in enumerate(self.slots)}
-        weight = {(m, g): self.p.cost.weight_bytes(self.p.models[m].spec, s.cfg) for (m, g) in fit if fit[(m, g)] for s in [self.slots[g]]}
+        weight = {
+            (m, g): self.p.cost.weight_bytes(self.p.models[m].spec, s.cfg)
+            for (m, g) in fit
+            if fit[(m, g)]
+            for s in [self.slots[g]]
+        }
         cap = [self.p.cost.capacity_bytes(s.cfg.kind) for s in self.slots]
         while deadline is None or time.monotonic() < deadline:
             best, pick = 0, None
@@ -271,7 +290,9 @@ def _check_fits(p: Problem, slot_sets: list[list[Slot]]) -> None:
             )
 
 
-def _placement(method: str, p: Problem, slots: list[Slot], hosts: list[list[int]], score: float, took: float) -> Placement:
+def _placement(
+    method: str, p: Problem, slots: list[Slot], hosts: list[list[int]], score: float, took: float
+) -> Placement:
     names = [m.name for m in p.models]
     return Placement(
         method=method,
@@ -280,7 +301,9 @@ def _placement(method: str, p: Problem, slots: list[Slot], hosts: list[list[int]
         max_batch=p.workload.max_batch,
         models=p.models,
         groups=tuple(
-            GroupPlacement(devices=s.devices, kind=s.cfg.kind, pp=s.cfg.pp, tp=s.cfg.tp, models=tuple(names[m] for m in sorted(h)))
+            GroupPlacement(
+                devices=s.devices, kind=s.cfg.kind, pp=s.cfg.pp, tp=s.cfg.tp, models=tuple(names[m] for m in sorted(h))
+            )
             for s, h in zip(slots, hosts, strict=True)
         ),
         attainment=score,
@@ -355,7 +378,10 @@ def one_model_per_group(p: Problem) -> Placement:
     unserved); the busiest models first, each on the configuration of its group that serves it best."""
     t0 = time.monotonic()
     n, k = p.cost.cluster.num_devices, len(p.models)
-    load = [float((p.trace.model == m).sum()) * sum(p.times(m, Config(p.cost.cluster.nodes[0].device_kind, 1, 1))[0]) for m in range(k)]
+    load = [
+        float((p.trace.model == m).sum()) * sum(p.times(m, Config(p.cost.cluster.nodes[0].device_kind, 1, 1))[0])
+        for m in range(k)
+    ]
     order = sorted(range(k), key=lambda m: -load[m])
     for size in [s for s in range(max(1, n // k), n + 1)]:
         parts = partition(p.cost, size)
@@ -388,10 +414,18 @@ def one_model_per_group(p: Problem) -> Placement:
 
 def simulate_placement(pl: Placement, cost: ServeCost, trace: Trace, overhead_s: float = 0.0) -> SimResult:
     """Serve `trace` on a placement (SLOs resolved against `cost`'s cluster)."""
-    w = Workload(name="placement", models=pl.models, duration_s=max(trace.duration_s, 1e-9), max_batch=pl.max_batch, dtype=pl.dtype)
+    w = Workload(
+        name="placement",
+        models=pl.models,
+        duration_s=max(trace.duration_s, 1e-9),
+        max_batch=pl.max_batch,
+        dtype=pl.dtype,
+    )
     p = Problem(w, cost, trace, resolve_slos(w, cost))
     idx = {m.name: i for i, m in enumerate(pl.models)}
-    return p.run([pl.config(g) for g in pl.groups], [[idx[n] for n in g.models] for g in pl.groups], overhead_s=overhead_s)
+    return p.run(
+        [pl.config(g) for g in pl.groups], [[idx[n] for n in g.models] for g in pl.groups], overhead_s=overhead_s
+    )
 
 
 def check_placement(pl: Placement, cost: ServeCost) -> None:
@@ -409,10 +443,14 @@ def check_placement(pl: Placement, cost: ServeCost) -> None:
         used = 0.0
         for name in g.models:
             if name not in names:
-                raise MeshplanError(f"groups[{i}].models", name, f"not a model of the placement; one of {', '.join(names)}")
+                raise MeshplanError(
+                    f"groups[{i}].models", name, f"not a model of the placement; one of {', '.join(names)}"
+                )
             cfg = pl.config(g)
             if not cost.supports(names[name].spec, cfg):
-                raise MeshplanError(f"groups[{i}].tp", g.tp, f"{name} cannot be split {g.pp}×{g.tp}; use a tp dividing its heads")
+                raise MeshplanError(
+                    f"groups[{i}].tp", g.tp, f"{name} cannot be split {g.pp}×{g.tp}; use a tp dividing its heads"
+                )
             used += cost.weight_bytes(names[name].spec, cfg)
         cap = cost.capacity_bytes(g.kind)
         if used > cap:

@@ -152,7 +152,7 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
     """Serve `trace` on `groups`; `routes[m]` = the groups hosting model m (none: its requests drop)."""
     arrival, model = trace.arrival_s, trace.model
     deadline = arrival + slo_s[model]
-    out = [float('nan')] * len(arrival)
+    out = [float("nan")] * len(arrival)
     for g in groups:
         g.reset()
     arr_list, mod_list = arrival.tolist(), model.tolist()

@@ -51,7 +51,9 @@ class ServedModel(BaseModel):
         if (self.slo_s is None) == (self.slo_scale is None):
             raise MeshplanError(f"models.{self.name}.slo_s", self.slo_s, "give exactly one of slo_s or slo_scale")
         if self.seq is not None and self.seq > self.spec.seq_len:
-            raise MeshplanError(f"models.{self.name}.seq", self.seq, f"must be ≤ the model's seq_len {self.spec.seq_len}")
+            raise MeshplanError(
+                f"models.{self.name}.seq", self.seq, f"must be ≤ the model's seq_len {self.spec.seq_len}"
+            )
         return self
 
     @property
@@ -160,9 +162,13 @@ def parse_trace_csv(text: str, names: list[str], origin: str = "trace.csv") -> T
         if not t >= 0 or math.isinf(t):
             raise MeshplanError(field, t, "must be ≥ 0 (seconds since the trace starts); drop or shift that row")
         if times and t < times[-1]:
-            raise MeshplanError(field, t, f"times must be sorted ascending (previous row {times[-1]}); sort by arrival_s")
+            raise MeshplanError(
+                field, t, f"times must be sorted ascending (previous row {times[-1]}); sort by arrival_s"
+            )
         if row["model"] not in names:
-            raise MeshplanError(f"{origin}:{line} model", row["model"], f"not a served model; one of {', '.join(names)}")
+            raise MeshplanError(
+                f"{origin}:{line} model", row["model"], f"not a served model; one of {', '.join(names)}"
+            )
         times.append(t)
         models.append(names.index(row["model"]))
     if not times:
