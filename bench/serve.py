@@ -1,6 +1,6 @@
 """AlpaServe's synthetic setting: SLO attainment of three placements as rate, CV and SLO scale vary.
 
-16 models of 3 sizes (6 × GPT-3 1.3B, 5 × 2.7B, 5 × 6.7B, fp16, 512-token requests) on 8 V100-16GB
+16 models of 3 sizes (6 × GPT-3 1.3B, 5 × 2.7B, 5 × 6.7B, fp16, 512-token requests) on 8 V100-32GB
 (one NVLink node, as AlpaServe's p3.16xlarge), Gamma arrivals split evenly over the models, SLO =
 scale × each model's single-device latency (Li et al., OSDI'23 §6.1). For each setting: attainment of
 meshplan's placement (model-parallel groups, greedy replicas), selective replication (no model
@@ -32,11 +32,11 @@ METHODS = {
 def cluster(nodes: int = 1):
     return parse_cluster(
         {
-            "name": f"v100-16gb-{8 * nodes}",
+            "name": f"v100-32gb-{8 * nodes}",
             "nodes": [
                 {
                     "name": "p3",
-                    "device": "V100-SXM2-16GB",
+                    "device": "V100-SXM2-32GB",
                     "num_devices": 8,
                     "count": nodes,
                     "intra_link": "nvlink2",
@@ -85,7 +85,7 @@ def main() -> None:
     rates = [8, 16, 24, 32, 40] if args.quick else [8, 12, 16, 20, 24, 28, 32, 40, 48]
     cvs = [1, 3, 5, 8] if args.quick else [1, 2, 3, 4, 5, 6, 8]
     scales = [1, 2.5, 5, 10] if args.quick else [1, 1.5, 2, 2.5, 3, 5, 7.5, 10]
-    print("AlpaServe synthetic: 16 models (6×1.3B, 5×2.7B, 5×6.7B) on 8 V100-16GB; cells: attainment, search s")
+    print("AlpaServe synthetic: 16 models (6×1.3B, 5×2.7B, 5×6.7B) on 8 V100-32GB; cells: attainment, search s")
     header("rate (req/s), CV 3, SLO 5x")
     by_rate = [row(f"rate {r}", problem(r, 3, 5)) for r in rates]
     header("CV, rate 20, SLO 5x")

@@ -19,7 +19,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import job_exited, kill_group, log_tail, start_logged
-from planner.errors import MeshplanError
 from planner.serve.cost import ServeCost
 from planner.serve.placement import (
     Placement,
@@ -31,7 +30,6 @@ from planner.serve.placement import (
     selective_replication,
     simulate_placement,
 )
-from planner.serve.simulate import SimResult
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
 from storage.serve import record_requests

@@ -18,6 +18,7 @@ and one model per group (equal groups, the busiest models one each, the best con
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -153,123 +154,113 @@ def configs(size: int, per_node: int) -> list[tuple[int, int]]:
 
 
 class _Greedy:
-    """The greedy replica placement on fixed slots (module docstring)."""
+    """The greedy replica placement on fixed slots (module docstring).
+
+    Components of the model–group graph only ever merge (replicas are added, never removed), so each
+    carries an id, renewed whenever it changes; a candidate's gain is reused while the ids of its
+    model's and its group's components are the ones it was computed with."""
 
     def __init__(self, p: Problem, slots: list[Slot]) -> None:
         self.p, self.slots = p, slots
+        n = len(p.models)
         self.hosts: list[list[int]] = [[] for _ in slots]
         self.used = [0.0] * len(slots)
         self.cache: dict[tuple, int] = {}
+        self.gains: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.comp_m = list(range(n))
+        self.comp_g = [n + g for g in range(len(slots))]
+        self.members: dict[int, tuple[frozenset[int], frozenset[int]]] = {
+            i: (frozenset([i]), frozenset()) for i in range(n)
+        }
+        self.members.update({n + g: (frozenset(), frozenset([g])) for g in range(len(slots))})
+        self.next_id = n + len(slots)
         self.sims = 0
 
-    def component(self, edges: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
-        """Models and groups connected to the given (model, group) edges in the current graph plus them."""
-        hosts = [list(h) for h in self.hosts]
-        for m, g in edges:
-            if m not in hosts[g]:
-                hosts[g].append(m)
-        by_model: dict[int, list[int]] = {}
-        for g, h in enumerate(hosts):
-            for m in h:
-                by_model.setdefault(m, []).append(g)
-        models, groups = set(), set()
-        todo_m = [m for m, _ in edges]
-        todo_g = [g for _, g in edges]
-        while todo_m or todo_g:
-            if todo_m:
-                m = todo_m.pop()
-                if m not in models:
-                    models.add(m)
-                    todo_g += by_model.get(m, [])
-            else:
-                g = todo_g.pop()
-                if g not in groups:
-                    groups.add(g)
-                    todo_m += hosts[g]
-        return sorted(models), sorted(groups)
-
-    def good(self, models: list[int], groups: list[int], extra: tuple[int, int] | None = None) -> int:
+    def good(self, models: frozenset[int], groups: frozenset[int], extra: tuple[int, int] | None = None) -> int:
         """Requests of `models` meeting their SLO on `groups` (with the `extra` replica added)."""
-        hosts = {
-            g: sorted(self.hosts[g] + ([extra[0]] if extra and extra[1] == g and extra[0] not in self.hosts[g] else []))
-            for g in groups
-        }
-        served = sorted({m for g in groups for m in hosts[g]})
-        unserved = tuple(m for m in models if m not in served)
+        hosts = {g: list(self.hosts[g]) for g in groups}
+        if extra is not None:
+            hosts[extra[1]].append(extra[0])
+        served = sorted({m for h in hosts.values() for m in h})
+        unserved = tuple(sorted(m for m in models if m not in served))
+        cfgs = {g: self.slots[g].cfg for g in groups}
         key = (
-            tuple(
-                sorted(
-                    (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(hosts[g]))
-                    for g in groups
-                    if hosts[g]
-                )
-            ),
+            tuple(sorted((cfgs[g].kind, cfgs[g].pp, cfgs[g].tp, tuple(sorted(hosts[g]))) for g in groups if hosts[g])),
             unserved,
         )
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        live = [g for g in groups if hosts[g]]
-        if not served:
-            value = 0
-        else:
+        live = [g for g in sorted(groups) if hosts[g]]
+        value = 0
+        if served:
             self.sims += 1
-            r = self.p.run([self.slots[g].cfg for g in live], [hosts[g] for g in live], self.p.sub_trace(served))
+            r = self.p.run([cfgs[g] for g in live], [sorted(hosts[g]) for g in live], self.p.sub_trace(served))
             value = int(r.good().sum())
         self.cache[key] = value
         return value
 
     def gain(self, m: int, g: int) -> int:
-        """Good requests gained by adding model m to group g: its merged component after, less the
-        components of m and of g before (one, when they are already connected)."""
-        cm = self._current_component(model=m)
-        cg = self._current_component(group=g)
-        before = self.good(*cm)
-        if not set(cg[1]) & set(cm[1]):
-            before += self.good(*cg)
-        am, ag = self.component([(m, g)])
-        return self.good(am, ag, (m, g)) - before
+        """Good requests gained by adding model m to group g: their merged component after, less
+        the components of m and of g before (one, when they are already connected)."""
+        cm, cg = self.comp_m[m], self.comp_g[g]
+        hit = self.gains.get((m, g))
+        if hit is not None and hit[0] == cm and hit[1] == cg:
+            return hit[2]
+        mm, mg = self.members[cm]
+        before = self.good(mm, mg)
+        if cg != cm:
+            gm, gg = self.members[cg]
+            before += self.good(gm, gg)
+            mm, mg = mm | gm, mg | gg
+        value = self.good(mm, mg, (m, g)) - before
+        self.gains[(m, g)] = (cm, cg, value)
+        return value
 
-    def _current_component(self, model: int | None = None, group: int | None = None) -> tuple[list[int], list[int]]:
-        if model is not None:
-            groups = [g for g, h in enumerate(self.hosts) if model in h]
-            if not groups:
-                return [model], []
-            return self.component([(model, groups[0])])
-        assert group is not None
-        if not self.hosts[group]:
-            return [], [group]
-        return self.component([(self.hosts[group][0], group)])
+    def add(self, m: int, g: int) -> None:
+        cm, cg = self.comp_m[m], self.comp_g[g]
+        mm, mg = self.members.pop(cm)
+        if cg != cm:
+            gm, gg = self.members.pop(cg)
+            mm, mg = mm | gm, mg | gg
+        new = self.next_id
+        self.next_id += 1
+        self.members[new] = (mm, mg)
+        for x in mm:
+            self.comp_m[x] = new
+        for x in mg:
+            self.comp_g[x] = new
+        self.hosts[g].append(m)
 
-    def run(self, deadline: float | None = None) -> list[list[int]]:
+    def run(self) -> list[list[int]]:
+        """Lazy greedy (CELF, Leskovec et al. KDD'07): candidates wait in a heap under their last
+        gain; the top one is accepted when its gain is current (its components unchanged since it
+        was computed), else recomputed and pushed back. Exact greedy would recompute every affected
+        candidate each step; gains here rarely rise when other replicas are added, so the order holds."""
         n_models = len(self.p.models)
         fit = {(m, g): self.p.fits(m, s.cfg) for m in range(n_models) for g, s in enumerate(self.slots)}
         weight = {
-            (m, g): self.p.cost.weight_bytes(self.p.models[m].spec, s.cfg)
-            for (m, g) in fit
-            if fit[(m, g)]
-            for s in [self.slots[g]]
+            (m, g): self.p.cost.weight_bytes(self.p.models[m].spec, self.slots[g].cfg)
+            for (m, g), ok in fit.items()
+            if ok
         }
         cap = [self.p.cost.capacity_bytes(s.cfg.kind) for s in self.slots]
-        while deadline is None or time.monotonic() < deadline:
-            best, pick = 0, None
-            empty_seen: set[tuple] = set()
-            for g, s in enumerate(self.slots):
-                if not self.hosts[g]:  # empty groups of one config are interchangeable: try the first
-                    sig = (s.cfg.kind, s.cfg.pp, s.cfg.tp)
-                    if sig in empty_seen:
-                        continue
-                    empty_seen.add(sig)
-                for m in range(n_models):
-                    if not fit[(m, g)] or m in self.hosts[g] or self.used[g] + weight[(m, g)] > cap[g]:
-                        continue
-                    gain = self.gain(m, g)
-                    if gain > best:
-                        best, pick = gain, (m, g)
-            if pick is None:
+        heap = [(-self.gain(m, g), m, g) for (m, g), ok in fit.items() if ok and weight[(m, g)] <= cap[g]]
+        heapq.heapify(heap)
+        while heap:
+            neg, m, g = heapq.heappop(heap)
+            if m in self.hosts[g] or self.used[g] + weight[(m, g)] > cap[g]:
+                continue  # placed already, or the group filled up: never feasible again
+            gain = self.gain(m, g)
+            if gain != -neg and heap and gain < -heap[0][0]:
+                heapq.heappush(heap, (-gain, m, g))
+                continue
+            if gain <= 0:
+                if heap and gain != -neg:
+                    heapq.heappush(heap, (-gain, m, g))
+                    continue
                 break
-            m, g = pick
-            self.hosts[g].append(m)
+            self.add(m, g)
             self.used[g] += weight[(m, g)]
         return self.hosts
 

@@ -34,11 +34,13 @@ class SimGroup:
     free: list[float] = field(default_factory=list)
     queue: deque = field(default_factory=deque)
     busy_s: float = 0.0  # first-stage busy time (utilisation)
+    queued_s: float = 0.0  # first-stage seconds of the queued requests (the routing backlog)
 
     def reset(self) -> None:
         self.free = [0.0] * self.pp
         self.queue = deque()
         self.busy_s = 0.0
+        self.queued_s = 0.0
 
 
 @dataclass
@@ -103,6 +105,7 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
                 return
             q.popleft()
             stages = g.times[model[head]][0]
+            g.queued_s -= stages[0]
             e = start
             ends = []
             for s, t in enumerate(stages):
@@ -131,6 +134,7 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
                 continue
             if _finish(free, start, g.times[m][0]) + g.overhead_s > deadline[r]:
                 q.remove(r)
+                g.queued_s -= g.times[m][0][0]
                 continue  # dropped: latency stays NaN
             trial = batch + [r]
             if _finish(free, start, g.times[m][len(trial) - 1]) + g.overhead_s <= min(deadline[x] for x in trial):
@@ -139,6 +143,7 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
             continue
         for r in batch:
             q.remove(r)
+            g.queued_s -= g.times[m][0][0]
         e = start
         for s, t in enumerate(g.times[m][len(batch) - 1]):
             e = max(e, free[s]) + t
@@ -169,10 +174,11 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
             for h in hosts:
                 cand = groups[h]
                 _advance(cand, t, arr_list, mod_list, dl_list, out)
-                backlog = max(cand.free[0], t) + sum(cand.times[mod_list[x]][0][0] for x in cand.queue)
+                backlog = max(cand.free[0], t) + cand.queued_s
                 if backlog < best:
                     best, g = backlog, cand
         g.queue.append(r)
+        g.queued_s += g.times[m][0][0]
         _advance(g, t, arr_list, mod_list, dl_list, out)
     for g in groups:
         _advance(g, float("inf"), arr_list, mod_list, dl_list, out)
