@@ -356,12 +356,14 @@ def selective_replication(p: Problem, requests: int = 2000) -> Placement:
     slot_sets = [s for s in candidate_slots(p, pp_allowed=False)]
     slot_sets.sort(key=lambda ss: ss[0].cfg.size)
     small = Problem(p.workload, p.cost, _head(p.trace, requests), p.slo_s)
-    for slots in slot_sets:
-        if all(any(small.fits(m, s.cfg) for s in slots) for m in range(len(p.models))):
-            hosts = _Greedy(small, slots).run()
-            return _placement("selective-replication", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
-    _check_fits(p, [])
-    raise AssertionError("unreachable")
+    _check_fits(p, slot_sets)
+    # the smallest groups every model fits; else the smallest ones (models too large go unserved)
+    slots = next(
+        (ss for ss in slot_sets if all(any(small.fits(m, s.cfg) for s in ss) for m in range(len(p.models)))),
+        slot_sets[0],
+    )
+    hosts = _Greedy(small, slots).run()
+    return _placement("selective-replication", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
 
 
 def one_model_per_group(p: Problem) -> Placement:
@@ -374,7 +376,7 @@ def one_model_per_group(p: Problem) -> Placement:
         for m in range(k)
     ]
     order = sorted(range(k), key=lambda m: -load[m])
-    for size in [s for s in range(max(1, n // k), n + 1)]:
+    for size in range(max(1, n // k), 0, -1):  # the largest equal groups that give each model one
         parts = partition(p.cost, size)
         if parts is None:
             continue
@@ -399,8 +401,8 @@ def one_model_per_group(p: Problem) -> Placement:
                 hosts.append([])
         if len(queue) < k:
             return _placement("one-model-per-group", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
-    _check_fits(p, [])
-    raise AssertionError("unreachable")
+    _check_fits(p, candidate_slots(p))
+    raise MeshplanError("models", len(p.models), "no equal partition of this cluster fits any model alone")
 
 
 def simulate_placement(pl: Placement, cost: ServeCost, trace: Trace, overhead_s: float = 0.0) -> SimResult:
