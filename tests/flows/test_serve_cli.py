@@ -54,8 +54,8 @@ slo_scale = 5
 def _models() -> list[dict]:
     dims = {"num_layers": 4, "num_heads": 4, "vocab_size": 512, "seq_len": 128}
     return [
-        {"name": "a", "dims": {"name": "a", "hidden": 256, **dims}, "rate": 8, "cv": 2, "slo_s": 5.0},
-        {"name": "b", "dims": {"name": "b", "hidden": 192, **dims}, "rate": 8, "cv": 2, "slo_s": 5.0},
+        {"name": "a", "dims": {"name": "a", "hidden": 256, **dims}, "rate": 5, "cv": 2, "slo_s": 5.0},
+        {"name": "b", "dims": {"name": "b", "hidden": 192, **dims}, "rate": 5, "cv": 2, "slo_s": 5.0},
     ]
 
 
@@ -88,7 +88,7 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
     }
     (tmp_path / "placement.json").write_text(json.dumps(placement))
     models = tuple(ServedModel.model_validate(m) for m in _models())
-    trace = make_trace(Workload(models=models, duration_s=8, seed=3))
+    trace = make_trace(Workload(models=models, duration_s=10, seed=3))
     (tmp_path / "trace.csv").write_text(trace.to_csv(["a", "b"]))
     port = _free_port()
     env_cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "serve"]
@@ -160,7 +160,8 @@ def test_serve_plan_compares_placements_and_bad_input_is_one_line(tmp_path) -> N
     assert p.returncode == 1 and "arrival_s=0.5: times must be sorted ascending" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     pl["groups"][0]["models"] = ["large"] * 1 + ["medium", "small"]
-    pl["models"] = [dict(m, preset="gpt3-13b") if m["name"] == "large" else m for m in pl["models"]]
+    big = {"large": "gpt3-13b", "medium": "gpt3-6.7b"}  # 26 + 13.4 GB of fp16 weights on one 40 GB A100
+    pl["models"] = [dict(m, preset=big.get(m["name"], m["preset"])) for m in pl["models"]]
     pl["groups"][0] = dict(pl["groups"][0], devices=[pl["groups"][0]["devices"][0]], pp=1, tp=1)
     over = tmp_path / "over.json"
     over.write_text(json.dumps(pl))
