@@ -49,29 +49,6 @@ def plan_placements(workload: Workload, cluster: ClusterSpec) -> dict[str, Place
     }
 
 
-@task(name="serve-simulate", cache_policy=stable_inputs())
-def simulate_workload(
-    placement: Placement, cluster: ClusterSpec, trace_csv: str | None, duration_s: float
-) -> list[dict]:
-    """Per-model attainment, p50/p99 and goodput of a placement on a trace (Gamma arrivals from the
-    placement's models when no CSV is given)."""
-    from planner.serve.workload import parse_trace_csv
-
-    cost = ServeCost(cluster, placement.dtype)
-    names = [m.name for m in placement.models]
-    if trace_csv is not None:
-        trace = parse_trace_csv(trace_csv, names)
-    else:
-        trace = make_trace(
-            Workload(name="sim", models=placement.models, duration_s=duration_s, max_batch=placement.max_batch)
-        )
-    r = simulate_placement(placement, cost, trace)
-    rows = r.per_model(names)
-    for i, busy in enumerate(r.group_busy_s):
-        rows.append({"model": f"group {i} utilisation", "attainment": busy / max(trace.duration_s, 1e-9)})
-    return rows
-
-
 def _post(port: int, name: str, timeout_s: float) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
@@ -221,6 +198,3 @@ def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
     for n, s in zip(serve["model"].to_list(), serve["slo_s"].to_list(), strict=True):
         slo[names.index(n)] = s
     return _R(lat, model, slo, duration_s, []).per_model(names)
-
-
-

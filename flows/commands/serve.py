@@ -63,7 +63,7 @@ def serve_simulate(
     from flows.serve import load_cluster, read_file
     from planner.errors import MeshplanError
     from planner.serve.cost import ServeCost
-    from planner.serve.placement import Placement, check_placement, simulate_placement
+    from planner.serve.placement import check_placement, simulate_placement
     from planner.serve.workload import Workload, make_trace, parse_trace_csv
 
     if not duration_s > 0:
@@ -87,7 +87,7 @@ def serve_simulate(
     for i, busy in enumerate(r.group_busy_s):
         typer.echo(f"group {i} utilisation {100 * busy / tr.duration_s:.1f}%")
     if plot:
-        _plot(pl, cost, w, r, tr.duration_s, plot, Placement)
+        _plot(pl, cost, w, r, tr.duration_s, plot)
         typer.echo(f"plot: {plot}")
 
 
@@ -109,7 +109,8 @@ def _load_placement(path: Path, read_file):
     return parse(Placement, data, str(path))
 
 
-def _plot(pl, cost, w, r, duration_s: float, path: Path, _cls) -> None:
+def _plot(pl, cost, w, r, duration_s: float, path: Path) -> None:
+    """Attainment as the workload's rates scale and as its CV varies; each group's utilisation."""
     import matplotlib
 
     matplotlib.use("Agg")

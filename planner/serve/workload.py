@@ -13,7 +13,6 @@ import csv
 import io
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -85,9 +84,6 @@ class Workload(BaseModel):
         if dup:
             raise MeshplanError("models.name", dup[0], "model names must be unique; rename one of them")
         return self
-
-    def index(self, name: str) -> int:
-        return [m.name for m in self.models].index(name)
 
 
 def parse_workload_toml(text: str, origin: str = "workload.toml") -> Workload:
@@ -174,7 +170,3 @@ def parse_trace_csv(text: str, names: list[str], origin: str = "trace.csv") -> T
     if not times:
         raise MeshplanError(origin, "empty", "the trace has no requests; add rows `model,arrival_s`")
     return Trace(np.array(times), np.array(models, dtype=np.int64), times[-1] + 1e-9)
-
-
-def model_dims_dict(spec: ModelSpec) -> dict[str, Any]:
-    return spec.model_dump(mode="json")
