@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     rates = [8, 16, 24, 32, 40] if args.quick else [8, 12, 16, 20, 24, 28, 32, 40, 48]
-    cvs = [1, 3, 5, 8] if args.quick else [1, 2, 3, 4, 5, 6, 8]
+    cvs = [1, 2, 3, 4, 5, 8] if args.quick else [1, 2, 3, 4, 5, 6, 8]
     scales = [1, 2.5, 5, 10] if args.quick else [1, 1.5, 2, 2.5, 3, 5, 7.5, 10]
     print("AlpaServe synthetic: 16 models (6×1.3B, 5×2.7B, 5×6.7B) on 8 V100-32GB; cells: attainment, search s")
     header("rate (req/s), CV 3, SLO 5x")
