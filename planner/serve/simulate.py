@@ -4,7 +4,8 @@ Each group has one queue. When its first stage is free it takes the request at t
 queue and, with it, up to `max_batch - 1` more queued requests of the same model that have arrived
 (a batch runs at the stage times of its size). A batch moves through the stages in order; stage s
 starts it when both the batch has left stage s-1 and stage s is free, so a group overlaps up to pp
-batches — pipelined execution, as AlpaServe's simulator (OSDI'23 §4.2) and meshplan's serving ranks
+batches — pipelined execution; stage s-1 is held until stage s takes the batch (no buffer between
+stages: meshplan's ranks hand activations over with blocking gloo/NCCL send/recv), as AlpaServe's simulator (OSDI'23 §4.2) and meshplan's serving ranks
 run it. A request whose finish time, computed when it would start, exceeds its deadline is dropped
 instead (it would waste the group); drops count as SLO misses. A model placed on several groups
 sends each request to the group where it would start first (shortest backlog).
@@ -110,7 +111,10 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
             ends = []
             for s, t in enumerate(stages):
                 f = free[s]
-                e = (e if e > f else f) + t
+                b = e if e > f else f
+                if s:
+                    ends[s - 1] = b  # the hand-off: stage s-1 is held until stage s takes the request
+                e = b + t
                 ends.append(e)
             if e + g.overhead_s > deadline[head]:
                 continue  # dropped: latency stays NaN
@@ -146,7 +150,10 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
             g.queued_s -= g.times[m][0][0]
         e = start
         for s, t in enumerate(g.times[m][len(batch) - 1]):
-            e = max(e, free[s]) + t
+            b = max(e, free[s])
+            if s:
+                free[s - 1] = b  # blocking hand-off, as above
+            e = b + t
             free[s] = e
         g.busy_s += g.times[m][len(batch) - 1][0]
         for r in batch:
