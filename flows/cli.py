@@ -19,6 +19,7 @@ from flows.commands import (  # noqa: F401
     profile,
     replan,
     run,
+    serve,
     simulate,
     train,
     ui,

@@ -66,7 +66,7 @@ def submit(
     the job's ranks."""
     from flows.commands.model_options import resolve_model
     from planner.errors import MeshplanError
-    from planner.schedule.types import parse_kinds
+    from planner.scheduler.types import parse_kinds
     from storage.jobs import submit_job
 
     # an unknown preset or bad dimensions fail here, naming the option, not in a later round

@@ -1,0 +1,209 @@
+"""Prefect tasks of serving: plan placements (cached like the training stages), simulate, run ranks.
+
+`plan_placements` and `simulate_workload` are pure functions of their inputs (workload, cluster,
+measured profiles): cached on their stable JSON form (tasks/caching.py). `run_serving` starts the
+ranks and the front end, replays a trace, records every request into DuckDB: never cached or retried.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from launcher.launch import job_exited, kill_group, log_tail, start_logged
+from planner.errors import MeshplanError
+from planner.serve.cost import ServeCost
+from planner.serve.placement import (
+    Placement,
+    Problem,
+    check_placement,
+    one_model_per_group,
+    resolve_slos,
+    search,
+    selective_replication,
+    simulate_placement,
+)
+from planner.serve.workload import Trace, Workload, make_trace
+from planner.specs.cluster import ClusterSpec
+from storage.serve import record_requests
+from tasks.caching import stable_inputs
+from tasks.serve_http import Router
+
+
+@task(name="serve-placements", cache_policy=stable_inputs())
+def plan_placements(workload: Workload, cluster: ClusterSpec) -> dict[str, Placement]:
+    """meshplan's placement and the two baselines, each scored by the simulator on the workload's trace."""
+    cost = ServeCost(cluster, workload.dtype)
+    p = Problem(workload, cost, make_trace(workload), resolve_slos(workload, cost))
+    return {
+        "meshplan": search(p),
+        "selective-replication": selective_replication(p),
+        "one-model-per-group": one_model_per_group(p),
+    }
+
+
+def _post(port: int, name: str, timeout_s: float) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("POST", f"/models/{name}", body=b"{}", headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -> list[int]:
+    """Send each request of `trace` at its arrival time (relative to now); HTTP statuses in order."""
+    t0 = time.monotonic()
+    futures = []
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
+            wait = t0 + t - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            futures.append(pool.submit(_post, port, names[m], timeout_s))
+        return [f.result() for f in futures]
+
+
+def read_calibration(
+    run_dir: Path, pl: Placement
+) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
+    """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
+    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none);
+    and per request id the seconds its stages computed in total."""
+    stages: dict[tuple[int, str], dict[int, float]] = {}
+    per_request: dict[int, float] = {}
+    for f in run_dir.glob("calib_rank*.json"):
+        d = json.loads(f.read_text())
+        for name, t in d["stage_s"].items():
+            stages.setdefault((d["group"], name), {})[d["stage"]] = t
+    for f in run_dir.glob("stage_rank*.json"):
+        d = json.loads(f.read_text())
+        by_model: dict[str, list[float]] = {}
+        for r in d["requests"]:
+            by_model.setdefault(r["model"], []).append(r["compute_s"])
+            per_request[r["id"]] = per_request.get(r["id"], 0.0) + r["compute_s"]
+        for name, ts in by_model.items():
+            stages.setdefault((d["group"], name), {})[d["stage"]] = statistics.fmean(ts)
+    out = {}
+    for (gi, name), per in stages.items():
+        g = pl.groups[gi]
+        out[(name, g.pp, g.tp, 1)] = tuple(per[s] for s in range(g.pp))
+    return out, per_request
+
+
+@task(name="serve-run", cache_policy=NO_CACHE, retries=0)
+def run_serving(
+    placement_path: str,
+    cluster: ClusterSpec,
+    db_path: str,
+    run_dir: str,
+    run_id: str,
+    trace_csv: str | None = None,
+    port: int = 0,
+    warmup: int = 3,
+    serve_s: float | None = None,
+    timeout_s: float = 600.0,
+) -> dict:
+    """Start the placement's ranks and front end; replay the trace (or serve for `serve_s` seconds,
+    forever when None); record every request; compare the measured latencies with the simulator's
+    for the same trace, calibrated with the ranks' measured stage times and front-end overhead."""
+    from planner.serve.workload import parse_trace_csv
+
+    pl = Placement.model_validate_json(Path(placement_path).read_text())
+    cost = ServeCost(cluster, pl.dtype)
+    check_placement(pl, cost)
+    for i, g in enumerate(pl.groups):
+        if g.tp != 1:
+            raise MeshplanError(
+                f"groups[{i}].tp",
+                g.tp,
+                "meshplan's serving runtime runs pipeline groups (tp = 1); serve this group with the vLLM "
+                "arguments serve-plan prints, or give it pp × 1",
+            )
+    names = [m.name for m in pl.models]
+    trace = parse_trace_csv(trace_csv, names, "--replay") if trace_csv is not None else None
+    slo = dict(zip(names, resolve_slos(_workload(pl), cost).tolist(), strict=True))
+    world = sum(g.pp * g.tp for g in pl.groups)
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    router = Router(pl, slo, run_id)
+    cmd = [sys.executable, "-m", "worker.agent", "--nproc-per-node", str(world), "--max-restarts", "0"]
+    cmd += ["-m", "worker.serve", "--placement", str(Path(placement_path).resolve()), "--router", router.rank_address]
+    cmd += ["--out-dir", str(out)]
+    log = out / "serve.log"
+    proc = start_logged(cmd, log)
+    recorded = 0
+    try:
+        router.accept_ranks(timeout_s=min(timeout_s, 300.0), alive=lambda: proc.poll() is None)
+        http_port = router.start_http(port)
+        print(f"serving {', '.join(router.served)} on http://127.0.0.1:{http_port}/models/<name>", flush=True)
+        router.phase = "warmup"
+        for name in router.served:
+            for _ in range(warmup):
+                _post(http_port, name, 60.0)
+        warm = [(r["request_id"], r["latency_s"]) for r in router.rows if r["latency_s"] is not None]
+        router.phase = "serve"
+        if trace is not None:
+            statuses = replay(http_port, trace, names)
+        else:
+            statuses = []
+            end = time.monotonic() + serve_s if serve_s is not None else float("inf")
+            while time.monotonic() < end and proc.poll() is None:
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+                recorded += record_requests(db_path, router.take_rows())
+        router.stop()
+        rc = proc.wait(timeout=60)
+        job_exited(proc)
+    except BaseException:
+        router.stop()
+        kill_group(proc)
+        raise
+    finally:
+        recorded += record_requests(db_path, router.take_rows())
+    if rc != 0:
+        raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
+    calib, per_request = read_calibration(out, pl)
+    result = {
+        "run_id": run_id,
+        "recorded": recorded,
+        "statuses": statuses,
+        "calibration": {str(k): v for k, v in calib.items()},
+    }
+    if trace is not None:
+        ccost = ServeCost(cluster, pl.dtype, calibration=calib)
+        # what a request spends outside the stages' forwards (HTTP, sockets, p2p): unloaded warm-ups
+        gaps = [lat - per_request[rid] for rid, lat in warm if rid in per_request]
+        overhead = statistics.median(gaps) if gaps else 0.0
+        sim = simulate_placement(pl, ccost, trace, overhead_s=max(0.0, overhead))
+        result["overhead_s"] = overhead
+        result["simulated"] = sim.per_model(names)
+    return result
+
+
+def _workload(pl: Placement) -> Workload:
+    return Workload(name="placement", models=pl.models, max_batch=pl.max_batch, dtype=pl.dtype)
+
+
+def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
+    """The simulator's per-model table for measured rows (polars frame of serve_requests)."""
+    import numpy as np
+
+    from planner.serve.simulate import SimResult as _R
+
+    serve = rows.filter(rows["phase"] == "serve")
+    lat = np.array([np.nan if v is None else v for v in serve["latency_s"].to_list()], dtype=float)
+    model = np.array([names.index(n) for n in serve["model"].to_list()], dtype=np.int64)
+    slo = np.zeros(len(names))
+    for n, s in zip(serve["model"].to_list(), serve["slo_s"].to_list(), strict=True):
+        slo[names.index(n)] = s
+    return _R(lat, model, slo, duration_s, []).per_model(names)

@@ -1,0 +1,141 @@
+"""planner/serve: workload validation, Gamma traces, the serving simulator and the placement search."""
+
+import numpy as np
+import pytest
+
+from planner.errors import MeshplanError
+from planner.serve.cost import Config, ServeCost
+from planner.serve.placement import (
+    GroupPlacement,
+    Placement,
+    Problem,
+    check_placement,
+    resolve_slos,
+    search,
+    selective_replication,
+)
+from planner.serve.simulate import SimGroup, simulate
+from planner.serve.workload import ServedModel, Trace, Workload, make_trace, parse_trace_csv
+from planner.specs.cluster import parse_cluster
+from planner.validation import parse
+
+V100 = parse_cluster(
+    {
+        "name": "v100x8",
+        "nodes": [
+            {
+                "name": "n",
+                "device": "V100-SXM2-16GB",
+                "num_devices": 8,
+                "intra_link": "nvlink2",
+                "inter_link": "eth-100g",
+            }
+        ],
+    }
+)
+
+
+def test_gamma_arrivals_have_the_asked_rate_and_cv() -> None:
+    w = Workload(models=(ServedModel(name="a", preset="gpt2-small", rate=50, cv=3, slo_s=1),), duration_s=400, seed=7)
+    t = make_trace(w).arrival_s
+    gaps = np.diff(t)
+    assert abs(len(t) / 400 - 50) < 50 * 0.1
+    assert abs(gaps.std() / gaps.mean() - 3) < 0.3
+    assert np.array_equal(t, make_trace(w).arrival_s)  # seeded
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("model,arrival_s\na,0.5\na,-1\n", "trace.csv:3 arrival_s=-1.0: must be ≥ 0"),
+        ("model,arrival_s\na,0.5\na,0.2\n", "trace.csv:3 arrival_s=0.2: times must be sorted ascending"),
+        ("model,arrival_s\nzz,0.5\n", "trace.csv:2 model='zz': not a served model; one of a"),
+        ("time\n1\n", "the first line must be `model,arrival_s`"),
+    ],
+)
+def test_bad_traces_are_one_line_naming_the_row(text: str, needle: str) -> None:
+    with pytest.raises(MeshplanError) as e:
+        parse_trace_csv(text, ["a"])
+    assert needle in str(e.value)
+
+
+def test_slo_must_be_positive_and_given_once() -> None:
+    with pytest.raises(MeshplanError, match=r"models.a.slo_s=0.0: must be > 0"):
+        parse(Workload, {"models": [{"name": "a", "preset": "gpt2-small", "slo_s": 0.0}]})
+    with pytest.raises(MeshplanError, match="give exactly one of slo_s or slo_scale"):
+        parse(Workload, {"models": [{"name": "a", "preset": "gpt2-small"}]})
+
+
+def test_pipelined_fcfs_with_drops_by_hand() -> None:
+    """Two stages of 1 s, three requests at t=0: they leave at 2, 3, 4 (one stage apart); with a
+    3.5 s SLO the third would finish at 4 and is dropped, freeing the group for a fourth at t=2."""
+    g = SimGroup(2, {0: [(1.0, 1.0)]})
+    tr = Trace(np.array([0.0, 0.0, 0.0]), np.zeros(3, dtype=np.int64), 10.0)
+    r = simulate([g], {0: [0]}, tr, np.array([10.0]))
+    assert r.latency_s.tolist() == [2.0, 3.0, 4.0]
+    tr = Trace(np.array([0.0, 0.0, 0.0, 2.0]), np.zeros(4, dtype=np.int64), 10.0)
+    r = simulate([g], {0: [0]}, tr, np.array([3.5]))
+    assert r.latency_s[:2].tolist() == [2.0, 3.0] and np.isnan(r.latency_s[2]) and r.latency_s[3] == 2.0
+    rows = r.per_model(["m"])
+    assert rows[0]["dropped"] == 1 and rows[0]["attainment"] == 0.75 and rows[0]["goodput_rps"] == 0.3
+
+
+def test_batching_bound_and_replicas() -> None:
+    """max_batch 2: the two queued requests run as one batch (1.5 s) after the first; two replicas
+    split simultaneous requests."""
+    g = SimGroup(1, {0: [(1.0,), (1.5,)]}, max_batch=2)
+    tr = Trace(np.array([0.0, 0.1, 0.2]), np.zeros(3, dtype=np.int64), 5.0)
+    r = simulate([g], {0: [0]}, tr, np.array([10.0]))
+    assert np.allclose(r.latency_s, [1.0, 2.4, 2.3])
+    a, b = SimGroup(1, {0: [(1.0,)]}), SimGroup(1, {0: [(1.0,)]})
+    tr = Trace(np.array([0.0, 0.0]), np.zeros(2, dtype=np.int64), 5.0)
+    r = simulate([a, b], {0: [0, 1]}, tr, np.array([10.0]))
+    assert r.latency_s.tolist() == [1.0, 1.0] and r.group_busy_s == [1.0, 1.0]
+
+
+def _problem(rate: float, cv: float) -> Problem:
+    sizes = ["gpt3-1.3b"] * 3 + ["gpt3-2.7b"] * 3 + ["gpt3-6.7b"] * 2
+    models = tuple(
+        ServedModel(name=f"m{i}", preset=p, seq=512, rate=rate / len(sizes), cv=cv, slo_scale=5)
+        for i, p in enumerate(sizes)
+    )
+    w = Workload(models=models, duration_s=30, seed=1)
+    cost = ServeCost(V100, "fp16")
+    return Problem(w, cost, make_trace(w), resolve_slos(w, cost))
+
+
+def test_model_parallel_placement_beats_selective_replication_on_bursty_traffic() -> None:
+    p = _problem(rate=20, cv=4)  # 16 GB devices: memory limits how far replication can spread
+    ours, sr = search(p), selective_replication(p)
+    assert all(g.pp == 1 for g in sr.groups)
+    assert ours.attainment > sr.attainment + 0.02
+    served = {m for g in ours.groups for m in g.models}
+    assert served == {m.name for m in p.models}
+
+
+def test_forward_time_splits_over_stages_and_tp() -> None:
+    cost = ServeCost(V100, "fp16")
+    m = ServedModel(name="a", preset="gpt3-6.7b", seq=512, slo_s=1)
+    kind = V100.nodes[0].device_kind
+    one = sum(cost.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512))
+    two = cost.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512)
+    assert len(two) == 2 and 0.45 * one < max(two) < 0.6 * one
+    assert cost.weight_bytes(m.spec, Config(kind, 1, 2)) < 0.51 * cost.weight_bytes(m.spec, Config(kind, 1, 1))
+
+
+def test_a_model_too_large_and_an_overfull_placement_are_one_line() -> None:
+    big = ServedModel(name="big", preset="gpt3-175b", seq=512, rate=1, slo_s=10)
+    w = Workload(models=(big,), duration_s=5)
+    cost = ServeCost(V100, "fp16")
+    with pytest.raises(MeshplanError, match=r"models.big='gpt3-175b': fits no group"):
+        search(Problem(w, cost, make_trace(w), resolve_slos(w, cost)))
+    m = ServedModel(name="m", preset="gpt3-6.7b", seq=512, slo_s=1)
+    models = tuple(m.model_copy(update={"name": f"m{i}"}) for i in range(3))
+    pl = Placement(
+        method="manual",
+        cluster="v100x8",
+        models=models,
+        groups=(GroupPlacement(devices=(0,), kind=V100.nodes[0].device_kind, pp=1, tp=1, models=("m0", "m1", "m2")),),
+    )
+    with pytest.raises(MeshplanError, match=r"groups\[0\].models=.*weights need .* GiB per device.*host fewer models"):
+        check_placement(pl, cost)
