@@ -17,7 +17,6 @@ from typing import Annotated, Any
 import typer
 
 from flows.app import app, db_path, load_settings
-from storage.pricing import device_kind_of, price_for_runtime, rerank_for_runtime  # noqa: F401 (re-exported)
 
 RuntimeOpt = Annotated[
     str | None,
@@ -190,3 +189,25 @@ def calibrate(
             f" per micro-batch {1e3 * (o['microbatch_s'] or 0):.2f} ms; MAPE {o['mape_before']:.1f}% ->"
             f" {o['mape_after']:.1f}% ({o['source']})"
         )
+
+
+# storage.pricing's runtime pricing, for the command modules: imported when called, so `meshplan --help`
+# loads no DuckDB or numpy
+
+
+def device_kind_of(cluster: Any) -> str:
+    from storage.pricing import device_kind_of as f
+
+    return f(cluster)
+
+
+def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
+    from storage.pricing import price_for_runtime as f
+
+    return f(path, plan, model, inputs, runtime)
+
+
+def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
+    from storage.pricing import rerank_for_runtime as f
+
+    return f(path, res, model, inputs, runtime)
