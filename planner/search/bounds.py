@@ -654,6 +654,8 @@ def capped_row(a: list[float], b: list[float], cap: list[int], num_layers: int, 
         total += a[i] * t
         rest -= t
     x = max(ai + bi for ai, bi in zip(a, b, strict=True))
+    if min(a) <= 0.0:  # a free layer (a measured slope of 0 on CPU ranks): the knee walk divides by a
+        return w_sum * total + w_max * x  # still a lower bound: every stage holds at least one layer
     capped, inv, binv = 0.0, sum(1.0 / ai for ai in a), sum(bi / ai for ai, bi in zip(a, b, strict=True))
     for i in sorted(range(p), key=lambda i: a[i] * cap[i] + b[i]):
         knee = a[i] * cap[i] + b[i]

@@ -347,7 +347,7 @@ def outcome(argv: list[str], files: Files, timeout_s: int = 60) -> tuple[str, st
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_handler)
         sys.argv = old_argv
-    lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and not ln.startswith("warning: ")]
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and not ln.startswith(("warning: ", "note: "))]
     lines = [ln for ln in lines if "EventsWorker" not in ln]
     text = err.getvalue() + out.getvalue()
     if "Traceback" in text:
