@@ -32,9 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+SETS: list[str] = []  # `--set section.key=value` for every meshplan call (--set of this script)
+
+
 def cli(state: Path, env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    sets = [x for kv in SETS for x in ("--set", kv)]
     p = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(state), *args],
+        [sys.executable, "-m", "flows.cli", "--state-dir", str(state), *sets, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -103,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global-batch", type=int, default=None)
     ap.add_argument("--state-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results")
+    ap.add_argument("--set", action="append", default=[], help="section.key=value for every meshplan call")
     args = ap.parse_args(argv)
+    SETS[:] = args.set
     cpu = args.device == "cpu"
     model = args.model or ("tiny" if cpu else "gpt2-small")
     gb = args.global_batch or (4 if cpu else 16)

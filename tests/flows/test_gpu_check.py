@@ -17,6 +17,11 @@ def test_gpu_check_runs_its_whole_path_on_cpu_ranks(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--plans", "1", "--steps", "2"]
     cmd += ["--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out")]
+    # the smallest measurements that still run every stage (the bench's defaults measure properly)
+    for kv in ("discover.repeats=1", "discover.message_sizes=[1024, 65536]", "discover.matmul_size=128",
+               "profile.mbs=[1, 2]", "profile.tp=[1]", "profile.recompute=[false]", "profile.repeats=2",
+               "profile.min_block_s=0.01"):  # fmt: skip
+        cmd += ["--set", kv]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     (row,) = json.loads((tmp_path / "out/gpu_check_cpu.json").read_text())
