@@ -24,9 +24,9 @@ from pathlib import Path
 import published as P  # noqa: E402
 
 from planner.cost.compute import PRIOR, KernelEfficiency  # noqa: E402
+from planner.cost.runtimes import golden  # noqa: E402
 
 ARCHS = ("Ampere", "Hopper")
-GOLD = (math.sqrt(5) - 1) / 2
 
 
 def with_figure(k: KernelEfficiency, what: str, arch: str, value: float) -> KernelEfficiency:
@@ -38,22 +38,6 @@ def with_figure(k: KernelEfficiency, what: str, arch: str, value: float) -> Kern
 def loss(cases: list[P.Case], k: KernelEfficiency) -> float:
     results, _ = P.price(cases, k)
     return statistics.fmean(math.log(r.cost.step_time_s / r.case.measured_s) ** 2 for r in results)
-
-
-def golden(f, lo: float, hi: float, iters: int = 14) -> float:
-    a, b = lo, hi
-    c, d = b - GOLD * (b - a), a + GOLD * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(iters):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - GOLD * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + GOLD * (b - a)
-            fd = f(d)
-    return (a + b) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for sweep in range(3):
         for what in ("gemm", "flash"):
             for arch in ARCHS:
-                best = golden(lambda v, k=k, w=what, a=arch: loss(fit_on, with_figure(k, w, a, v)), 0.1, 1.0)
+                best = golden(lambda v, k=k, w=what, a=arch: loss(fit_on, with_figure(k, w, a, v)), 0.1, 1.0, iters=14)
                 k = with_figure(k, what, arch, round(best, 3))
         print(f"sweep {sweep + 1}: gemm {dict(k.gemm)} flash {dict(k.flash)} loss {loss(fit_on, k):.5f}")
     print(f"KernelEfficiency(gemm={k.gemm!r}, flash={k.flash!r})")
