@@ -38,7 +38,7 @@ SETS: list[str] = []  # `--set section.key=value` for every meshplan call (--set
 def cli(state: Path, env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     sets = [x for kv in SETS for x in ("--set", kv)]
     p = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(state), *sets, *args],
+        [sys.executable, "-m", "cli", "--state-dir", str(state), *sets, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -62,7 +62,7 @@ def last_json(text: str):
 
 def predictions(state: Path, plan_file: Path, model_name: str) -> dict[str, float]:
     """catalog (no profiles, no calibration) and stored-profile predictions, in-process."""
-    from flows.commands.calibrate import price_for_runtime
+    from cli.commands.calibrate import price_for_runtime
     from planner.cost import estimate
     from planner.measure.profiles import ProfileTable
     from planner.specs.model import get_model

@@ -112,7 +112,7 @@ def cli_startup(repeat: int) -> list[tuple[str, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         cfile = Path(tmp) / "cluster.toml"
         cfile.write_text(_toml(cluster_doc(1024, "H100+A100+V100")))
-        cli = [sys.executable, "-m", "flows.cli", "--state-dir", tmp]
+        cli = [sys.executable, "-m", "cli", "--state-dir", tmp]
         cases = [
             ("meshplan --help", cli + ["--help"], 0.3),
             ("meshplan plan (1,024 GPUs, 3 kinds)", cli + ["plan", "--model", "llama3-70b", "--cluster", str(cfile),

@@ -1,6 +1,6 @@
 """The typer app and what every command shares: config loading, state paths, Prefect settings.
 
-Command modules (flows/commands/*.py) import only typer and this module at top level, so
+Command modules (cli/commands/*.py) import only typer and this module at top level, so
 `meshplan --help` answers without importing torch, Prefect or DuckDB.
 """
 

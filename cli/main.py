@@ -5,10 +5,10 @@ from __future__ import annotations
 import signal
 import sys
 
-from flows.app import app
+from cli.app import app
 
 # each module registers its commands on `app` when imported; none imports anything heavy at top level
-from flows.commands import (  # noqa: F401
+from cli.commands import (  # noqa: F401
     calibrate,
     compare,
     discover,

@@ -32,9 +32,9 @@ def test_importing_every_core_module_loads_no_prefect_duckdb_or_torch():
 
 
 def test_cli_help_imports_nothing_heavy():
-    assert not _loaded("import flows.cli") & (HEAVY | {"numpy", "polars", "storage", "tasks"})
+    assert not _loaded("import cli.main") & (HEAVY | {"numpy", "polars", "storage", "tasks"})
     # of the core, only the option bounds (planner/limits.py: constants, no imports)
-    code = "import sys, flows.cli; print(','.join(sorted(m for m in sys.modules if m.startswith('planner'))))"
+    code = "import sys, cli.main; print(','.join(sorted(m for m in sys.modules if m.startswith('planner'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert set(out.strip().split(",")) <= {"planner", "planner.limits"}, out
 

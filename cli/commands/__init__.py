@@ -1,1 +1,1 @@
-"""One module per CLI area; each registers its commands on flows.app.app when imported."""
+"""One module per CLI area; each registers its commands on cli.app.app when imported."""

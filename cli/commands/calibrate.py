@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings
+from cli.app import app, db_path, load_settings
 
 RuntimeOpt = Annotated[
     str | None,

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings
-from flows.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
-from flows.commands.model_options import (
+from cli.app import app, db_path, load_settings
+from cli.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
+from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
     HeadsOpt,
@@ -127,7 +127,7 @@ def same_work(a: Any, b: Any, where: str) -> None:
 
 
 def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) -> None:
-    from flows.commands.tables import Col, console, print_table
+    from cli.commands.tables import Col, console, print_table
 
     a, b = (x["cost"] for x in priced)
     cols = [Col("", keep=9), Col("a", keep=9, right=True), Col("b", keep=9, right=True), Col("b/a", keep=8, right=True)]

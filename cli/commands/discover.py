@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env
 
 
 @app.command()
@@ -108,7 +108,7 @@ def _gb(x: Any, scale: float = 1e9, fmt: str = "{:.1f}") -> str:
 def _print_tables(summary: Any, snap: Any, path: Path) -> None:
     import polars as pl
 
-    from flows.commands.tables import Col, console, print_table
+    from cli.commands.tables import Col, console, print_table
 
     con = console()
     devices = snap.devices.group_by("node", "kind", maintain_order=True).agg(

@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from flows.app import app
-from flows.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
-from flows.commands.model_options import (
+from cli.app import app
+from cli.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
+from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
     HeadsOpt,
@@ -92,7 +92,7 @@ def export(
 def _price_for_target(p, given, cluster: Path | None, runtime: str) -> None:
     """The plan's price under the export's target runtime, on stderr; a plan that cannot be priced
     here (no model dimensions, no cluster and nothing discovered) says so instead."""
-    from flows.app import db_path, load_settings
+    from cli.app import db_path, load_settings
     from planner.errors import MeshplanError
     from storage.pricing import pricing_inputs
 

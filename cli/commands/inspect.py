@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from flows.app import app, db_path, load_settings
-from flows.commands.tables import Col, FormatOption, emit, print_table
+from cli.app import app, db_path, load_settings
+from cli.commands.tables import Col, FormatOption, emit, print_table
 
 
 @app.command()

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings
-from flows.commands.model_options import (
+from cli.app import app, db_path, load_settings
+from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
     HeadsOpt,
@@ -20,7 +20,7 @@ from flows.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
-from flows.commands.tables import Col, FormatOption, emit, print_table
+from cli.commands.tables import Col, FormatOption, emit, print_table
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_SEQ, MAX_STEPS
 
 
@@ -64,7 +64,7 @@ def submit(
     The model is named as for `meshplan plan`: a preset, `custom` with its dimensions, or a model
     TOML; a custom model's dimensions are stored with the job, priced by the scheduler and built by
     the job's ranks."""
-    from flows.commands.model_options import resolve_model
+    from cli.commands.model_options import resolve_model
     from planner.errors import MeshplanError
     from planner.scheduler.types import parse_kinds
     from storage.jobs import submit_job
@@ -186,8 +186,8 @@ def schedule_cluster(
     import os
     from datetime import timedelta
 
-    from flows.app import prefect_env
-    from flows.commands.replan import parse_every
+    from cli.app import prefect_env
+    from cli.commands.replan import parse_every
     from planner.errors import MeshplanError
     from planner.scheduler import POLICIES
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
-from flows.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
-from flows.commands.model_options import (
+from cli.app import app, db_path, load_settings, prefect_env
+from cli.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
+from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
     HeadsOpt,
@@ -150,7 +150,7 @@ def plan(
         typer.echo(json.dumps(doc, indent=2))
         return
     st = res.stats
-    from flows.commands.tables import print_ranking
+    from cli.commands.tables import print_ranking
 
     print_ranking(rows, f"{m.name} on {spec.name}: {spec.num_devices} devices, batch {s.global_batch}")
     typer.echo(f"profiles: {source}")
@@ -216,7 +216,7 @@ def estimate(
         }
         typer.echo(json.dumps({**doc, **c.model_dump(mode="json")}, indent=2))
         raise typer.Exit(0 if c.feasible else 1)
-    from flows.commands.tables import Col, console, print_table
+    from cli.commands.tables import Col, console, print_table
 
     gib = 2**30
     con = console()

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env
 
 GRID_OPTIONS = ("--mbs", "--seq", "--tp")
 
@@ -94,7 +94,7 @@ def profile(
 
 
 def _print(summary: Any, path: Path) -> None:
-    from flows.commands.tables import Col, console, print_table
+    from cli.commands.tables import Col, console, print_table
     from planner.specs.model import get_model
     from storage.profiles import profile_frame
 

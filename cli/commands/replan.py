@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

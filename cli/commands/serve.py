@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env
 
 
 def vllm_args(pl) -> list[str]:

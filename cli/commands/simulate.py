@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.app import app
+from cli.app import app
 from planner.limits import MAX_SECONDS
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.app import app, db_path, load_settings, prefect_env
-from flows.commands.model_options import (
+from cli.app import app, db_path, load_settings, prefect_env
+from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
     HeadsOpt,
@@ -251,7 +251,7 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
 def _model_file(cfg: RunConfig, plan: Path | None, model: str | None, *dims: int | str | None) -> str | None:
     """The ModelSpec JSON the ranks build, written to the state folder, when --model names dimensions
     (None: the plan's preset). Checked against a plan file's model now, naming --model."""
-    from flows.commands.model_options import model_for_plan, resolve_model
+    from cli.commands.model_options import model_for_plan, resolve_model
     from planner.specs.model import PRESETS
     from planner.specs.plan import parse_plan_json
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flows.app import app, load_settings, prefect_env
+from cli.app import app, load_settings, prefect_env
 
 
 @app.command()

@@ -19,7 +19,7 @@ import pytest
 from tests.support.served import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-MESHPLAN = [sys.executable, "-m", "flows.cli"]
+MESHPLAN = [sys.executable, "-m", "cli"]
 FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -14,7 +14,7 @@ CUSTOM = ["--model", "custom", "--layers", "8", "--hidden", "512", "--heads", "8
 
 
 def run(tmp_path, *args, columns=None):
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), *args]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path / "state"), *args]
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["OMP_NUM_THREADS"] = "1"
     if columns:

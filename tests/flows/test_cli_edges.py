@@ -1,5 +1,5 @@
 """Plan files at the CLI edge: strict types, exports the runtime would refuse, comparisons of
-different work — each one line naming the file and field, exit 1 (in-process, flows.cli.run_cli)."""
+different work — each one line naming the file and field, exit 1 (in-process, cli.main.run_cli)."""
 
 import json
 

@@ -41,7 +41,7 @@ def test_user_mistake_is_one_line_with_the_fix(tmp_path, case):
     ]
     if args[:1] == ["--set"]:
         out = subprocess.run(
-            [sys.executable, "-m", "flows.cli", *args[:2], "--state-dir", str(tmp_path), *args[2:]],
+            [sys.executable, "-m", "cli", *args[:2], "--state-dir", str(tmp_path), *args[2:]],
             capture_output=True,
             text=True,
             timeout=300,

@@ -2,7 +2,7 @@
 exits 1 with one line naming the flag or field — no traceback, no other exit code, no hang — and
 the DuckDB file still opens with every job it queued.
 
-In-process (flows.cli.run_cli, the console script's own path) with a few examples per command to
+In-process (cli.main.run_cli, the console script's own path) with a few examples per command to
 stay within CI's time; bench/fuzz_cli.py runs the same generator and oracle with thousands.
 Launching commands (train, run, profile, ui) get a value that must be refused before anything
 starts; an `ok` from them would mean something launched, and fails the test.

@@ -102,7 +102,7 @@ def test_train_request_builds_the_plans_model_only_from_its_own_dimensions(tmp_p
 
 
 def test_submit_reads_a_model_toml_and_a_plan_of_a_file_named_like_a_preset_is_not_that_preset(tmp_path):
-    from flows.commands.model_options import model_for_plan
+    from cli.commands.model_options import model_for_plan
     from planner.errors import MeshplanError
     from planner.search import search
     from planner.specs.cluster import parse_cluster_toml

@@ -2,7 +2,7 @@
 
 On a real DuckDB file: each damaged case answers in one line (the file, what is wrong, `meshplan db
 --restore`), exits 1, and the backup brings the queue back with nothing deleted. A few commands run
-as real CLI processes; the rest run `flows.cli.main` in this process (the same code, no interpreter
+as real CLI processes; the rest run `cli.main.main` in this process (the same code, no interpreter
 start per command).
 """
 
@@ -31,8 +31,8 @@ def _one_line_error(out, *expected: str) -> str:
 
 
 def _in_process(capsys, monkeypatch, tmp_path: Path, *args: str) -> SimpleNamespace:
-    """`meshplan --state-dir tmp_path ARGS` through flows.cli.main in this process."""
-    from flows.cli import main
+    """`meshplan --state-dir tmp_path ARGS` through cli.main.main in this process."""
+    from cli.main import main
 
     monkeypatch.setattr(sys, "argv", ["meshplan", "--state-dir", str(tmp_path), *args])
     capsys.readouterr()

@@ -74,7 +74,7 @@ def test_bad_cluster_file_raises_an_error_naming_the_field(tmp_path):
 def test_cli_bad_cluster_file_exits_1_with_one_line(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(BAD)
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), "discover", "--cluster", str(bad)]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path / "state"), "discover", "--cluster", str(bad)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
@@ -88,7 +88,7 @@ def test_cli_records_a_cluster_file_and_prints_json(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "flows.cli",
+        "cli",
         "--state-dir",
         str(tmp_path / "state"),
         "discover",

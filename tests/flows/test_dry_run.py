@@ -55,7 +55,7 @@ def cli(tmp_path, *args, timeout=300):
     one) rather than starting an ephemeral server of its own: that start is most of a CLI flow's time."""
     from prefect.settings import PREFECT_API_URL
 
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), *args]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path / "state"), *args]
     env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 

@@ -87,6 +87,6 @@ def test_schedule_cluster_serves_a_deployment_whose_run_decides_a_round(tmp_path
         "1h",
         "--no-launch",
     ]
-    command = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args]
+    command = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *args]
     serve_and_run_once(tmp_path, command, "scheduler/cluster", _env(PREFECT_RUNNER_POLL_FREQUENCY="1"), 3600)
     assert list_jobs(db, "running")["job_id"].to_list() == ["a"]

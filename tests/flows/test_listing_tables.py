@@ -18,7 +18,7 @@ LISTINGS = [("gpus",), ("models",), ("db",), ("jobs",), ("jobs", "--events")]
 
 def _cli(tmp_path, *args):
     env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
     return p.stdout
@@ -67,6 +67,6 @@ def test_json_and_csv_carry_every_row(state, args, rows):
 
 def test_an_unknown_format_is_one_line_naming_the_flag():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "flows.cli", "gpus", "--format", "xml"]
+    cmd = [sys.executable, "-m", "cli", "gpus", "--format", "xml"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "--format" in p.stderr and "csv" in p.stderr

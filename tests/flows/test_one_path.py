@@ -38,7 +38,7 @@ inter_link = "eth-100g"
 
 
 def cli(tmp_path, *args, timeout=300):
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), *args]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path / "state"), *args]
     env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 

@@ -12,7 +12,7 @@ MIXED = ROOT / "examples" / "clusters" / "mixed-a100-v100-t4.toml"
 
 
 def run(tmp_path, *args, timeout=300):
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path / "state"), *args]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path / "state"), *args]
     env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 

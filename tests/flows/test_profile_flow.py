@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.commands.profile import grid_values
+from cli.commands.profile import grid_values
 from flows.outcomes import KindEfficiency, ProfileOutcome
 from flows.profile import profile_flow
 from planner.errors import MeshplanError

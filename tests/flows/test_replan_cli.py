@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.commands.replan import parse_every
+from cli.commands.replan import parse_every
 from planner.errors import MeshplanError
 from planner.specs.plan import parse_plan
 from storage.replan import load_decisions
 from storage.runs import finish_run, ingest_step_metrics, start_run
 from tests.support.served import serve_and_run_once
 
-MESHPLAN = [sys.executable, "-m", "flows.cli"]
+MESHPLAN = [sys.executable, "-m", "cli"]
 pytestmark = pytest.mark.flow
 
 

@@ -91,7 +91,7 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
     trace = make_trace(Workload(models=models, duration_s=10, seed=3))
     (tmp_path / "trace.csv").write_text(trace.to_csv(["a", "b"]))
     port = _free_port()
-    env_cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "serve"]
+    env_cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
     args = ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
     args += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
     import os

@@ -87,7 +87,7 @@ def test_two_node_plan_trains_through_slurm_resumes_when_requeued_and_matches_on
     run folder's latest checkpoint and the run ends with the weights of the single-process run,
     every step after the checkpoint trained again exactly once. The job id is on the run row."""
     cmd = [
-        sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *SGD, "--set", "train.checkpoint_every=5",
+        sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *SGD, "--set", "train.checkpoint_every=5",
         "train", "--plan", str(_plan(tmp_path)), "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
         "--steps", "30", "--run-id", "q",
     ]  # fmt: skip

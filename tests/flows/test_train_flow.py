@@ -81,8 +81,8 @@ def _progress_lines(text: str) -> list[tuple[int, int, str]]:
 
 
 def _meshplan_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`meshplan ARGS` through flows.cli.main in this process (so it uses the test's Prefect server)."""
-    from flows.cli import main
+    """`meshplan ARGS` through cli.main.main in this process (so it uses the test's Prefect server)."""
+    from cli.main import main
 
     monkeypatch.setattr("sys.argv", ["meshplan", *args])
     capsys.readouterr()
@@ -194,7 +194,7 @@ def test_meshplan_train_shows_step_progress_while_the_supervised_job_runs(tmp_pa
     telemetry polling drives the progress lines; they count up to the requested steps."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli.main import app
 
     args = [
         "--state-dir",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.served import free_port
 
-MESHPLAN = [sys.executable, "-m", "flows.cli"]
+MESHPLAN = [sys.executable, "-m", "cli"]
 
 
 def _env() -> dict:
@@ -67,7 +67,7 @@ def _check_running_server(state: Path, port: int, info: dict) -> None:
     assert "already in use; pass another --port" in again.stderr and "Traceback" not in again.stderr
     # meshplan's Prefect settings now point at this server
     code = (
-        "import os; from flows.app import load_settings, prefect_env; "
+        "import os; from cli.app import load_settings, prefect_env; "
         f"prefect_env(load_settings(['state.dir=\"{state}\"'])); print(os.environ['PREFECT_API_URL'])"
     )
     out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)

@@ -69,7 +69,7 @@ def test_sigterm_to_meshplan_profile_leaves_no_profiler_alive(tmp_path):
     mark = uuid.uuid4().hex
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1", MESHPLAN_TEST_MARK=mark)
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "profile", "--model", "gpt2-small"]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "profile", "--model", "gpt2-small"]
     cli = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def profilers() -> set[int]:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 
 def meshplan(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m flows.cli --state-dir tmp_path ARGS` with its own Prefect home, one thread, and no
+    """`python -m cli --state-dir tmp_path ARGS` with its own Prefect home, one thread, and no
     Prefect server inherited (each command finds its own, as a user's shell would)."""
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), *args],
+        [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -329,7 +329,7 @@ def _alarm(*_: object) -> None:
 
 def outcome(argv: list[str], files: Files, timeout_s: int = 60) -> tuple[str, str]:
     """('ok' | 'error' | 'crash', detail) for `meshplan --state-dir STATE argv`, run in this process."""
-    from flows.cli import run_cli
+    from cli.main import run_cli
 
     full = ["--state-dir", str(files.state), *argv]
     out, err = io.StringIO(), io.StringIO()
