@@ -62,7 +62,7 @@ def last_json(text: str):
 
 def predictions(state: Path, plan_file: Path, model_name: str) -> dict[str, float]:
     """catalog (no profiles, no calibration) and stored-profile predictions, in-process."""
-    from cli.commands.calibrate import price_for_runtime
+    from flows.queries import price_for_runtime
     from planner.cost import estimate
     from planner.measure.profiles import ProfileTable
     from planner.specs.model import get_model

@@ -28,7 +28,6 @@ from planner.errors import MeshplanError
 from planner.replan.options import relabel_for_runtime
 from planner.runtime import check_launchable, node_ranks
 from planner.scheduler import (
-    Allocation,
     ClusterState,
     Decision,
     Job,
@@ -39,20 +38,11 @@ from planner.scheduler import (
     decide,
 )
 from planner.scheduler.trace import cluster_from_spec
+from planner.scheduler.types import alloc_text, parse_alloc
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SEARCH_BUDGET_S
 from planner.specs.plan import Plan
 from storage.jobs import job_model, list_jobs, set_job_run, transition
-
-
-def alloc_text(a: Allocation) -> str:
-    return f"{a.count}x{a.kind}/{a.num_nodes}"
-
-
-def parse_alloc(text: str) -> Allocation:
-    count_kind, nodes = text.split("/")
-    count, kind = count_kind.split("x", 1)
-    return Allocation(kind, int(count), int(nodes))
 
 
 def job_from_row(row: dict) -> Job:

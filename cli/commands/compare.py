@@ -62,9 +62,9 @@ def compare(
     runtime: RuntimeOpt = None,
 ) -> None:
     """Price two plans on the same cluster and show their step-time terms and memory side by side."""
+    from flows.queries import pricing_inputs
     from planner.errors import MeshplanError
     from planner.specs.plan import parse_plan_json
-    from storage.pricing import pricing_inputs
 
     given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
     cfg = load_settings()

@@ -48,19 +48,11 @@ def discover(
         _check_cluster_file(Path(cfg.discover.cluster))
     prefect_env(cfg)
 
-    from flows.discover import discover_flow
-    from storage.hardware import load_snapshot
+    from flows.discover import discover_flow, slurm_discovery
+    from flows.queries import hardware_snapshot
 
     d, path = cfg.discover, db_path(cfg)
-    slurm = {}
-    if executor == "slurm":
-        from datetime import UTC, datetime
-
-        from launcher.slurm import SlurmOptions
-
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(cfg.state.dir).resolve() / "runs" / f"discover-{stamp}"
-        slurm = {"slurm_nodes": nodes, "slurm": SlurmOptions(partition, nodelist=nodelist), "run_dir": str(run_dir)}
+    slurm = slurm_discovery(cfg.state.dir, nodes, partition, nodelist) if executor == "slurm" else {}
     summary = discover_flow(
         db_path=str(path),
         cluster_file=d.cluster or None,
@@ -72,7 +64,7 @@ def discover(
         timeout_s=d.timeout_s,
         **slurm,
     )
-    snap = load_snapshot(path, summary.fingerprint)
+    snap = hardware_snapshot(path, summary.fingerprint)
     if as_json:
         print(
             json.dumps(

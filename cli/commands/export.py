@@ -93,8 +93,8 @@ def _price_for_target(p, given, cluster: Path | None, runtime: str) -> None:
     """The plan's price under the export's target runtime, on stderr; a plan that cannot be priced
     here (no model dimensions, no cluster and nothing discovered) says so instead."""
     from cli.app import db_path, load_settings
+    from flows.queries import pricing_inputs
     from planner.errors import MeshplanError
-    from storage.pricing import pricing_inputs
 
     cfg = load_settings()
     name = runtime_name(runtime, cfg)

@@ -86,32 +86,23 @@ def db(
     --write copies the file to <state>/backups/ before running the statement; --restore brings the
     newest copy back (after a damaged file or a statement you regret) and renames the replaced file
     aside, so nothing is deleted."""
-    import duckdb
-
+    from flows.queries import db_backup, db_query, db_restore, db_tables
     from planner.errors import MeshplanError
-    from storage import db as store
 
     path = db_path(load_settings())
     if restore:
         if sql is not None or write:
             raise MeshplanError("--restore", sql, "restore takes no SQL and no --write; run it alone")
-        used, aside = store.restore(path)
+        used, aside = db_restore(path)
         kept = f"; the file it replaced is kept at {aside}" if aside else ""
         print(f"restored {path} from backup {used}{kept}")
         return
-    try:
-        if sql is None:
-            frame = store.tables(path)
-        elif write:
-            with store.connect(path) as con:
-                print(f"backed up {path} to {store.backup(con, path, 'before-db-write')}")
-            frame = store.query(path, sql)
-        else:
-            frame = store.query(path, sql, read_only=True)
-    except duckdb.Error as exc:
-        if "read-only mode" in str(exc):
-            raise MeshplanError("sql", sql, "this statement changes the database; add --write to run it") from None
-        raise MeshplanError("sql", sql, str(exc).splitlines()[0]) from None
+    if sql is None:
+        frame = db_tables(path)
+    else:
+        if write:
+            print(f"backed up {path} to {db_backup(path, 'before-db-write')}")
+        frame = db_query(path, sql, read_only=not write)
     if emit(fmt, frame.to_dicts()):
         return
     title = f"tables of {path}" if sql is None else sql

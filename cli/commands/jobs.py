@@ -65,9 +65,9 @@ def submit(
     TOML; a custom model's dimensions are stored with the job, priced by the scheduler and built by
     the job's ranks."""
     from cli.commands.model_options import resolve_model
+    from flows.queries import submit_job
     from planner.errors import MeshplanError
     from planner.scheduler.types import parse_kinds
-    from storage.jobs import submit_job
 
     # an unknown preset or bad dimensions fail here, naming the option, not in a later round
     spec = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
@@ -116,10 +116,11 @@ def jobs(
     fmt: FormatOption = "table",
 ) -> None:
     """List the queue's jobs (and their transitions)."""
-    from storage.jobs import job_events, list_jobs
+    from flows.queries import job_transitions
+    from flows.queries import jobs as queued
 
     db = db_path(load_settings())
-    frame = job_events(db) if events else list_jobs(db, state)
+    frame = job_transitions(db) if events else queued(db, state)
     if emit("json" if as_json else fmt, [_job_doc(r) for r in frame.to_dicts()]):
         return
     if frame.height == 0:
@@ -140,7 +141,7 @@ _NUMERIC = ("seq", "global_batch", "iterations", "priority")
 
 def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
     """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
-    from tasks.scheduler import parse_alloc
+    from planner.scheduler.types import parse_alloc
 
     doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json")}
     if "train_json" in row:
@@ -161,7 +162,7 @@ def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
 @app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="the job to cancel")]) -> None:
     """Cancel a queued or running job (recorded as a transition)."""
-    from storage.jobs import cancel_job
+    from flows.queries import cancel_job
 
     cancel_job(db_path(load_settings()), job_id)
     typer.echo(f"cancelled {job_id}")

@@ -89,7 +89,7 @@ def plan(
         },
     )
     path = db_path(cfg)
-    prefect_env(cfg)  # before anything imports prefect (tasks.plan below, or the flow)
+    prefect_env(cfg)  # before anything imports prefect (the flow)
     if flow:
         if given is not None and not preset:
             from planner.errors import MeshplanError
@@ -108,20 +108,18 @@ def plan(
         typer.echo(summary.model_dump_json(indent=2) if as_json else f"plan flow: {summary}")
         raise typer.Exit(0 if summary.feasible else 1)
 
+    from flows.queries import pricing_inputs, search_now, store_search
     from planner.errors import MeshplanError
     from planner.report.ranking import ranking_rows
     from planner.search import NoFeasiblePlan
     from planner.specs.model import get_model
-    from storage.plans import save_plans
-    from storage.pricing import pricing_inputs
-    from tasks.searching import run_search, search_args  # no Prefect: tasks.plan imports it
 
     m = given if given is not None else get_model(cfg.model)
     # the inputs and the search function plan_flow's tasks use, with the same config: the same ranking
     inputs = pricing_inputs(path, m, cluster, snapshot, cfg.profile.dtype)
     spec, source = inputs.cluster, inputs.profile_source
     s = cfg.search
-    res = run_search(*search_args(m, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8))
+    res = search_now(m, inputs, s)
     if isinstance(res, NoFeasiblePlan):
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))
@@ -129,7 +127,7 @@ def plan(
         raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
     rt = runtime_name(runtime, cfg)
     res, figures = rerank_for_runtime(path, res, m, inputs, rt)
-    key = save_plans(path, res.plans, res.baselines) if store else None
+    key = store_search(path, res) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
     rows = ranking_rows(res, m)
@@ -189,11 +187,11 @@ def estimate(
 ) -> None:
     """Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility.
 
-    Priced as the search prices it (storage.pricing.pricing_inputs): on a discovered CPU machine with
+    Priced as the search prices it (flows.queries.pricing_inputs): on a discovered CPU machine with
     its measured corrections, in the plan's own dtype."""
+    from flows.queries import pricing_inputs
     from planner.errors import MeshplanError
     from planner.specs.plan import parse_plan_json
-    from storage.pricing import pricing_inputs
 
     if not plan_file.is_file():
         raise MeshplanError(

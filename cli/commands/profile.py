@@ -95,11 +95,11 @@ def profile(
 
 def _print(summary: Any, path: Path) -> None:
     from cli.commands.tables import Col, console, print_table
+    from flows.queries import profile_rows
     from planner.specs.model import get_model
-    from storage.profiles import profile_frame
 
     con = console()
-    frame = profile_frame(path, get_model(summary.model))
+    frame = profile_rows(path, get_model(summary.model))
     cols = [Col("device", keep=9), Col("layer", keep=9)]
     heads = (("mbs", 8), ("seq", 8), ("tp", 8), ("rc", 8), ("fwd ms", 7), ("bwd ms", 7), ("±%", 3), ("act MB", 4))
     cols += [Col(h, keep=k, right=True) for h, k in heads]

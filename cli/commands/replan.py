@@ -44,12 +44,12 @@ def _replan_kwargs(cfg) -> dict:
 def check_run(cfg: Any, run_id: str | None, cluster: Path | None) -> None:
     """The run and the cluster file exist: checked before a Prefect flow (and maybe a server) starts,
     so a typo costs a line, not a minute."""
+    from flows.queries import run_exists
     from planner.errors import MeshplanError
-    from storage.runs import load_run
 
     if cluster is not None and not cluster.is_file():
         raise MeshplanError("--cluster", str(cluster), "no such file; pass a cluster TOML")
-    if run_id is not None and load_run(db_path(cfg), run_id) is None:
+    if run_id is not None and not run_exists(db_path(cfg), run_id):
         raise MeshplanError("--run-id", run_id, "no such run in the database; list runs with `meshplan db`")
 
 

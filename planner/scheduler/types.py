@@ -66,6 +66,18 @@ class Allocation:
         return f"{self.count}×{self.kind} on {self.num_nodes} node{'s' if self.num_nodes > 1 else ''}"
 
 
+def alloc_text(a: Allocation) -> str:
+    """An allocation as the jobs table stores it: `4xcpu/1` is 4 cpu devices on 1 node."""
+    return f"{a.count}x{a.kind}/{a.num_nodes}"
+
+
+def parse_alloc(text: str) -> Allocation:
+    """The allocation `alloc_text` wrote."""
+    count_kind, nodes = text.split("/")
+    count, kind = count_kind.split("x", 1)
+    return Allocation(kind, int(count), int(nodes))
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One training job. `model` is a preset name or a table key ('bert_2.6B_256'); `iterations` the steps to run.
