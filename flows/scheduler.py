@@ -11,6 +11,7 @@ Before deciding, a running job whose runner process is gone is put back in the q
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from prefect import flow
@@ -24,6 +25,9 @@ from planner.specs.cluster import parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S
 from tasks.scheduler import alloc_text, apply_round, decide_round, read_state, reconcile_runners
 from tasks.slurm import read_slurm_cluster
+
+# what starts a job's elastic runner (flows/job.py): the tasks are given it, since no task names a flow
+RUNNER = [sys.executable, "-m", "flows.job"]
 
 
 def _read(path: str, what: str) -> str:
@@ -66,7 +70,7 @@ def scheduler_flow(
     cl, queue, running = read_state(db_path, spec, speed)
     d = decide_round(cl, queue, running, pol, speed)
     runs = runs_dir or str(Path(db_path).resolve().parent / "runs")
-    done = apply_round(db_path, d, cluster_path, runs, launch, timeout_s, runner_args)
+    done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, timeout_s, runner_args)
     lines = [
         f"# Scheduler round ({policy})",
         "",

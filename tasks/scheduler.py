@@ -1,7 +1,8 @@
 """Prefect tasks of the cluster scheduler: read the queue, decide one round, apply what it chose.
 
-Applying a round: a start moves the job to running and starts its elastic runner (flows/job.py, a
-process of its own, so the round ends while the job trains); a resize moves it to resizing with the
+Applying a round: a start moves the job to running and starts its elastic runner (a process of its
+own, so the round ends while the job trains; the flow passes the command that starts it, so no task
+names a flow); a resize moves it to resizing with the
 new allocation and asks its ranks to checkpoint and exit (control.json `checkpoint_exit`), after
 which the runner re-plans for the new allocation and relaunches train_flow resuming through DCP; a
 cancelled job that still has ranks is asked to exit the same way.
@@ -14,7 +15,6 @@ made and be refused, or start a second runner).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,25 +113,40 @@ def request_stop(run_dir: str) -> bool:
     return True
 
 
-def start_runner(
-    db_path: str, job_id: str, cluster_path: str, runs_dir: str, timeout_s: float, runner_args: list[str] | None = None
-) -> int:
-    """Start the job's elastic runner (`python -m flows.job`) in a session of its own; its pid.
+RUNNER_TAG = "MESHPLAN_RUNNER"  # in a runner's environment: the job id it runs (runner_alive reads it)
 
-    It reports to this process's Prefect API when there is one (a served scheduler, the test
-    harness), so its flow runs show next to the round that started it."""
+
+def start_runner(
+    runner: list[str],
+    db_path: str,
+    job_id: str,
+    cluster_path: str,
+    runs_dir: str,
+    timeout_s: float,
+    runner_args: list[str] | None = None,
+) -> int:
+    """Start the job's elastic runner in a session of its own; its pid. `runner` is the command that
+    starts one (the flow's: flows/scheduler.py), given `DB JOB CLUSTER --runs-dir D --timeout-s S`.
+
+    The runner's environment carries `MESHPLAN_RUNNER=<job id>`, which `runner_alive` looks for. It
+    reports to this process's Prefect API when there is one (a served scheduler, the test harness), so
+    its flow runs show next to the round that started it."""
     from prefect.settings import PREFECT_API_URL
 
     log = rundir.job_log(Path(runs_dir) / job_id)
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
-    cmd = [sys.executable, "-m", "flows.job", paths[0], job_id, paths[1], "--runs-dir", paths[2]]
+    cmd = [*runner, paths[0], job_id, paths[1], "--runs-dir", paths[2]]
     cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]
+    env = {RUNNER_TAG: job_id}
     api = PREFECT_API_URL.value()
-    return start_logged(cmd, log, {"PREFECT_API_URL": api} if api else None).pid
+    if api:
+        env["PREFECT_API_URL"] = api
+    return start_logged(cmd, log, env).pid
 
 
 @task(name="apply-round", cache_policy=NO_CACHE, retries=0)
 def apply_round(
+    runner: list[str],
     db_path: str,
     d: Decision,
     cluster_path: str,
@@ -140,7 +155,8 @@ def apply_round(
     timeout_s: float = 900.0,
     runner_args: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Record every choice as a transition and act on it; returns what was done, one dict per job."""
+    """Record every choice as a transition and act on it; returns what was done, one dict per job.
+    `runner`: the command that starts a job's runner (start_runner)."""
     done: list[dict[str, Any]] = []
     for r in d.rejections:
         transition(db_path, r.job_id, "failed", f"rejected: {r.reason}")
@@ -151,7 +167,11 @@ def apply_round(
         if a.kind == "start":
             transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
             set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
-            pid = start_runner(db_path, a.job_id, cluster_path, runs_dir, timeout_s, runner_args) if launch else None
+            pid = (
+                start_runner(runner, db_path, a.job_id, cluster_path, runs_dir, timeout_s, runner_args)
+                if launch
+                else None
+            )
             if pid is not None:
                 set_job_run(db_path, a.job_id, runner_pid=pid)
             done.append({"job_id": a.job_id, "action": "start", "allocation": alloc, "runner_pid": pid})
@@ -165,15 +185,16 @@ def apply_round(
 
 
 def runner_alive(pid: int | None, job_id: str) -> bool:
-    """Is `pid` a live runner of `job_id` (its command line names flows.job and the job; Linux /proc)?"""
+    """Is `pid` a live runner of `job_id`: its environment holds the tag start_runner set (Linux /proc)?
+    A pid reused by another process, or by a process of another job, is not."""
     if not pid:
         return False
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state not in ("Z", "X") and b"flows.job" in argv and job_id.encode() in argv
+    return state not in ("Z", "X") and f"{RUNNER_TAG}={job_id}".encode() in env
 
 
 @task(name="reconcile-runners", cache_policy=NO_CACHE, retries=0)

@@ -81,29 +81,34 @@ def test_a_job_with_an_unknown_train_option_or_an_allocation_the_cluster_lacks_f
 
 def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_stay(tmp_path) -> None:
     """What a scheduler killed between admitting a job and starting its runner leaves behind (no pid),
-    a SIGKILLed runner (a dead pid) and a pid reused by another process are all requeued; a live
-    runner's job stays."""
+    a SIGKILLed runner (a dead pid), a pid reused by another process and a process that only names the
+    runner module and the job on its command line are all requeued; a live runner's job (the tag
+    start_runner puts in its environment) stays."""
     import subprocess
     import sys
 
     from storage.jobs import set_job_run, transition
-    from tasks.scheduler import reconcile_runners
+    from tasks.scheduler import RUNNER_TAG, reconcile_runners
 
     db = str(tmp_path / "m.duckdb")
-    for j in ("nopid", "dead", "reused", "live"):
+    for j in ("nopid", "dead", "reused", "named", "live"):
         submit_job(db, "tiny", 8, 10, job_id=j, seq=32)
         transition(db, j, "running", "test", "1xcpu/1")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "flows.job", "live"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    live = subprocess.Popen(sleep, env={**os.environ, RUNNER_TAG: "live"})
+    named = subprocess.Popen([*sleep, "-m", "flows.job", "named"], env={**os.environ, RUNNER_TAG: "other"})
     try:
         set_job_run(db, "dead", runner_pid=dead.pid)
         set_job_run(db, "reused", runner_pid=os.getpid())  # alive, but not a runner of that job
+        set_job_run(db, "named", runner_pid=named.pid)
         set_job_run(db, "live", runner_pid=live.pid)
-        assert sorted(reconcile_runners.fn(db)) == ["dead", "nopid", "reused"]
+        assert sorted(reconcile_runners.fn(db)) == ["dead", "named", "nopid", "reused"]
     finally:
-        live.kill()
-        live.wait()
+        for p in (live, named):
+            p.kill()
+            p.wait()
     states = dict(zip(*list_jobs(db).select("job_id", "state").to_dict().values(), strict=True))
-    assert states == {"nopid": "queued", "dead": "queued", "reused": "queued", "live": "running"}
+    assert states == {"nopid": "queued", "dead": "queued", "reused": "queued", "named": "queued", "live": "running"}
     assert "its runner is gone" in job_events(db, "dead")["reason"].to_list()[-1]
