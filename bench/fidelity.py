@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import rundir  # noqa: E402
 from planner.cost import estimate  # noqa: E402
 from planner.measure.calibrate import (  # noqa: E402
     Calibration,
@@ -316,8 +317,8 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     from launcher.launch import Launch, log_tail, run_logged, torchrun_command
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=state))
-    (run_dir / "plan.json").write_text(plan.to_json())
-    spec_file = run_dir / "model.json"
+    rundir.plan_path(run_dir).write_text(plan.to_json())
+    spec_file = rundir.model_path(run_dir)
     spec_file.write_text(FIDELITY_MODEL.model_dump_json())
     launch = Launch(
         plan_path=str(run_dir / "plan.json"),
@@ -333,26 +334,26 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     # No checkpoint: worker.train saves one at the last step, after the last timed step, so it costs
     # wall time but is outside every step_time_s.
     cmd = torchrun_command(launch) + ["--model-json", str(spec_file)]
-    rc, _ = run_logged(cmd, run_dir / "torchrun.log", timeout_s)
+    rc, _ = run_logged(cmd, rundir.node_log(run_dir), timeout_s)
     if rc != 0 and not (
-        rc == 1 and "exitcode  : -6" in log_tail(run_dir / "torchrun.log") and _all_steps(run_dir, steps)
+        rc == 1 and "exitcode  : -6" in log_tail(rundir.node_log(run_dir)) and _all_steps(run_dir, steps)
     ):
         # gloo's sporadic abort at process exit after every step was logged is no failure
-        raise RuntimeError(f"{name}: torchrun exited {rc}:\n{log_tail(run_dir / 'torchrun.log')}")
+        raise RuntimeError(f"{name}: torchrun exited {rc}:\n{log_tail(rundir.node_log(run_dir))}")
     # the final checkpoint is no measurement: 80 MB a run, 4 GB a 5-round state folder (which filled a disk)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(rundir.checkpoints_dir(run_dir), ignore_errors=True)
     return run_step_time_s(run_dir)
 
 
 def _all_steps(run_dir: Path, steps: int) -> bool:
-    files = list((run_dir / "telemetry").glob("rank_*.jsonl"))
+    files = rundir.telemetry_files(run_dir)
     return bool(files) and all(len(f.read_text().splitlines()) == steps for f in files)
 
 
 def run_step_time_s(run_dir: Path) -> float:
     """Median over steady steps (warm-up dropped) of the slowest rank's step_time_s in a run's telemetry."""
     per_step: dict[int, float] = {}
-    for f in (run_dir / "telemetry").glob("rank_*.jsonl"):
+    for f in rundir.telemetry_files(run_dir):
         for line in f.read_text().splitlines():
             r = json.loads(line)
             per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["step_time_s"])
@@ -491,8 +492,8 @@ def main() -> None:
     measured: dict[str, list[float]] = {n: [] for n in names}
     by_fp = {plans[n].fingerprint(): n for n in names}
     for d in sorted(state.glob("run-*"), key=lambda d: d.stat().st_mtime):  # run folders in launch order
-        hit = by_fp.get(Plan.model_validate_json((d / "plan.json").read_text()).fingerprint())
-        if hit is not None and (d / "telemetry").is_dir():
+        hit = by_fp.get(Plan.model_validate_json(rundir.plan_path(d).read_text()).fingerprint())
+        if hit is not None and rundir.telemetry_dir(d).is_dir():
             measured[hit].append(run_step_time_s(d))
 
     rows = []

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import rundir
 from launcher import group
 from launcher.launch import Launch, run_logged, torchrun_command
 from planner.specs.model import get_model
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(a.runs):
             run_dir = root / f"run{i}"
             launch = Launch(str(root / "plan.json"), str(run_dir), f"run{i}", a.steps, data="synthetic")
-            log = run_dir / "torchrun.log"
+            log = rundir.node_log(run_dir)
             t0 = time.monotonic()
             rc, _ = run_logged(torchrun_command(launch), log, 300.0)
             walls.append(time.monotonic() - t0)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import rundir
 from launcher.launch import Launch, torchrun_command
 from planner.errors import MeshplanError
 
@@ -202,7 +203,7 @@ def run_slurm(
     poll_s: float = 0.5,
 ) -> SlurmResult:
     """Submit a training launch as a batch job (its script kept as `run_dir/sbatch.sh`) and follow it."""
-    script = Path(launch.run_dir) / "sbatch.sh"
+    script = rundir.sbatch_path(launch.run_dir)
     script.write_text(sbatch_script(launch, opts))
     return run_batch(script, timeout_s, on_submit, on_poll, poll_s)
 

@@ -17,11 +17,13 @@ and the scheduler reads the latest checkpoint's step with the same code the rank
     <run>/control.json               flow → ranks orders and the generation (launcher/control.py)
     <run>/.control.lock              held while control.json is read-modified-written
     <run>/exit.json                  rank 0's note of a requested checkpoint-and-exit
+    <run>/sbatch.sh                  the batch script of a Slurm launch or discovery (launcher/slurm.py)
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 PLAN = "plan.json"
@@ -36,6 +38,8 @@ RESUME_LOG = "resume.jsonl"
 CONTROL = "control.json"
 CONTROL_LOCK = ".control.lock"
 EXIT = "exit.json"
+SBATCH = "sbatch.sh"
+STEP_DIR = re.compile(r"^step_(\d+)$")  # a published checkpoint's folder name; group 1 is its step
 
 
 def plan_path(run_dir: str | Path) -> Path:
@@ -53,6 +57,10 @@ def segment_plan_path(run_dir: str | Path, n: int) -> Path:
 def node_log(run_dir: str | Path, node_rank: int = 0) -> Path:
     """Node 0's torchrun log is the run's `torchrun.log` (as with one node); node R's `torchrun.nodeR.log`."""
     return Path(run_dir) / (TORCHRUN_LOG if node_rank == 0 else f"torchrun.node{node_rank}.log")
+
+
+def sbatch_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SBATCH
 
 
 def job_log(run_dir: str | Path) -> Path:
@@ -80,8 +88,24 @@ def latest_marker(run_dir: str | Path) -> Path:
     return checkpoints_dir(run_dir) / LATEST
 
 
+def checkpoint_name(step: int) -> str:
+    """A published checkpoint's folder name (what the `latest` marker holds)."""
+    return f"step_{step:08d}"
+
+
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoints_dir(run_dir) / f"step_{step:08d}"
+    return checkpoints_dir(run_dir) / checkpoint_name(step)
+
+
+def checkpoint_staging_dir(run_dir: str | Path, step: int, kind: str = "tmp") -> Path:
+    """Where a save writes before its rename (`.tmp_step_N`), or where a replaced one is put aside
+    (`.old_step_N`); never resume candidates (STEP_DIR does not match them)."""
+    return checkpoints_dir(run_dir) / f".{kind}_{checkpoint_name(step)}"
+
+
+def checkpoint_meta(ckpt_dir: str | Path) -> Path:
+    """A checkpoint folder's meta.json (step, plan, generation, file digests)."""
+    return Path(ckpt_dir) / META
 
 
 def resume_log(run_dir: str | Path) -> Path:
@@ -109,6 +133,6 @@ def latest_checkpoint_step(run_dir: str | Path | None) -> int:
         return 0
     try:
         name = latest_marker(run_dir).read_text().strip()
-        return int(json.loads((checkpoints_dir(run_dir) / name / META).read_text())["step"])
+        return int(json.loads(checkpoint_meta(checkpoints_dir(run_dir) / name).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0

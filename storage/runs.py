@@ -143,7 +143,7 @@ def step_metrics(db_path: str | Path, run_id: str) -> pl.DataFrame:
 
 def resume_records(run_dir: str | Path) -> list[dict]:
     """The lines of <run>/resume.jsonl (worker/checkpoint.py resume_from), one per (re)start of a rank group."""
-    path = Path(run_dir) / "resume.jsonl"
+    path = rundir.resume_log(run_dir)
     if not path.is_file():
         return []
     out = []

@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+import rundir
 from launcher import group
 from launcher.host import identify
 from launcher.slurm import SlurmOptions, batch_script, job_log, run_batch
@@ -128,7 +129,7 @@ def run_netbench_slurm(
     out.unlink(missing_ok=True)
     worker = ["-m", "worker.netbench", "--out", str(out), "--message-sizes", ",".join(map(str, message_sizes))]
     worker += ["--repeats", str(repeats), "--matmul-size", str(matmul_size)]
-    script = Path(run_dir) / "sbatch.sh"
+    script = rundir.sbatch_path(run_dir)
     script.write_text(batch_script("meshplan-discover", nodes, ranks_per_node, run_dir, worker, slurm, str(run_dir)))
     res = run_batch(script, timeout_s, on_submit=lambda j: get_run_logger().info(f"discovery: slurm job {j} submitted"))
     if res.returncode != 0 or not out.is_file():

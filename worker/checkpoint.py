@@ -38,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+import rundir
 from launcher.control import read_generation
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec
@@ -57,11 +58,11 @@ class Superseded(RuntimeError):
 
 
 def checkpoint_root(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+    return rundir.checkpoints_dir(run_dir)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    marker = checkpoint_root(run_dir) / "latest"
+    marker = rundir.latest_marker(run_dir)
     if not marker.is_file():
         return None
     path = checkpoint_root(run_dir) / marker.read_text().strip()
@@ -69,12 +70,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def checkpoint_step(ckpt_dir: Path) -> int:
-    return int(json.loads((ckpt_dir / "meta.json").read_text())["step"])
+    return int(json.loads(rundir.checkpoint_meta(ckpt_dir).read_text())["step"])
 
 
 def read_meta(ckpt_dir: Path) -> dict[str, Any]:
     """A verified checkpoint's meta.json (step, plan, generation, file digests)."""
-    return json.loads((ckpt_dir / "meta.json").read_text())
+    return json.loads(rundir.checkpoint_meta(ckpt_dir).read_text())
 
 
 def _part_states(parts: list[nn.Module], optims: list[torch.optim.Optimizer]) -> list[tuple[dict, dict]]:
@@ -101,9 +102,7 @@ def save(
 ) -> Path:
     """Collective: every rank calls it. Returns the published checkpoint folder."""
     watchdog.beat(f"checkpoint {step}")  # a save gets its own full deadline, apart from the step's
-    root = checkpoint_root(run_dir)
-    name = f"step_{step:08d}"
-    tmp, final = root / f".tmp_{name}", root / name
+    tmp, final = rundir.checkpoint_staging_dir(run_dir, step), rundir.checkpoint_dir(run_dir, step)
     rank = dist.get_rank()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # debris of an attempt killed mid-write
@@ -119,14 +118,14 @@ def save(
             shutil.rmtree(tmp, ignore_errors=True)
         raise Superseded(meta["generation"], current[0])
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "files": files}, indent=2))
+        rundir.checkpoint_meta(tmp).write_text(json.dumps({**meta, "step": step, "files": files}, indent=2))
         if final.exists():  # the same step saved again (a restarted run): replace it whole
-            old = root / f".old_{name}"
+            old = rundir.checkpoint_staging_dir(run_dir, step, "old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
             shutil.rmtree(old)
         os.replace(tmp, final)
-        _write_text_atomic(root / "latest", name)
+        _write_text_atomic(rundir.latest_marker(run_dir), final.name)
     dist.barrier()
     return final
 
@@ -159,7 +158,7 @@ def resume_from(resume: str, run_dir: Path) -> Path | None:
 def _record(run_dir: Path, record: dict[str, Any]) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        with (run_dir / "resume.jsonl").open("a") as f:
+        with rundir.resume_log(run_dir).open("a") as f:
             f.write(json.dumps(record) + "\n")
 
 

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
+import rundir
 from planner.errors import MeshplanError
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = rundir.STEP_DIR
 _CHUNK = 1 << 22
 
 
@@ -53,7 +53,7 @@ def digest_folder(folder: Path) -> dict[str, dict[str, Any]]:
     rank 0 adds `.metadata` and anything nobody claimed. Other ranks get {}."""
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
-    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "meta.json")
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != rundir.META)
     mine = [n for n in names if n.startswith(f"__{rank}_")] if distributed else names
     part = file_digests(folder, mine)
     if not distributed:
@@ -71,7 +71,7 @@ def digest_folder(folder: Path) -> dict[str, dict[str, Any]]:
 def _structural_problem(folder: Path) -> tuple[str | None, dict]:
     """(reason or None, meta) from the cheap checks every rank runs: meta.json, sizes, .metadata."""
     try:
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads(rundir.checkpoint_meta(folder).read_text())
         int(meta["step"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"meta.json unreadable ({type(exc).__name__}: {exc})", {}
@@ -137,7 +137,7 @@ def candidates(root: Path) -> list[Path]:
         if root.is_dir()
         else []
     )
-    marker = root / "latest"
+    marker = root / rundir.LATEST
     m = _STEP_DIR.match(marker.read_text(errors="replace").strip()) if marker.is_file() else None
     bound = int(m.group(1)) if m else None
     return [p for s, p in steps if bound is None or s <= bound]
@@ -176,13 +176,13 @@ def choose_resume(resume: str, run_dir: Path) -> tuple[Path | None, list[dict[st
         if reason is not None:
             raise MeshplanError("--resume", resume, f"this checkpoint is corrupt: {reason}")
         return path, []
-    chosen, rejected = newest_valid(path / "checkpoints")
+    chosen, rejected = newest_valid(rundir.checkpoints_dir(path))
     if not auto and chosen is None:
         raise MeshplanError("--resume", resume, "not a checkpoint folder or a run folder with a valid checkpoint")
     if resume == "auto" and chosen is None and rejected:
         raise MeshplanError(
             "checkpoints",
-            str(path / "checkpoints"),
+            str(rundir.checkpoints_dir(path)),
             f"all {len(rejected)} checkpoints are unreadable (newest {Path(rejected[0]['checkpoint']).name}: "
             f"{rejected[0]['reason']}); repair or move them away, or pass --fresh-start to train from step 0",
         )

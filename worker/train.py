@@ -46,6 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
+import rundir
 from launcher.control import exit_path, read_control, read_generation, write_json_atomic
 from planner.errors import MeshplanError
 from planner.runtime import check_launchable, cp_positions, is_uniform, loss_weight
@@ -199,7 +200,7 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
 def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
     """`plan` with new batch shares, or None (on every rank alike) when they are not runnable."""
     try:
-        new = parse_plan({**plan.model_dump(mode="json"), "batch_shares": list(shares)}, "control.json")
+        new = parse_plan({**plan.model_dump(mode="json"), "batch_shares": list(shares)}, rundir.CONTROL)
         check_launchable(new, world)
     except MeshplanError as exc:
         print(f"control: ignoring batch_shares {shares}: {exc}", file=sys.stderr, flush=True)
