@@ -1,6 +1,8 @@
 """The house's arrows hold: import-linter checks every contract in pyproject.toml, and the CLI's
 `--help` path, and the core in a fresh interpreter, load nothing heavy."""
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +39,21 @@ def test_cli_help_imports_nothing_heavy():
     code = "import sys, cli.main; print(','.join(sorted(m for m in sys.modules if m.startswith('planner'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert set(out.strip().split(",")) <= {"planner", "planner.limits"}, out
+
+
+def test_no_lower_room_names_a_flow_or_the_cli_module_in_a_string():
+    """An arrow import-linter cannot see: `python -m flows.job` started by a task, or b"flows.job"
+    looked for in /proc. A lower room may start `worker.*` by name, never a module of flows or cli."""
+    upward = re.compile(r"^(flows|cli)(\.\w+)+$")
+    found = []
+    for room in ("planner", "rundir", "storage", "launcher", "worker", "tasks"):
+        for path in (ROOT / room).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+                    text = node.value.decode(errors="replace") if isinstance(node.value, bytes) else node.value
+                    if upward.match(text.strip()):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, found
 
 
 def test_storage_loads_no_prefect_or_torch():
