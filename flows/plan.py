@@ -33,15 +33,14 @@ def plan_flow(
     cpu_dtype: str = ProfileConfig().dtype,
 ) -> PlanOutcome:
     """Search plans for `model_name` on a cluster file, or on a discovered snapshot (default: the
-        newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
+    newest probe of this machine); returns the stored search's PlanOutcome (flows/outcomes.py).
 
-        `search` is the config's [search] section, taken whole (None: its defaults), so no knob of it is
-        lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing import rerank_for_runtime
-    from storage.pricing.pricing_inputs,
-        as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
-        profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections.
-        The plans found are re-priced and re-ranked under `search.runtime` (storage.pricing.rerank_for_runtime),
-        as `meshplan plan --runtime` does."""
+    `search` is the config's [search] section, taken whole (None: its defaults), so no knob of it is
+    lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs,
+    as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
+    profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections.
+    The plans found are re-priced and re-ranked under `search.runtime` (storage.pricing.rerank_for_runtime),
+    as `meshplan plan --runtime` does."""
     s = search or SearchConfig()
     model = get_model(model_name)
     inputs = prepare_search(db_path, model, cluster_file, snapshot, cpu_dtype)
