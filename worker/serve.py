@@ -143,11 +143,10 @@ def build(
         spec = specs[name].spec
         a, b = stage_layers(spec.num_layers, g.pp)[stage]
         part = Decoder(spec, (a, b), first=stage == 0, last=stage == g.pp - 1)
-        init_weights(part, seed, spec.num_layers)  # the whole stage's weights, then this rank's shards
-        part = part.to(device or CPU)
-        if mesh is not None:
+        init_weights(part, seed, spec.num_layers)  # the whole stage's weights on the host, then this rank's
+        if mesh is not None:  # shards go to the mesh's device one parameter at a time (DTensor), the rest after
             shard(part, mesh)
-        out[name] = part.eval()
+        out[name] = part.to(device or CPU).eval()
     return out
 
 
