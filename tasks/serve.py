@@ -19,7 +19,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import job_exited, kill_group, log_tail, start_logged
-from planner.errors import MeshplanError
 from planner.serve.cost import ServeCost
 from planner.serve.placement import (
     Placement,
@@ -122,14 +121,6 @@ def run_serving(
     pl = Placement.model_validate_json(Path(placement_path).read_text())
     cost = ServeCost(cluster, pl.dtype)
     check_placement(pl, cost)
-    for i, g in enumerate(pl.groups):
-        if g.tp != 1:
-            raise MeshplanError(
-                f"groups[{i}].tp",
-                g.tp,
-                "meshplan's serving runtime runs pipeline groups (tp = 1); serve this group with the vLLM "
-                "arguments serve-plan prints, or give it pp × 1",
-            )
     names = [m.name for m in pl.models]
     trace = parse_trace_csv(trace_csv, names, "--replay") if trace_csv is not None else None
     slo = dict(zip(names, resolve_slos(_workload(pl), cost).tolist(), strict=True))

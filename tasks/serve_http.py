@@ -3,7 +3,8 @@
 `POST /models/<name>` (JSON body, optional `{"tokens": [ints]}`) is timed from arrival to reply:
 the router sends the request, with its deadline (arrival + the model's SLO), to the first stage of
 the group hosting the model (the least busy, when several do) over that rank's TCP connection, and
-answers when the group's last stage reports it done (200) or its first stage dropped it because it
+answers when the group's last stage reports it done (200, with the next token: the argmax of the
+last position's logits of the first sequence) or its first stage dropped it because it
 could not meet its SLO (503). An unknown model gets 404 with the served models listed, a malformed
 request 400. `GET /models` lists them. Every request becomes a row for `serve_requests` (DuckDB,
 written by the caller: ranks and HTTP threads never hold the database).
@@ -24,12 +25,13 @@ LOOPBACK = "127.0.0.1"
 
 
 class _Pending:
-    __slots__ = ("event", "status", "group")
+    __slots__ = ("event", "status", "group", "token")
 
     def __init__(self, group: int) -> None:
         self.event = threading.Event()
         self.status = "failed"
         self.group = group
+        self.token: int | None = None
 
 
 class Router:
@@ -85,6 +87,7 @@ class Router:
                 p = self.pending.get(int(msg["id"]))
             if p is not None:
                 p.status = msg["status"]
+                p.token = msg.get("token")
                 p.event.set()
 
     def handle(self, name: str, body: bytes) -> tuple[int, dict]:
@@ -135,7 +138,7 @@ class Router:
                 }
             )
         if p.status == "ok":
-            return 200, {"id": rid, "model": name, "latency_s": latency}
+            return 200, {"id": rid, "model": name, "latency_s": latency, "token": p.token}
         return 503, {"id": rid, "model": name, "status": p.status, "error": "dropped: it could not meet its SLO"}
 
     def take_rows(self) -> list[dict]:

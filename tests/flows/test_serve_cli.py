@@ -167,3 +167,68 @@ def test_serve_plan_compares_placements_and_bad_input_is_one_line(tmp_path) -> N
     p = meshplan(tmp_path, "serve-simulate", "--placement", str(over), "--cluster", MIXED)
     assert p.returncode == 1 and "weights need" in p.stderr and "host fewer models" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_computes(tmp_path) -> None:
+    """One model on a pp = 1 × tp = 2 group (two ranks splitting heads, MLP, embedding and head)
+    serves a replayed trace through `meshplan serve`; every request is recorded, and a request with
+    given tokens gets the next token a single-process forward of the same weights gives."""
+    import os
+
+    import torch
+
+    from worker.model import Decoder, init_weights
+
+    (tmp_path / "cpu.toml").write_text(CPU2)
+    model = dict(_models()[1], rate=4)
+    placement = {
+        "method": "manual",
+        "cluster": "cpu-2",
+        "dtype": "fp32",
+        "models": [model],
+        "groups": [{"devices": [0, 1], "kind": "cpu", "pp": 1, "tp": 2, "models": ["b"]}],
+    }
+    (tmp_path / "placement.json").write_text(json.dumps(placement))
+    from flows.commands.serve import vllm_args
+    from planner.serve.placement import Placement
+
+    assert "--tensor-parallel-size 2 --pipeline-parallel-size 1" in vllm_args(Placement.model_validate(placement))[0]
+    sm = ServedModel.model_validate(model)
+    trace = make_trace(Workload(models=(sm,), duration_s=2, seed=5))
+    (tmp_path / "trace.csv").write_text(trace.to_csv(["b"]))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "serve"]
+    cmd += ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
+    cmd += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
+    env.pop("PREFECT_API_URL", None)
+    tokens = [(7 * i + 3) % sm.spec.vocab_size for i in range(sm.tokens)]
+    whole = Decoder(sm.spec)
+    init_weights(whole, 0, sm.spec.num_layers)
+    with torch.no_grad():
+        want = int(whole.eval()(torch.tensor([tokens]))[0, -1].argmax())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                code, body = _post(f"http://127.0.0.1:{port}/models/b", json.dumps({"tokens": tokens}).encode())
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, "the server never came up"
+                time.sleep(0.3)
+        assert code == 200 and body["token"] == want, body
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    con = duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True)
+    rows = con.execute("SELECT phase, status, latency_s IS NOT NULL FROM serve_requests").fetchall()
+    con.close()
+    # the trace, 3 warm-ups and the request above, all served (it may land in either phase)
+    assert len(rows) == len(trace) + 3 + 1 and {r[1:] for r in rows} == {("ok", True)}
+    assert sum(r[0] == "serve" for r in rows) >= len(trace)
+    calib = sorted(p.name for p in (tmp_path / "runs").glob("*/calib_rank*.json"))
+    assert calib == ["calib_rank0.json"]  # one calibration file per stage: its tp rank 0's
