@@ -45,7 +45,7 @@ def run(tmp: Path, model: dict, tp: int, trace_csv: str) -> dict:
     (tmp / "trace.csv").write_text(trace_csv)
     env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp), "serve", "--port", "0"]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp), "serve", "--port", "0"]
     cmd += ["--placement", str(tmp / "placement.json"), "--cluster", str(tmp / "cpu.toml")]
     cmd += ["--replay", str(tmp / "trace.csv")]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

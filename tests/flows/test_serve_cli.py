@@ -197,7 +197,7 @@ def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_compute
     trace = make_trace(Workload(models=(sm,), duration_s=2, seed=5))
     (tmp_path / "trace.csv").write_text(trace.to_csv(["b"]))
     port = _free_port()
-    cmd = [sys.executable, "-m", "flows.cli", "--state-dir", str(tmp_path), "serve"]
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
     cmd += ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
     cmd += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
