@@ -189,7 +189,7 @@ def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_compute
         "groups": [{"devices": [0, 1], "kind": "cpu", "pp": 1, "tp": 2, "models": ["b"]}],
     }
     (tmp_path / "placement.json").write_text(json.dumps(placement))
-    from flows.commands.serve import vllm_args
+    from cli.commands.serve import vllm_args
     from planner.serve.placement import Placement
 
     assert "--tensor-parallel-size 2 --pipeline-parallel-size 1" in vllm_args(Placement.model_validate(placement))[0]
