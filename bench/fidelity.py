@@ -314,6 +314,7 @@ def kept_optimizer(state: Path) -> dict:
 def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) -> float:
     """Launch one real torchrun run of `plan`; its measured step time (`run_step_time_s`)."""
     from launcher.launch import Launch, log_tail, run_logged, torchrun_command
+    from planner.specs.runspec import RunSpec
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=state))
     (run_dir / "plan.json").write_text(plan.to_json())
@@ -323,16 +324,19 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
         plan_path=str(run_dir / "plan.json"),
         run_dir=str(run_dir),
         run_id=run_dir.name,
-        steps=steps,
+        spec=RunSpec(
+            steps=steps,
+            data="synthetic",
+            checkpoint_every=0,
+            resume="none",
+            collective_timeout_s=120.0,
+            model_json=str(spec_file),
+        ),
         nproc_per_node=plan.num_devices,
-        data="synthetic",
-        checkpoint_every=0,
-        resume="none",
-        collective_timeout_s=120.0,
     )
     # No checkpoint: worker.train saves one at the last step, after the last timed step, so it costs
     # wall time but is outside every step_time_s.
-    cmd = torchrun_command(launch) + ["--model-json", str(spec_file)]
+    cmd = torchrun_command(launch)
     rc, _ = run_logged(cmd, run_dir / "torchrun.log", timeout_s)
     if rc != 0 and not (
         rc == 1 and "exitcode  : -6" in log_tail(run_dir / "torchrun.log") and _all_steps(run_dir, steps)
