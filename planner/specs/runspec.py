@@ -42,8 +42,8 @@ class ArgvModel(BaseModel):
             value = getattr(self, name)
             if not info.is_required() and value == info.get_default(call_default_factory=True):
                 continue
-            if isinstance(value, BaseModel):
-                text = value.model_dump_json(exclude_defaults=True)
+            if isinstance(value, BaseModel):  # a nested spec writes itself (FaultSpec.to_arg: compact JSON)
+                text = value.to_arg() if hasattr(value, "to_arg") else value.model_dump_json(exclude_defaults=True)
             elif isinstance(value, bool):
                 text = "true" if value else "false"
             else:
@@ -64,7 +64,9 @@ class ArgvModel(BaseModel):
                 known = ", ".join(flag(f) for f in cls.model_fields)
                 raise MeshplanError(flag(name), text, f"unknown option; known: {known}")
             kind = info.annotation
-            if isinstance(kind, type) and issubclass(kind, BaseModel):
+            if isinstance(kind, type) and hasattr(kind, "from_arg"):
+                data[name] = kind.from_arg(text)  # errors name the nested field: `--faults: slow_factor`
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
                 try:
                     data[name] = json.loads(text) if text.strip() else {}
                 except json.JSONDecodeError as exc:
@@ -107,7 +109,9 @@ class RunOptions(ArgvModel):
     )
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="weight init and synthetic data seed")
     checkpoint_every: int = Field(default=10, ge=0, description="steps between checkpoints; 0 = only at the end")
-    collective_timeout_s: float = Field(default=300.0, gt=0, description="process-group / store timeout inside the ranks")
+    collective_timeout_s: float = Field(
+        default=300.0, gt=0, description="process-group / store timeout inside the ranks"
+    )
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         default="auto", description="compute dtype of the ranks; auto = the plan's dtype on CUDA, fp32 on CPU"
     )
