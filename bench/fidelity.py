@@ -315,25 +315,29 @@ def kept_optimizer(state: Path) -> dict:
 def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) -> float:
     """Launch one real torchrun run of `plan`; its measured step time (`run_step_time_s`)."""
     from launcher.launch import Launch, log_tail, run_logged, torchrun_command
+    from planner.specs.runspec import RunSpec
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=state))
     rundir.plan_path(run_dir).write_text(plan.to_json())
     spec_file = rundir.model_path(run_dir)
     spec_file.write_text(FIDELITY_MODEL.model_dump_json())
     launch = Launch(
-        plan_path=str(run_dir / "plan.json"),
+        plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_dir.name,
-        steps=steps,
+        spec=RunSpec(
+            steps=steps,
+            data="synthetic",
+            checkpoint_every=0,
+            resume="none",
+            collective_timeout_s=120.0,
+            model_json=str(spec_file),
+        ),
         nproc_per_node=plan.num_devices,
-        data="synthetic",
-        checkpoint_every=0,
-        resume="none",
-        collective_timeout_s=120.0,
     )
     # No checkpoint: worker.train saves one at the last step, after the last timed step, so it costs
     # wall time but is outside every step_time_s.
-    cmd = torchrun_command(launch) + ["--model-json", str(spec_file)]
+    cmd = torchrun_command(launch)
     rc, _ = run_logged(cmd, rundir.node_log(run_dir), timeout_s)
     if rc != 0 and not (
         rc == 1 and "exitcode  : -6" in log_tail(rundir.node_log(run_dir)) and _all_steps(run_dir, steps)

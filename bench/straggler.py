@@ -83,6 +83,7 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
     from flows.requests import TrainRequest
     from flows.train import train_flow
     from planner.specs.faults import FaultSpec
+    from planner.specs.runspec import RunSpec
 
     db, plan = str(tmp / "m.duckdb"), tmp / "plan.json"
     plan.write_text(json.dumps(PLAN))
@@ -92,17 +93,19 @@ def run_pair(tmp: Path, factor: float, steps: int) -> dict:
         t0 = time.perf_counter()
         request = TrainRequest(
             plan_path=str(plan),
-            steps=steps,
+            spec=RunSpec(
+                steps=steps,
+                checkpoint_every=1000,
+                data="synthetic",
+                optimizer="sgd",
+                lr=0.05,
+                faults=FaultSpec(slow_rank=SLOW_RANK, slow_factor=factor, slow_from_step=FROM_STEP),
+            ),
             nproc_per_node=4,
             runs_dir=str(tmp / "runs"),
-            checkpoint_every=1000,
             timeout_s=900,
-            data="synthetic",
-            optimizer="sgd",
-            lr=0.05,
             replan=replan,
             replan_config=CFG,
-            faults=FaultSpec(slow_rank=SLOW_RANK, slow_factor=factor, slow_from_step=FROM_STEP),
         )
         res = train_flow(db, request, run_id).model_dump()
         out[replan] = {**res, "wall_s": time.perf_counter() - t0, "steps": _steps(db, run_id)}

@@ -26,6 +26,7 @@ import rundir
 from launcher import group
 from launcher.launch import Launch, run_logged, torchrun_command
 from planner.specs.model import get_model
+from planner.specs.runspec import RunSpec
 
 ABORT = "terminate called without an active exception"
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for i in range(a.runs):
             run_dir = root / f"run{i}"
-            launch = Launch(str(root / "plan.json"), str(run_dir), f"run{i}", a.steps, data="synthetic")
+            spec = RunSpec(steps=a.steps, data="synthetic", checkpoint_every=0)
+            launch = Launch(str(root / "plan.json"), str(run_dir), f"run{i}", spec)
             log = rundir.node_log(run_dir)
             t0 = time.monotonic()
             rc, _ = run_logged(torchrun_command(launch), log, 300.0)

@@ -30,6 +30,7 @@ from planner.runtime import check_launchable
 from planner.specs.dryrun import dry_run_model, dry_run_plan
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
+from planner.specs.runspec import RunSpec
 from storage.runs import step_metrics
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
 
@@ -95,13 +96,15 @@ def dry_run_flow(
         plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
-        steps=steps,
+        spec=RunSpec(
+            steps=steps,
+            model_json=str(rundir.model_path(run_dir)),
+            data="synthetic",
+            checkpoint_every=0,  # one checkpoint, after the last step: the layout's save path runs too
+            resume="none",
+            collective_timeout_s=collective_timeout_s,
+        ),
         nproc_per_node=dry.num_devices,
-        model_json=str(rundir.model_path(run_dir)),
-        data="synthetic",
-        checkpoint_every=0,  # one checkpoint, after the last step: the layout's save path runs too
-        resume="none",
-        collective_timeout_s=collective_timeout_s,
         generation=generation,
     )
     print(f"dry run {run_id}: {dry.num_devices} CPU ranks, {steps} steps of plan {plan.fingerprint()}")

@@ -40,14 +40,15 @@ from planner.errors import MeshplanError
 from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
+from planner.specs.runspec import RunOptions
 from planner.validation import parse
 from storage.jobs import get_job, job_model, set_job_run, transition
 from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 from tasks.slurm import slurm_resources
 
-# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): TrainRequest
-# fields, and poll_s (its replan_config's telemetry poll)
-TRAIN_KEYS = ("data", "optimizer", "lr", "seed", "checkpoint_every", "poll_s", "collective_timeout_s")
+# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): the ranks'
+# training options (RunOptions; steps are the job's iterations), and poll_s (its replan_config's poll)
+TRAIN_KEYS = (*(k for k in RunOptions.model_fields if k != "steps"), "poll_s")
 
 
 def read_cluster(cluster_path: str) -> ClusterSpec:
@@ -66,8 +67,8 @@ def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:
 
 
 def _options(train: dict[str, Any]) -> dict[str, Any]:
-    """A job's train options as TrainRequest fields (poll_s is its replan_config's)."""
-    options = {k: v for k, v in train.items() if k != "poll_s"}
+    """A job's train options as TrainRequest fields (poll_s is its replan_config's, the rest its spec's)."""
+    options: dict[str, Any] = {"spec": {k: v for k, v in train.items() if k != "poll_s"}}
     if "poll_s" in train:
         options["replan_config"] = ReplanConfig(poll_s=train["poll_s"])
     return options
@@ -228,21 +229,26 @@ def _request(
     if executor == "slurm":
         res = slurm_resources(alloc.kind, alloc.per_node, partition)
         slurm = {"executor": "slurm", "slurm": {"partition": partition, **res, "requeue": False}}
+    options = _options(train)
+    spec = {
+        **options.pop("spec"),
+        "steps": int(row["iterations"]),
+        "resume": "auto",
+        "model_json": str(rundir.model_path(run_dir)) if row.get("model_json") else None,
+    }
     return parse(
         TrainRequest,
         {
-            **_options(train),
+            **options,
+            "spec": spec,
             "plan_path": str(plan_path),
-            "steps": int(row["iterations"]),
             # one runner per node of the allocation; its nodes are this machine's (a simulated cluster)
             "nproc_per_node": alloc.per_node,
             "nnodes": alloc.num_nodes,
             "local_nodes": alloc.num_nodes > 1 and executor == "local",
             "runs_dir": str(run_dir.parent),
-            "resume": "auto",
             "timeout_s": timeout_s,
             "control_from_version": seen,
-            "model_json": str(rundir.model_path(run_dir)) if row.get("model_json") else None,
             **slurm,
         },
         f"job {row['job_id']} train options",

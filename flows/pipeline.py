@@ -17,7 +17,7 @@ from flows.discover import discover_flow
 from flows.outcomes import PipelineOutcome
 from flows.plan import plan_flow
 from flows.profile import profile_flow
-from flows.requests import TrainRequest
+from flows.requests import TrainRequest, request_fields
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.config import RunConfig
@@ -70,12 +70,14 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
         f"{' (cached search)' if planned.cached else ''}"
     )
     request = TrainRequest(
-        **{k: v for k, v in t.model_dump().items() if k != "nproc_per_node"},
-        plan_id=planned.best_plan_id,
-        nproc_per_node=planned.num_devices,
-        model=config.model,
-        runs_dir=runs_dir,
-        show_progress=show_progress,
+        **request_fields(
+            t,
+            {"model": config.model},
+            plan_id=planned.best_plan_id,
+            nproc_per_node=planned.num_devices,
+            runs_dir=runs_dir,
+            show_progress=show_progress,
+        )
     )
     run = train_flow(db_path, request)
     summary = PipelineOutcome(

@@ -64,9 +64,10 @@ def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
     a custom model needs its dimensions: a plan is priced for one model, and the ranks would
     otherwise build another (or fail to find a preset of that name on every rank)."""
     recorded = plan.provenance.model_fingerprint
-    if r.model_json is None:
-        name = r.model or plan.model
-        if not r.model and name not in PRESETS:
+    run = r.spec
+    if run.model_json is None:
+        name = run.model or plan.model
+        if not run.model and name not in PRESETS:
             raise MeshplanError(
                 "model_json",
                 None,
@@ -74,19 +75,19 @@ def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
                 "(meshplan train: --model custom --layers N --hidden H --heads A ... or --model FILE.toml)",
             )
         spec = get_model(name)
-        if recorded and not r.model and spec.fingerprint() != recorded:  # a model file named like a preset
+        if recorded and not run.model and spec.fingerprint() != recorded:  # a model file named like a preset
             raise MeshplanError(
                 "model_json", None, f"the plan's model {name!r} is not the preset's dimensions; pass its ModelSpec JSON"
             )
         return spec
-    path = Path(r.model_json)
+    path = Path(run.model_json)
     if not path.is_file():
-        raise MeshplanError("model_json", r.model_json, "no such file; pass a ModelSpec JSON file")
+        raise MeshplanError("model_json", run.model_json, "no such file; pass a ModelSpec JSON file")
     spec = _read_spec(path)
     if recorded and spec.fingerprint() != recorded:
         raise MeshplanError(
             "model_json",
-            r.model_json,
+            run.model_json,
             f"these dimensions (fingerprint {spec.fingerprint()}) are not the plan's model's ({recorded}); "
             f"pass the model the plan was made for ({plan.model})",
         )
@@ -163,27 +164,18 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(plan.to_json())
 
+    model_json = str(Path(r.spec.model_json).resolve()) if r.spec.model_json else None
     launch = Launch(
         plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
-        steps=r.steps,
+        spec=r.spec.model_copy(update={"model_json": model_json}),  # the ranks may start elsewhere
         nproc_per_node=r.nproc_per_node,
         nnodes=r.nnodes,
         node_rank=r.node_rank,
         rdzv_endpoint=r.rdzv_endpoint,
         local_nodes=r.local_nodes,
         max_restarts=r.max_restarts,
-        model=r.model,
-        model_json=str(Path(r.model_json).resolve()) if r.model_json else "",
-        data=r.data,
-        lr=r.lr,
-        optimizer=r.optimizer,
-        seed=r.seed,
-        checkpoint_every=r.checkpoint_every,
-        resume="fresh-start" if r.fresh_start and r.resume == "auto" else r.resume,
-        collective_timeout_s=r.collective_timeout_s,
-        faults=r.faults,
         # a message an earlier launch of this run folder already obeyed (a checkpoint_exit that
         # ended it for a resize) is not this launch's order; a caller that read the job's state
         # passes the version it had seen before, so a newer order is obeyed (flows/job.py)
@@ -201,7 +193,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
 
     `request.replan` runs the job under the straggler monitor (launcher/supervise.py): decisions go to
     `replan_decisions` and the `replan-report` artifact, and are acted on (rebalance in place,
-    relayout by checkpoint → relaunch), with `request.replan_config`'s settings. `request.faults` are
+    relayout by checkpoint → relaunch), with `request.replan_config`'s settings. `request.spec.faults` are
     injected into the ranks (planner/specs/faults.py). `show_progress` shows steps done / total, loss,
     step time, tokens/s and ETA while the job runs (launcher/progress.py): a rich bar on a terminal,
     else a line on stdout every few steps. `control_from_version`: control.json messages up to this
@@ -210,7 +202,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     r = request
     plan, spec, launch = prepare_launch(db_path, r, run_id)
     run_id, run_dir = launch.run_id, Path(launch.run_dir)
-    record_run(db_path, run_id, plan, r.steps, str(run_dir))
+    record_run(db_path, run_id, plan, r.spec.steps, str(run_dir))
     # before any rank starts: every earlier launch of this run folder fenced off (tasks/train.py)
     launch = dataclasses.replace(launch, generation=open_generation(db_path, run_id, str(run_dir)))
     first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's
@@ -261,7 +253,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
     job_failed = supervised is not None and supervised.returncode != 0
     if supervised is not None and supervised.plan.fingerprint() != plan.fingerprint():
-        record_run(db_path, run_id, supervised.plan, r.steps, str(run_dir))  # the plan it finished on
+        record_run(db_path, run_id, supervised.plan, r.spec.steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
     events = record_events(db_path, run_id, str(run_dir), first_record)
     refusal = next((e["message"] for e in events if e["kind"] == "error"), None)

@@ -34,33 +34,38 @@ from pathlib import Path
 import rundir
 from launcher.group import GEN_TAG, RUN_TAG, _job_tags, forget, job_processes, start, stop  # noqa: F401
 from planner.errors import MeshplanError
-from planner.specs.faults import NO_FAULTS, FaultSpec
+from planner.specs.config import TrainConfig
+from planner.specs.runspec import RankSite, RunSpec, rank_argv
+
+_TRAIN = TrainConfig()
 
 
 @dataclass(frozen=True)
 class Launch:
+    """One launch: what the ranks are told (`spec`), where (plan file, run folder, generation) and on
+    which topology (ranks per node, nodes, rendezvous, restarts)."""
+
     plan_path: str
     run_dir: str
     run_id: str
-    steps: int
-    nproc_per_node: int = 2
+    spec: RunSpec = RunSpec()  # everything a rank is told, written onto its command line whole
+    nproc_per_node: int = _TRAIN.nproc_per_node
     nnodes: int = 1
     node_rank: int = 0
-    rdzv_endpoint: str = "127.0.0.1:29500"
-    max_restarts: int = 0  # safe with gloo thanks to the per-attempt store prefix in worker.train
-    model: str = ""
-    model_json: str = ""  # a ModelSpec JSON file instead of a preset (a dry run's scaled-down model)
-    data: str = "text"
-    lr: float = 3e-3
-    optimizer: str = "adamw"
-    seed: int = 0
-    checkpoint_every: int = 0
-    resume: str = "auto"
-    collective_timeout_s: float = 300.0
-    faults: FaultSpec = NO_FAULTS  # fault injection, passed whole as `--faults JSON` (worker/faults.py)
+    rdzv_endpoint: str = _TRAIN.rdzv_endpoint
+    max_restarts: int = _TRAIN.max_restarts  # safe with gloo thanks to the per-attempt store prefix in worker.train
     control_from_version: int = 0
     generation: int = 0  # this launch's generation (launcher/control.py); ranks exit once it is superseded
     local_nodes: bool = False  # every node's runner on this machine, loopback master (run_local_nodes)
+
+    def site(self) -> RankSite:
+        return RankSite(
+            plan=self.plan_path,
+            run_dir=self.run_dir,
+            run_id=self.run_id,
+            generation=self.generation,
+            control_from_version=self.control_from_version,
+        )
 
 
 class NodeFailed(RuntimeError):
@@ -103,42 +108,7 @@ def torchrun_command(
             "--master-port",
             port,
         ]
-    cmd += [
-        "-m",
-        "worker.train",
-        "--plan",
-        launch.plan_path,
-        "--run-dir",
-        launch.run_dir,
-        "--run-id",
-        launch.run_id,
-        "--steps",
-        str(launch.steps),
-        "--data",
-        launch.data,
-        "--lr",
-        repr(launch.lr),
-        "--optimizer",
-        launch.optimizer,
-        "--seed",
-        str(launch.seed),
-        "--checkpoint-every",
-        str(launch.checkpoint_every),
-        "--resume",
-        launch.resume,
-        "--timeout-s",
-        repr(launch.collective_timeout_s),
-    ]
-    if launch.model:
-        cmd += ["--model", launch.model]
-    if launch.model_json:
-        cmd += ["--model-json", launch.model_json]
-    if launch.faults.any_on:
-        cmd += ["--faults", launch.faults.to_arg()]
-    if launch.control_from_version:
-        cmd += ["--control-from-version", str(launch.control_from_version)]
-    if launch.generation:
-        cmd += ["--generation", str(launch.generation)]
+    cmd += ["-m", "worker.train", *rank_argv(launch.site(), launch.spec)]
     return cmd
 
 

@@ -68,7 +68,7 @@ class Supervisor:
     )
 
     def run(self, timeout_s: float) -> SupervisedRun:
-        with StepProgress(self.launch.steps, enabled=self.show_progress) as self._progress:
+        with StepProgress(self.launch.spec.steps, enabled=self.show_progress) as self._progress:
             return self._run(timeout_s)
 
     def _run(self, timeout_s: float) -> SupervisedRun:
@@ -85,7 +85,7 @@ class Supervisor:
             self.model,
             self.cluster,
             self.profiles,
-            launch.steps,
+            launch.spec.steps,
             self.cfg,
             costs,
             calibration=self.calibration,
@@ -97,7 +97,7 @@ class Supervisor:
             segment = {
                 "plan_fingerprint": monitor.plan.fingerprint(),
                 "world_size": monitor.world_size,
-                "slow_rank": launch.faults.slow_rank,
+                "slow_rank": launch.spec.faults.slow_rank,
                 "launch_s": None,
             }
             pending: tuple[Plan, dict[int, int], int] | None = None
@@ -146,8 +146,9 @@ class Supervisor:
                 launch,
                 nproc_per_node=new_plan.num_devices,
                 control_from_version=version,
-                resume="auto",
-                faults=launch.faults.relabelled(mapping),
+                spec=launch.spec.model_copy(
+                    update={"resume": "auto", "fresh_start": False, "faults": launch.spec.faults.relabelled(mapping)}
+                ),
             )
             cluster = cpu_cluster(new_plan.num_devices) if self.synthetic_cluster else self.cluster
             monitor = ReplanMonitor(
@@ -155,7 +156,7 @@ class Supervisor:
                 self.model,
                 cluster,
                 self.profiles,
-                launch.steps,
+                launch.spec.steps,
                 dataclasses.replace(self.cfg, relayout=self.synthetic_cluster),
                 costs,
                 relaunched=True,

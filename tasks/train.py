@@ -98,7 +98,7 @@ def launch_training(
     log = rundir.node_log(launch.run_dir)
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
-    with StepProgress(launch.steps, enabled=show_progress) as progress:
+    with StepProgress(launch.spec.steps, enabled=show_progress) as progress:
         poll = lambda: progress.update(tail.read_new())  # noqa: E731
         if slurm is not None:
 

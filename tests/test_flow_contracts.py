@@ -25,28 +25,30 @@ from flows.outcomes import (
 )
 from flows.plan import plan_flow
 from flows.profile import profile_flow
-from flows.requests import TrainRequest
+from flows.requests import TrainRequest, request_fields
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.config import ProfileConfig, ReplanConfig, SearchConfig, TrainConfig
 from planner.specs.faults import FaultSpec
+from planner.specs.runspec import RunSpec
 from planner.validation import parse
 
 
 def test_a_misspelt_or_bad_option_is_a_meshplan_error_naming_it():
     with pytest.raises(MeshplanError) as exc:
-        parse(TrainRequest, {"plan_path": "p.json", "stpes": 3}, "train")
-    assert exc.value.field == "train: stpes"
+        parse(TrainRequest, {"plan_path": "p.json", "spec": {"stpes": 3}}, "train")
+    assert exc.value.field == "train: spec.stpes"
     with pytest.raises(MeshplanError) as exc:
-        parse(TrainRequest, {"plan_path": "p.json", "faults": {"slow_rank": 1, "slow_factor": 0.5}}, "train")
-    assert exc.value.field == "train: faults.slow_factor"
+        parse(TrainRequest, {"plan_path": "p.json", "spec": {"faults": {"slow_rank": 1, "slow_factor": 0.5}}}, "train")
+    assert exc.value.field == "train: spec.faults.slow_factor"
 
 
 def test_the_cli_can_pass_its_whole_train_section():
     """`meshplan train` and the pipeline spread RunConfig.train into the request: every field must exist."""
-    assert set(TrainConfig.model_fields) <= set(TrainRequest.model_fields)
-    req = TrainRequest(**TrainConfig().model_dump(), plan_path="p.json", replan_config={"threshold": 0.3})
-    assert req.replan_config == ReplanConfig(threshold=0.3) and req.steps == TrainConfig().steps
+    fields = request_fields(TrainConfig(lr=0.5), plan_path="p.json", replan_config={"threshold": 0.3})
+    req = TrainRequest(**fields)
+    assert req.replan_config == ReplanConfig(threshold=0.3) and req.spec.steps == TrainConfig().steps
+    assert req.spec.lr == 0.5 and req.timeout_s == TrainConfig().timeout_s
 
 
 def test_train_flow_takes_ids_and_one_request_and_prefect_can_describe_it():
@@ -122,7 +124,7 @@ def test_requests_and_outcomes_survive_prefects_serialisers(serializer):
             first_loss=2.0,
             last_loss=1.5,
         ),
-        TrainRequest(plan_id="abc", faults=FaultSpec(kill_rank=1, kill_step=2), replan=True),
+        TrainRequest(plan_id="abc", spec=RunSpec(faults=FaultSpec(kill_rank=1, kill_step=2)), replan=True),
         _TRAINED,
         PlanOutcome(feasible=False, cached=True, reasons=["too big"]),
         ReplanOutcome(run_id="r", detected=True, action="keep", reason="x", acted=False, decision_id=4),

@@ -1,7 +1,7 @@
 """Fault injection: a slow device and a slow link from a chosen step, and a crashed rank.
 
 What to inject is one `planner.specs.faults.FaultSpec`, passed to every rank as `--faults JSON`
-(worker/options.py); this module acts on it in the rank that it names.
+(a RunSpec field: planner/specs/runspec.py); this module acts on it in the rank that it names.
 
 - Compute (`slow_rank` R, `slow_factor` F, `slow_from_step` S): each call of rank R's pipeline
   stage compute entry points (forward_one_chunk / backward_one_chunk / backward_weight_one_chunk,

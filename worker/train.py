@@ -53,11 +53,12 @@ from planner.runtime import check_launchable, cp_positions, is_uniform, loss_wei
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
 from worker import checkpoint, teardown, watchdog
+from worker.clip import clip_grad_norm
 from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
 from worker.model import loss_fn
-from worker.options import TrainOptions, make_optimizer, parse_options
+from worker.options import RankArgs, make_optimizer, parse_args
 from worker.parallel import (
     GradSumSync,
     RankLayout,
@@ -75,18 +76,18 @@ from worker.telemetry import ComputeTimer, StepLog, memory_bytes, sync_device
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_spec(opts: TrainOptions, plan: Plan) -> ModelSpec:
-    if opts.model_json is not None:
-        return ModelSpec.model_validate_json(opts.model_json.read_text())
-    spec = get_model(opts.model or plan.model)
+def resolve_spec(opts: RankArgs, plan: Plan) -> ModelSpec:
+    if opts.run.model_json is not None:
+        return ModelSpec.model_validate_json(Path(opts.run.model_json).read_text())
+    spec = get_model(opts.run.model or plan.model)
     if plan.seq_len > spec.seq_len:
         raise MeshplanError("plan.seq_len", plan.seq_len, f"the model's positions end at seq_len={spec.seq_len}")
     return spec
 
 
-def resolve_resume(opts: TrainOptions) -> Path | None:
+def resolve_resume(opts: RankArgs) -> Path | None:
     """Collective: the newest checkpoint that passes its integrity check (worker/checkpoint_check.py)."""
-    return checkpoint.resume_from(opts.resume, opts.run_dir)
+    return checkpoint.resume_from(opts.run.resume_mode, opts.run_dir)
 
 
 def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
@@ -109,12 +110,12 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
 
 
 def build_parts(
-    opts: TrainOptions, plan: Plan, spec: ModelSpec, layout: RankLayout, mesh: DeviceMesh, device: torch.device
+    opts: RankArgs, plan: Plan, spec: ModelSpec, layout: RankLayout, mesh: DeviceMesh, device: torch.device
 ) -> tuple[list[nn.Module], list[GradSumSync]]:
     """This rank's stage parts (one, or v under interleaving), each TP → recompute → DP wrapped."""
     parts, grad_syncs = [], []
     for vi in layout.virtual_stages:
-        part = build_stage_part(spec, plan, vi, opts.seed, device)
+        part = build_stage_part(spec, plan, vi, opts.run.seed, device)
         sp = plan.stages[vi]
         if layout.tp > 1:
             apply_tp(part, spec, mesh["tp"], sp.sequence_parallel)
@@ -172,7 +173,7 @@ def build_schedule(
     return cls(stages[0], n_mb, loss_fn=weighted_loss, scale_grads=False)
 
 
-def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: int, load_s: float) -> dict:
+def _static_fields(opts: RankArgs, plan: Plan, layout: RankLayout, attempt: int, load_s: float) -> dict:
     rows = replica_rows(plan.batch_shares, layout.pipeline)
     return {
         "run_id": opts.run_id,
@@ -193,7 +194,7 @@ def _static_fields(opts: TrainOptions, plan: Plan, layout: RankLayout, attempt: 
         "tokens": len(rows) // layout.num_slices * plan.seq_len // layout.cp,
         "plan_fingerprint": plan.fingerprint(),
         "checkpoint_load_s": load_s,
-        "generation": opts.generation,
+        "generation": opts.site.generation,
     }
 
 
@@ -208,7 +209,7 @@ def rebalanced(plan: Plan, shares: list[int], world: int) -> Plan | None:
     return new
 
 
-def poll_control(opts: TrainOptions, rank: int, step: int, applied: int) -> dict | None:
+def poll_control(opts: RankArgs, rank: int, step: int, applied: int) -> dict | None:
     """Rank 0 reads control.json; every rank gets the same new message (or None) at the same step,
     or raises Superseded at the same step once a newer generation of the run folder exists."""
     box: list = [None, 0]
@@ -218,24 +219,24 @@ def poll_control(opts: TrainOptions, rank: int, step: int, applied: int) -> dict
             box[0] = msg
         box[1] = read_generation(opts.run_dir)
     dist.broadcast_object_list(box, src=0)
-    if opts.generation and box[1] > opts.generation:
-        raise checkpoint.Superseded(opts.generation, box[1])
+    if opts.site.generation and box[1] > opts.site.generation:
+        raise checkpoint.Superseded(opts.site.generation, box[1])
     return box[0]
 
 
-def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: torch.device) -> None:
+def train(opts: RankArgs, plan: Plan, spec: ModelSpec, rank: int, device: torch.device) -> None:
     layout = rank_layout(plan, rank)
     world = dist.get_world_size()
     mesh = build_rank_mesh(plan, layout, device)
     parts, grad_syncs = build_parts(opts, plan, spec, layout, mesh, device)
-    faults = Faults(opts.faults, rank)
+    faults = Faults(opts.run.faults, rank)
     for sync in grad_syncs:
         sync.before_send = faults.delay_send
-    optims = [make_optimizer(p.parameters(), opts.optimizer, opts.lr) for p in parts]
+    optims = [make_optimizer(p.parameters(), opts.run.optimizer, opts.run.lr) for p in parts]
     ckpt = resolve_resume(opts)
     written_by = checkpoint.read_meta(ckpt).get("generation", 0) if ckpt is not None else 0
-    if opts.generation and written_by > opts.generation:  # a newer launch already saved: this one is stale
-        raise checkpoint.Superseded(opts.generation, written_by)
+    if opts.site.generation and written_by > opts.site.generation:  # a newer launch saved: this one is stale
+        raise checkpoint.Superseded(opts.site.generation, written_by)
     t_load = time.perf_counter()
     start = checkpoint.load(ckpt, parts, optims) if ckpt is not None else 0
     load_s = time.perf_counter() - t_load if ckpt is not None else 0.0
@@ -244,14 +245,14 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
     weight = loss_weight(plan)
 
     has_first, has_last = layout.has_first, layout.has_last(len(plan.stages))
-    amp = AMP_DTYPES.get(plan.dtype if opts.dtype == "auto" and device.type == "cuda" else opts.dtype)
+    amp = AMP_DTYPES.get(plan.dtype if opts.run.dtype == "auto" and device.type == "cuda" else opts.run.dtype)
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else nullcontext()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log = StepLog(opts.run_dir, rank, _static_fields(opts, plan, layout, attempt, load_s))
     meta = {"plan_fingerprint": plan.fingerprint(), "model": spec.name, "world_size": world}
-    meta |= {"generation": opts.generation} if opts.generation else {}
-    version = opts.control_from_version
-    for step in range(start, opts.steps):
+    meta |= {"generation": opts.site.generation} if opts.site.generation else {}
+    version = opts.site.control_from_version
+    for step in range(start, opts.run.steps):
         watchdog.beat(f"step {step}")
         faults.maybe_kill(step, attempt)
         faults.step = step
@@ -270,7 +271,9 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
                 log.update_static(_static_fields(opts, plan, layout, attempt, load_s))
         n_mb = plan.num_microbatches(layout.pipeline)
         rows = replica_rows(plan.batch_shares, layout.pipeline)
-        x, y = batch_rows(opts.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.seed)  # type: ignore[arg-type]
+        x, y = batch_rows(
+            opts.run.data, step, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, opts.run.seed
+        )  # type: ignore[arg-type]
         if layout.cp > 1:  # this cp rank's tokens (worker/cp.py)
             pos = cp_positions(plan.seq_len, layout.cp, layout.cp_index)
             x, y = x[:, pos], y[:, pos]
@@ -282,6 +285,8 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
             schedule.step(*args, **kwargs)
         for sync in grad_syncs:
             sync()
+        if opts.run.grad_clip_norm:
+            clip_grad_norm(parts, list(layout.virtual_stages), plan, opts.run.grad_clip_norm, device)
         sync_device(device)
         t1 = time.perf_counter()
         for o in optims:
@@ -293,7 +298,7 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
         loss = sum(v.item() for v in kwargs["losses"]) / weight / n_mb if has_last else None
         done = step + 1
         ckpt_s = None
-        if done == opts.steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0):
+        if done == opts.run.steps or (opts.run.checkpoint_every and done % opts.run.checkpoint_every == 0):
             t3 = time.perf_counter()
             checkpoint.save(opts.run_dir, done, parts, optims, meta)
             ckpt_s = time.perf_counter() - t3
@@ -317,7 +322,7 @@ def train(opts: TrainOptions, plan: Plan, spec: ModelSpec, rank: int, device: to
 
 
 def _checkpoint_exit(
-    opts: TrainOptions,
+    opts: RankArgs,
     rank: int,
     step: int,
     version: int,
@@ -336,16 +341,19 @@ def _checkpoint_exit(
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        opts = parse_options(argv)
-        plan = parse_plan_json(opts.plan.read_text(), str(opts.plan))
+        opts = parse_args(argv)
+        plan_file = Path(opts.site.plan)
+        plan = parse_plan_json(plan_file.read_text(), str(plan_file))
         spec = resolve_spec(opts, plan)
         check_plan_against(plan, spec.num_layers, 1 + max(d for s in plan.stages for d in s.device_ids))
         check_launchable(plan, int(os.environ.get("WORLD_SIZE", "1")), spec)
     except MeshplanError as exc:  # every rank sees the same mistake: one line, before any rendezvous
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    watchdog.start(opts.timeout_s, f" rank {os.environ.get('RANK', '?')}").beat("rendezvous")  # bounds hangs
-    rank, _, device = init_distributed(opts.timeout_s)
+    watchdog.start(opts.run.collective_timeout_s, f" rank {os.environ.get('RANK', '?')}").beat(
+        "rendezvous"
+    )  # bounds hangs
+    rank, _, device = init_distributed(opts.run.collective_timeout_s)
     watchdog.beat("setup and resume")
     code = 0
     try:

@@ -136,7 +136,7 @@ def train(
         _dry_run(cfg, plan, plan_id, steps, run_id, as_json)
         return
 
-    from flows.requests import TrainRequest
+    from flows.requests import TrainRequest, request_fields
     from flows.train import train_flow
     from planner.specs.faults import FaultSpec
     from planner.validation import parse
@@ -155,27 +155,23 @@ def train(
         "fault injection",
     )
     model_json = _model_file(cfg, plan, model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
-    t = cfg.train
     request = parse(
         TrainRequest,
-        {
-            **t.model_dump(),
-            "plan_path": str(plan) if plan else None,
-            "plan_id": plan_id,
-            "nnodes": nnodes,
-            "node_rank": node_rank,
-            "resume": resume,
-            "fresh_start": fresh_start,
-            "runs_dir": str(Path(cfg.state.dir) / "runs"),
-            "replan": nnodes == 1 if replan is None else replan,
-            "replan_config": cfg.replan,
-            "cluster_path": str(cluster) if cluster else None,
-            "faults": faults,
-            "show_progress": not as_json,
-            "model_json": model_json,
-            "executor": executor,
-            "slurm": {"partition": partition, "account": account, "time_limit": time_limit, "nodelist": nodelist},
-        },
+        request_fields(  # every [train] option reaches the ranks' RunSpec (planner/specs/runspec.py)
+            cfg.train,
+            {"resume": resume, "fresh_start": fresh_start, "faults": faults, "model_json": model_json},
+            plan_path=str(plan) if plan else None,
+            plan_id=plan_id,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            replan=nnodes == 1 if replan is None else replan,
+            replan_config=cfg.replan,
+            cluster_path=str(cluster) if cluster else None,
+            show_progress=not as_json,
+            executor=executor,
+            slurm={"partition": partition, "account": account, "time_limit": time_limit, "nodelist": nodelist},
+        ),
         "train",
     )
     if executor == "slurm" and request.replan and replan is None:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
-from planner.limits import MAX_GLOBAL_BATCH, MAX_SEED, MAX_SEQ, MAX_TOP
+from planner.limits import MAX_GLOBAL_BATCH, MAX_SEQ, MAX_TOP
+from planner.specs.runspec import RunOptions
 from planner.validation import parse, parse_toml
 
 # The plan search's time budget wherever a search runs without one given: `meshplan plan`, plan_flow,
@@ -72,20 +73,20 @@ class SearchConfig(_Section):
     )
 
 
-class TrainConfig(_Section):
-    steps: int = Field(default=20, gt=0)
-    nproc_per_node: int = Field(default=2, gt=0)
-    checkpoint_every: int = Field(default=10, gt=0)
-    data: Literal["synthetic", "text"] = "text"
-    lr: float = Field(default=3e-3, gt=0)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    timeout_s: float = Field(default=900, gt=0)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+class TrainConfig(RunOptions):
+    """`[train]`: the ranks' training options (RunOptions, planner/specs/runspec.py: their one
+    definition and default) plus how the flow launches them."""
+
+    nproc_per_node: int = Field(default=2, gt=0, description="ranks per node")
     max_restarts: int = Field(
         default=0, ge=0, description="torchrun elastic restarts (resume from the latest checkpoint)"
     )
-    collective_timeout_s: float = Field(default=300, gt=0, description="process-group / store timeout inside the ranks")
+    timeout_s: float = Field(default=900, gt=0, description="outer kill of the whole training job")
     rdzv_endpoint: str = Field(default="127.0.0.1:29500", description="HOST:PORT of node 0 for multi-node runs")
+
+    def options(self) -> dict[str, Any]:
+        """The RunOptions fields of this section, as RunSpec keys."""
+        return {k: getattr(self, k) for k in RunOptions.model_fields}
 
 
 class ReplanConfig(_Section):

@@ -87,15 +87,16 @@ def test_train_request_builds_the_plans_model_only_from_its_own_dimensions(tmp_p
     from planner.errors import MeshplanError
     from planner.search import search
     from planner.specs.cluster import parse_cluster_toml
+    from planner.specs.runspec import RunSpec
 
     cluster = parse_cluster_toml(Path(CLUSTER).read_text(), CLUSTER)
     plan = search(SPEC, cluster, global_batch=4, top_k=1, time_budget_s=5.0, baselines=False).best
     same, other = tmp_path / "same.json", tmp_path / "other.json"
     same.write_text(SPEC.model_dump_json())
     other.write_text(SPEC.model_copy(update={"num_layers": 3}).model_dump_json())
-    assert request_model(TrainRequest(plan_path="p.json", model_json=str(same)), plan) == SPEC
+    assert request_model(TrainRequest(plan_path="p.json", spec=RunSpec(model_json=str(same))), plan) == SPEC
     with pytest.raises(MeshplanError, match="not the plan's model's") as exc:
-        request_model(TrainRequest(plan_path="p.json", model_json=str(other)), plan)
+        request_model(TrainRequest(plan_path="p.json", spec=RunSpec(model_json=str(other))), plan)
     assert exc.value.field == "model_json"
     with pytest.raises(MeshplanError, match="custom model"):
         request_model(TrainRequest(plan_path="p.json"), plan)  # no preset is named "custom"

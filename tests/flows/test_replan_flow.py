@@ -22,6 +22,7 @@ from flows.requests import TrainRequest
 from flows.train import train_flow
 from launcher.control import control_path, read_control
 from planner.specs.faults import FaultSpec
+from planner.specs.runspec import RunSpec
 from storage.db import query
 from storage.replan import load_decisions
 from tests.worker.test_train_dist import assert_matches_reference
@@ -63,16 +64,15 @@ def _dp_plan(tmp: Path, share: int = SHARE, dp: int = 4) -> str:
 
 
 def _train(db: str, plan: str, run_id: str, tmp: Path, steps: int, replan: bool, **kw) -> TrainOutcome:
+    nproc = kw.pop("nproc", 4)
     request = TrainRequest(
         plan_path=plan,
-        steps=steps,
-        nproc_per_node=kw.pop("nproc", 4),
+        spec=RunSpec(steps=steps, **{"checkpoint_every": 1000, **SGD, **kw}),
+        nproc_per_node=nproc,
         runs_dir=str(tmp / "runs"),
-        checkpoint_every=kw.pop("checkpoint_every", 1000),
         timeout_s=600,
         replan=replan,
         replan_config=CFG,
-        **{**SGD, **kw},
     )
     return train_flow(db, request, run_id)
 

@@ -22,6 +22,7 @@ from flows.requests import TrainRequest
 from flows.train import train_flow
 from planner.specs.faults import FaultSpec
 from planner.specs.plan import parse_plan
+from planner.specs.runspec import RunSpec
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
 
@@ -86,19 +87,16 @@ def test_no_secret_reaches_the_database_run_folders_or_prefect(tmp_path, monkeyp
     db, runs = str(tmp_path / "m.duckdb"), str(tmp_path / "runs")
     common = dict(
         plan_path=_plan_file(tmp_path),
-        steps=3,
         nproc_per_node=2,
-        data="synthetic",
-        checkpoint_every=2,
         runs_dir=runs,
         timeout_s=300,
-        collective_timeout_s=60,
     )
-    ok = train_flow(db, TrainRequest(**common), "secret-ok")
+    run = RunSpec(steps=3, data="synthetic", checkpoint_every=2, collective_timeout_s=60)
+    ok = train_flow(db, TrainRequest(spec=run, **common), "secret-ok")
     assert ok.status == "completed"
     crash = FaultSpec(kill_rank=1, kill_step=1)  # rank 1 SIGKILLs itself at step 1: the failure path
     with pytest.raises(Exception, match="torchrun exited"):
-        train_flow(db, TrainRequest(faults=crash, **common), "secret-crash")
+        train_flow(db, TrainRequest(spec=run.model_copy(update={"faults": crash}), **common), "secret-crash")
 
     stores = {
         "database": _database_text(db).encode(),

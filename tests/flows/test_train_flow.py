@@ -10,6 +10,7 @@ from flows.requests import TrainRequest
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.plan import CostBreakdown, parse_plan
+from planner.specs.runspec import RunSpec
 from storage.db import query
 from storage.runs import load_run
 
@@ -118,11 +119,8 @@ def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys, m
     db = str(tmp_path / "m.duckdb")
     request = TrainRequest(
         plan_path=_plan_file(tmp_path),
-        steps=4,
+        spec=RunSpec(steps=4, data="text", lr=0.01, checkpoint_every=2),
         nproc_per_node=2,
-        data="text",
-        lr=0.01,
-        checkpoint_every=2,
         timeout_s=300,
         show_progress=True,
     )
@@ -224,20 +222,24 @@ def test_meshplan_train_shows_step_progress_while_the_supervised_job_runs(tmp_pa
 
 def test_train_flow_rejects_a_device_count_mismatch(tmp_path):
     with pytest.raises(MeshplanError, match="nproc_per_node"):
-        train_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_path=_plan_file(tmp_path), steps=1, nproc_per_node=3))
+        train_flow(
+            str(tmp_path / "m.duckdb"),
+            TrainRequest(plan_path=_plan_file(tmp_path), spec=RunSpec(steps=1), nproc_per_node=3),
+        )
 
 
 def test_train_flow_rejects_a_plan_for_another_model_before_launching(tmp_path):
     with pytest.raises(MeshplanError, match="layer_end"):  # the plan covers 4 blocks; gpt2-small has 12
         train_flow(
-            str(tmp_path / "m.duckdb"), TrainRequest(plan_path=_plan_file(tmp_path), steps=1, model="gpt2-small")
+            str(tmp_path / "m.duckdb"),
+            TrainRequest(plan_path=_plan_file(tmp_path), spec=RunSpec(steps=1, model="gpt2-small")),
         )
     assert not (tmp_path / "runs").exists()
 
 
 def test_train_flow_with_an_unknown_plan_id_is_a_user_error(tmp_path):
     with pytest.raises(MeshplanError, match="--plan-id"):
-        train_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_id="no-such-plan", steps=1))
+        train_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_id="no-such-plan", spec=RunSpec(steps=1)))
 
 
 def test_stored_plan_is_read_by_its_fingerprint(tmp_path):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.launch import Launch, kill_group, run_logged, start_logged, torchrun_command
+from planner.specs.runspec import RunSpec
 from tests.worker.conftest import wait_for_steps
 from worker.watchdog import STOP_GRACE_S
 
@@ -60,11 +61,14 @@ def _launch(tmp_path: Path, make_plan, timeout_s: float = COLLECTIVE_TIMEOUT_S) 
         plan_path=str(plan_path),
         run_dir=str(tmp_path),
         run_id="hang",
-        steps=1_000_000,
-        data="synthetic",
-        optimizer="sgd",
-        lr=0.1,
-        collective_timeout_s=timeout_s,
+        spec=RunSpec(
+            steps=1_000_000,
+            data="synthetic",
+            optimizer="sgd",
+            lr=0.1,
+            collective_timeout_s=timeout_s,
+            checkpoint_every=0,
+        ),
     )
     return torchrun_command(launch)
 

@@ -20,7 +20,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def test_single_node_launch_uses_the_loopback_rendezvous():
-    cmd = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x", steps=1))
+    cmd = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x"))
     assert cmd[1:3] == ["-m", "worker.agent"] and "--standalone" not in cmd
     assert not {"--master-addr", "--rdzv-endpoint", "--nnodes"} & set(cmd)  # launcher.launch adds them: 127.0.0.1
 
@@ -29,7 +29,7 @@ def test_every_default_address_is_loopback():
     from flows.requests import TrainRequest
     from flows.server import start_server
 
-    assert Launch(plan_path="p", run_dir="r", run_id="x", steps=1).rdzv_endpoint.startswith(f"{LOOPBACK}:")
+    assert Launch(plan_path="p", run_dir="r", run_id="x").rdzv_endpoint.startswith(f"{LOOPBACK}:")
     assert RunConfig().train.rdzv_endpoint.startswith(f"{LOOPBACK}:")
     assert RunConfig().ui.host == LOOPBACK
     assert inspect.signature(start_server).parameters["host"].default == LOOPBACK
@@ -37,9 +37,7 @@ def test_every_default_address_is_loopback():
 
 
 def test_multi_node_launch_uses_only_the_address_it_was_given():
-    launch = Launch(
-        plan_path="p", run_dir="r", run_id="x", steps=1, nnodes=2, node_rank=1, rdzv_endpoint="10.1.2.3:29400"
-    )
+    launch = Launch(plan_path="p", run_dir="r", run_id="x", nnodes=2, node_rank=1, rdzv_endpoint="10.1.2.3:29400")
     cmd = torchrun_command(launch)
     assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" not in cmd
     assert cmd[cmd.index("--master-addr") + 1] == "10.1.2.3" and cmd[cmd.index("--master-port") + 1] == "29400"
@@ -50,4 +48,4 @@ def test_a_malformed_rendezvous_endpoint_is_refused(endpoint):
     from planner.errors import MeshplanError
 
     with pytest.raises(MeshplanError, match="HOST:PORT"):
-        torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", steps=1, nnodes=2, rdzv_endpoint=endpoint))
+        torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", nnodes=2, rdzv_endpoint=endpoint))

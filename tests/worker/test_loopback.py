@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.launch import Launch, job_processes, kill_group, start_logged, torchrun_command
+from planner.specs.runspec import RunSpec
 from tests.worker.conftest import wait_for_steps
 
 pytestmark = pytest.mark.dist
@@ -65,10 +66,7 @@ def test_two_single_node_jobs_at_once_listen_on_loopback_only(tmp_path, make_pla
                 plan_path=str(run_dir / "plan.json"),
                 run_dir=str(run_dir),
                 run_id=job,
-                steps=1_000_000,
-                data="synthetic",
-                optimizer="sgd",
-                lr=0.1,
+                spec=RunSpec(steps=1_000_000, data="synthetic", optimizer="sgd", lr=0.1, checkpoint_every=0),
             )
             procs.append(start_logged(torchrun_command(launch), run_dir / "torchrun.log"))
         for job in ("a", "b"):
@@ -107,13 +105,10 @@ def test_two_nodes_on_this_machine_listen_on_loopback_only_and_a_lost_node_takes
         plan_path=str(tmp_path / "plan.json"),
         run_dir=str(tmp_path),
         run_id="nodes",
-        steps=1_000_000,
+        spec=RunSpec(steps=1_000_000, data="synthetic", optimizer="sgd", lr=0.1, checkpoint_every=0),
         nproc_per_node=1,
         nnodes=2,
         local_nodes=True,
-        data="synthetic",
-        optimizer="sgd",
-        lr=0.1,
     )
     out: dict = {}
 

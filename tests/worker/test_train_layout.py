@@ -98,15 +98,15 @@ def test_replicas_read_disjoint_slices_of_the_same_global_batch():
 
 
 def test_launch_command_single_node_is_loopback_multi_node_is_static():
-    one = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x", steps=3), python="py")
+    one = torchrun_command(Launch(plan_path="p.json", run_dir="r", run_id="x"), python="py")
     assert one[:3] == ["py", "-m", "worker.agent"] and "--standalone" not in one  # torchrun on 127.0.0.1 only
     assert one[one.index("-m", 3) + 1] == "worker.train"
     two = torchrun_command(
-        Launch(plan_path="p", run_dir="r", run_id="x", steps=3, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400"),
+        Launch(plan_path="p", run_dir="r", run_id="x", nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400"),
         python="py",
     )
     assert two[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" not in two
     i = two.index("--master-addr")
     assert two[i : i + 4] == ["--master-addr", "10.0.0.1", "--master-port", "29400"]
     with pytest.raises(MeshplanError, match="HOST:PORT"):
-        torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", steps=1, nnodes=2, rdzv_endpoint="nohost"))
+        torchrun_command(Launch(plan_path="p", run_dir="r", run_id="x", nnodes=2, rdzv_endpoint="nohost"))
