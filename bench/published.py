@@ -64,9 +64,10 @@ from planner.cost.runtimes import (  # noqa: E402
     slots,
 )
 from planner.errors import MeshplanError  # noqa: E402
+from planner.measure.runs_file import row_plan  # noqa: E402
 from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec  # noqa: E402
 from planner.specs.model import ModelSpec  # noqa: E402
-from planner.specs.plan import CostBreakdown, Plan, StagePlan  # noqa: E402
+from planner.specs.plan import CostBreakdown, Plan  # noqa: E402
 
 DEFAULT_DATA = [ROOT.parent / "shared/data/published_dev.csv", Path("/work/shared/data/published_dev.csv")]
 INTRA = {"A100": "nvlink3", "H100": "nvlink4"}
@@ -251,45 +252,16 @@ def build_case(row: dict[str, str]) -> Case:
     layers = model.num_layers
     if layers < nst:
         raise Unsupported(f"{nst} stages for {layers} layers")
-    bounds = [0]
-    for i in range(nst):
-        bounds.append(bounds[-1] + layers // nst + (1 if i < layers % nst else 0))
     (rec, every), shard = recompute_of(row), sharding_of(row)
-    w = tp * cp
-    stages = tuple(
-        StagePlan(
-            layer_start=bounds[i],
-            layer_end=bounds[i + 1],
-            device_ids=tuple((i % pp) * dp * w + r * w + k for r in range(dp) for k in range(w)),
-            tp=tp,
-            dp=dp,
-            cp=cp,
-            recompute=rec,  # type: ignore[arg-type]
-            recompute_every=every,
-            sharding=shard,  # type: ignore[arg-type]
-            sequence_parallel=profile.sequence_parallel and tp > 1,
-        )
-        for i in range(nst)
-    )
     gb, mbs = _int(row, "global_batch"), _int(row, "micro_batch")
     if gb % (dp * mbs):
         raise Unsupported(f"global batch {gb} is not a multiple of dp × micro-batch = {dp * mbs}")
-    plan = Plan(
-        model=model.name,
-        cluster=cluster.name,
-        global_batch_size=gb,
-        seq_len=model.seq_len,
-        micro_batch_size=mbs,
-        schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-        virtual_stages=vpp,
-        dtype=dtype,  # type: ignore[arg-type]
-        attention=profile.attention,  # type: ignore[arg-type]
-        loss=profile.loss,  # type: ignore[arg-type]
+    plan = row_plan(
+        model, cluster.name, tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, global_batch=gb, micro_batch=mbs,
+        recompute=rec, sharding=shard, dtype=dtype, fp8=fp8, recompute_every=every,
+        sequence_parallel=profile.sequence_parallel, attention=profile.attention, loss=profile.loss,
         dropout=profile.dropout,
-        fp8=fp8,
-        stages=stages,
-        batch_shares=(gb // dp,) * dp,
-    )
+    )  # fmt: skip
     return Case(row["run_id"], family, gpu, model, cluster, plan, measured_step_s(row, family), profile)
 
 

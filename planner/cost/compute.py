@@ -281,6 +281,26 @@ def estimate_layer_from_shape(model: ModelSpec, key: ProfileKey, dev: Device, li
     )
 
 
+def cp_shape_delta_s(
+    model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, cp: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds a block on one cp rank takes beyond 1/cp of the whole-sequence
+    block: its linears and element-wise kernels run on T/cp tokens, and smaller GEMMs lose to tile
+    and wave quantisation and fall towards the memory roof (gemm_s), which 1/cp of the T-token time
+    does not see; the attention core is exactly 1/cp of the causal work with load-balanced chunks
+    (planner.cost.stage), so it is left out of both sides. Zero where every kernel scales linearly
+    in T (compute-bound, unquantised GEMMs)."""
+    if cp == 1:
+        return 0.0, 0.0
+    part = block_train_s(model, b, s // cp, tp, dtype, dev)
+    part_att = attention_train_s(model, b, s // cp, tp, dtype, dev, "sdpa", False)
+    full = block_train_s(model, b, s, tp, dtype, dev)
+    full_att = attention_train_s(model, b, s, tp, dtype, dev, "sdpa", False)
+    return tuple(  # type: ignore[return-value]
+        (part[i] - part_att[i]) - (full[i] - full_att[i]) / cp for i in (0, 1)
+    )
+
+
 def stack_time_delta_s(
     model: ModelSpec, b: int, s: int, tp: int, dtype: str, dev: Device, stack: Stack
 ) -> tuple[float, float]:

@@ -27,7 +27,13 @@ from typing import NamedTuple
 from planner.cost import formulas as F
 from planner.cost import memory as M
 from planner.cost import overlap as OV
-from planner.cost.compute import Device, attention_train_s, loss_time_delta_s, stack_time_delta_s
+from planner.cost.compute import (
+    Device,
+    attention_train_s,
+    cp_shape_delta_s,
+    loss_time_delta_s,
+    stack_time_delta_s,
+)
 from planner.cost.devices import Link
 from planner.measure.calibrate import Calibration
 from planner.measure.ops import BenchOp
@@ -297,6 +303,11 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
     # (c + ½ + 2cp − 1 − c + ½)·(s/2cp)² = 2cp·(s/2cp)² of s²/2), so one block costs 1/cp of the
     # whole-sequence block (rows priced at seq, no new profile keys); the K/V exchange on top
     fwd_block, bwd_block = fwd_block / c, bwd_block / c
+    if c > 1 and ctx.device is not None:
+        # on a GPU, the linears' smaller GEMMs on seq / cp tokens (compute.cp_shape_delta_s);
+        # recomputed blocks run the forward's part again
+        dfwd, dbwd = cp_shape_delta_s(model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, ctx.device, c)
+        fwd_block, bwd_block = fwd_block + dfwd, bwd_block + dbwd + f_rec * dfwd
     cp_a = 0.0
     if c > 1:
         assert ctx.cp_link is not None, "a cp stage is priced with its cp group's link"

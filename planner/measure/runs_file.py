@@ -157,37 +157,77 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
         else "none"
     )
     prec = (r.get("precision") or "bf16").strip()
+    cluster = ClusterSpec(name=r.get("run_id") or f"row{i}", nodes=(node,))
+    try:
+        plan = row_plan(
+            model, cluster.name, tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, global_batch=gb, micro_batch=mbs,
+            recompute=recompute, sharding=sharding, dtype="fp16" if prec.startswith("fp16") else "bf16",
+            fp8="fp8" in prec or "float8" in prec,
+        )  # fmt: skip
+    except (ValueError, MeshplanError) as err:
+        raise _bad(i, "plan", f"tp={tp} pp={pp} dp={dp}", str(err).splitlines()[0]) from None
+    return MeasuredRun(r.get("run_id") or f"row{i}", gpu, model, cluster, plan, measured)
+
+
+def row_plan(
+    model: ModelSpec,
+    cluster: str,
+    *,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    vpp: int,
+    global_batch: int,
+    micro_batch: int,
+    recompute: str,
+    sharding: str,
+    dtype: str,
+    fp8: bool,
+    recompute_every: int = 1,
+    sequence_parallel: bool = False,
+    attention: str = "sdpa",
+    loss: str = "torch",
+    dropout: bool = False,
+) -> Plan:
+    """The plan a published or measured run describes: pp × vpp stages with the layers split evenly
+    (the first L mod stages one more), interleaved 1F1B with vpp > 1, and Megatron's rank order
+    (tp, then cp, then dp, then pp: stage k's replica j on devices (k mod pp)·dp·w + j·w + [0, w),
+    w = tp·cp), every replica the same share of the batch. One builder for the runs file and
+    bench/published.py, so both price a row as the same plan; the caller checks the degrees."""
+    nst, layers = pp * vpp, model.num_layers
     bounds = [0]
     for k in range(nst):
         bounds.append(bounds[-1] + layers // nst + (1 if k < layers % nst else 0))
     w = tp * cp
-    cluster = ClusterSpec(name=r.get("run_id") or f"row{i}", nodes=(node,))
-    try:
-        plan = Plan(
-            model=model.name,
-            cluster=cluster.name,
-            global_batch_size=gb,
-            seq_len=model.seq_len,
-            micro_batch_size=mbs,
-            schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-            virtual_stages=vpp,
-            dtype="fp16" if prec.startswith("fp16") else "bf16",
-            fp8="fp8" in prec or "float8" in prec,
-            stages=tuple(
-                StagePlan(
-                    layer_start=bounds[k],
-                    layer_end=bounds[k + 1],
-                    device_ids=tuple((k % pp) * dp * w + j * w + t for j in range(dp) for t in range(w)),
-                    tp=tp,
-                    dp=dp,
-                    cp=cp,
-                    recompute=recompute,  # type: ignore[arg-type]
-                    sharding=sharding,  # type: ignore[arg-type]
-                )
-                for k in range(nst)
-            ),
-            batch_shares=(gb // dp,) * dp,
+    stages = tuple(
+        StagePlan(
+            layer_start=bounds[k],
+            layer_end=bounds[k + 1],
+            device_ids=tuple((k % pp) * dp * w + j * w + t for j in range(dp) for t in range(w)),
+            tp=tp,
+            dp=dp,
+            cp=cp,
+            recompute=recompute,  # type: ignore[arg-type]
+            recompute_every=recompute_every,
+            sharding=sharding,  # type: ignore[arg-type]
+            sequence_parallel=sequence_parallel and tp > 1,
         )
-    except (ValueError, MeshplanError) as err:
-        raise _bad(i, "plan", f"tp={tp} pp={pp} dp={dp}", str(err).splitlines()[0]) from None
-    return MeasuredRun(r.get("run_id") or f"row{i}", gpu, model, cluster, plan, measured)
+        for k in range(nst)
+    )
+    return Plan(
+        model=model.name,
+        cluster=cluster,
+        global_batch_size=global_batch,
+        seq_len=model.seq_len,
+        micro_batch_size=micro_batch,
+        schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+        virtual_stages=vpp,
+        dtype=dtype,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        loss=loss,  # type: ignore[arg-type]
+        dropout=dropout,
+        fp8=fp8,
+        stages=stages,
+        batch_shares=(global_batch // dp,) * dp,
+    )

@@ -68,8 +68,6 @@ class Pricer:
         self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
         self.devices = [gpu_device(c.spec, self.dtype, None) for c in self.classes]  # as estimate prices them
         self.stacks = {False: replace(self.stack, sequence_parallel=False), True: self.stack}  # by tp > 1
-        # `local`'s stack: the runtime's, with the pass's context parallelism (1/cp of every local term)
-        self.local_stack = replace(RUNTIME, cp=self.stack.cp)
 
     def coeffs(self, ctx: StageContext) -> StageCoeffs:
         co = self.memo.get(ctx)
@@ -130,7 +128,11 @@ class Pricer:
 
     def local(self, cls: int, tp: int, mbs: int, recompute: bool, first: bool, last: bool, pp: int) -> LocalTerms:
         """`local_terms` of a stage of class `cls` (what its dp, sharding and ring leave alone), memoised
-        on the key `stage` shares them under."""
+        on the key `stage` shares them under, so built from the very context `stage` builds (the pass's
+        stack by tp, the class's roofline device): whichever of the two runs first decides the other's
+        terms. The bounds call this first; built on the runtime's stack, it gave every stage priced
+        after it all blocks recomputed (not one in k), no sequence parallelism and no GPU stack terms,
+        so the search kept plans the estimate found over memory (gpt3-175b, 64 GPUs of four kinds)."""
         lkey = (cls, tp, mbs, recompute, first, last, (2 if pp > 1 else 1) if last else 1)
         lt = self.local_memo.get(lkey)
         if lt is None:
@@ -139,7 +141,8 @@ class Pricer:
                 first=first, last=last, pp=min(pp, 2) if last else 1, sharding="none", dp=1, inflight=0.0,
                 memory_bandwidth_bytes_per_s=self.memory_bw[cls], tp_link=self.intra[cls],
                 dp_link=self.intra[cls], next_link=None, next_tp=tp, calib=self.calib,
-                stack=self.local_stack, cp_link=self.intra[cls] if self.stack.cp > 1 else None,
+                stack=self.stacks[tp > 1], device=self.devices[cls],
+                cp_link=self.intra[cls] if self.stack.cp > 1 else None,
             )  # fmt: skip
             lt = self.local_memo[lkey] = local_terms(ctx, self.model, self.profiles)
         return lt
@@ -399,18 +402,33 @@ def pipeline_arrays(
 ) -> tuple[StageArrays, list[StageCoeffs]]:
     """Arrays for the inner solver (every stage with or without full recompute; `mix_prefix` combines
     the two) plus each stage's base coefficients (no p2p, no activations)."""
-    pp = sum(sg.stages for sg in segs)
     v, coeffs = pr.pipeline_rows(segs, mbs, recompute, sharding, dp)
     fixed = pr.layout(mbs, segs, num_layers)
-    k = pr.inflight(schedule, pp, m)
-    mem_a = v[:, 6] + k * v[:, 7]
-    mem_b = v[:, 8] + k * v[:, 9]
-    peak = ((mem_a[:, None] * fixed.ns[None, :] + mem_b[:, None]) + v[:, 10, None]) * (
-        1 + F.FRAGMENTATION_FRACTION
-    ) + fixed.reserve[:, None]
+    peak = _peak_bytes(v, fixed, pr.inflight(schedule, sum(sg.stages for sg in segs), m))
     mem_ok = np.floor(peak) <= fixed.cap[:, None]
     arrays = StageArrays(v[:, 0], v[:, 1] + fixed.p2p, v[:, 2], v[:, 3], v[:, 4], v[:, 5], mem_ok)
     return arrays, coeffs
+
+
+def _peak_bytes(v: np.ndarray, fixed: Layout, k: np.ndarray) -> np.ndarray:
+    """[pp, n] peak bytes of each stage holding n = 1 … blocks, as estimate's memory_per_stage prices
+    them (formulas.peak_memory_bytes of state + k in-flight micro-batches' activations + workspace)."""
+    mem_a = v[:, 6] + k * v[:, 7]
+    mem_b = v[:, 8] + k * v[:, 9]
+    return ((mem_a[:, None] * fixed.ns[None, :] + mem_b[:, None]) + v[:, 10, None]) * (
+        1 + F.FRAGMENTATION_FRACTION
+    ) + fixed.reserve[:, None]
+
+
+def pipeline_peak_bytes(
+    pr: Pricer, segs: list[SegmentSpec], num_layers: int, *, mbs: int, schedule: str, sharding: str, dp: int,
+    recompute: bool, m: int,
+) -> np.ndarray:  # fmt: skip
+    """The search's memory figure: [pp, n] peak bytes of each stage at n blocks, the figure
+    `pipeline_arrays` tests against each device's capacity (tests compare it with estimate's)."""
+    v, _ = pr.pipeline_rows(segs, mbs, recompute, sharding, dp)
+    fixed = pr.layout(mbs, segs, num_layers)
+    return _peak_bytes(v, fixed, pr.inflight(schedule, sum(sg.stages for sg in segs), m))
 
 
 def mix_prefix(none: StageArrays, full: StageArrays, k: int) -> StageArrays:

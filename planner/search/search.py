@@ -64,6 +64,9 @@ class SearchStats:
     best_s: float | None = None
     unexplored_bound_s: float | None = None
     gap_fraction: float = 0.0
+    # found plans the final estimate rejected (infeasible): 0 when the search's own memory test and
+    # estimate's agree, as they must (tests/planner/test_search_memory.py)
+    rejected: int = 0
 
     def summary(self) -> str:
         """One line: complete, or how far the cut search's best plan can be from the optimum."""
@@ -201,7 +204,9 @@ def search(
             folding=fo,
         )
         cost = estimate(plan, model, cluster, table, idx, calibration)
-        if cost.feasible and plan.fingerprint() not in plans:
+        if not cost.feasible:
+            stats.rejected += 1
+        elif plan.fingerprint() not in plans:
             plans[plan.fingerprint()] = plan.model_copy(update={"predicted": cost})
     if not plans:
         # every plan found failed estimate's check (seen once: a budget cut that had found only one);

@@ -15,8 +15,9 @@ from planner.cost import estimate
 from planner.cost import formulas as F
 from planner.cost import memory as M
 from planner.cost.completion import complete_profiles
+from planner.cost.compute import cp_shape_delta_s
 from planner.cost.devices import DeviceIndex
-from planner.cost.estimate import _place, _stage_context, plan_profile_needs
+from planner.cost.estimate import _place, _stage_context, gpu_device, plan_profile_needs
 from planner.cost.overlap import MESHPLAN
 from planner.cost.stage import stage_coeffs
 from planner.report.export import to_megatron, to_torchtitan
@@ -96,8 +97,14 @@ def test_kv_exchange_is_an_all_gather_forward_and_a_reduce_scatter_backward_of_t
 
 def test_cp_halves_a_ranks_compute_and_adds_the_kv_exchange_per_block():
     one, two = estimate(cp_plan(1), TINY, gpus(1)), estimate(cp_plan(2), TINY, gpus(2))
-    # the load-balanced chunks give each rank half the tokens and half the causal attention work
-    assert two.compute_s == pytest.approx(one.compute_s / 2)
+    # the load-balanced chunks give each rank half the tokens and half the causal attention work, and
+    # its linears run GEMMs on 32 tokens, further from the roof than 1/2 of the 64-token ones: that
+    # extra, per block (4 blocks, one micro-batch), is what the GPU pays beyond exactly half
+    dev = gpu_device(gpus(2).nodes[0], "bf16", None)
+    dfwd, dbwd = cp_shape_delta_s(TINY, 2, 64, 1, "bf16", dev, 2)
+    assert dfwd > 0 and dbwd > 0
+    assert two.compute_s == pytest.approx(one.compute_s / 2 + 4 * (dfwd + dbwd))
+    assert cp_shape_delta_s(TINY, 2, 64, 1, "bf16", dev, 1) == (0.0, 0.0)
     link = DeviceIndex(gpus(2)).ring_link([0, 1])
     t = F.cp_kv_exchange_s(32768, 2, link.bandwidth_bytes_per_s, link.latency_s)
     assert two.cp_comm_s == pytest.approx(4 * t)  # 4 blocks, one micro-batch

@@ -26,12 +26,16 @@ def h100s(nodes: int, per_node: int = 8):
 
 
 def test_search_finds_the_cp_plan_where_nothing_fits_without_it():
-    # llama3-70b at 128k tokens, 8 samples, 64 H100s: without cp a sample's kept inputs alone
-    # (80 blocks × 128k × 8192 × 2 B at tp 8 = 20 GiB each, more on fewer tp) and the states overflow
+    # llama3-70b at 128k tokens, 8 samples, 64 H100s, no sequence parallelism: without cp each tp rank
+    # keeps every recomputed block's whole input (80 blocks × 128k × 8192 × 2 B = 160 GiB), with cp 8
+    # an eighth of it. (With sequence parallelism tp 8 keeps 1/8 too, 20 GiB, and a ZeRO-3 plan
+    # without cp fits at 77 GiB: the search once missed it, its stage terms priced without the
+    # stack's sequence parallelism, and this test had relied on that; tests/planner/test_search_memory.py)
     cluster = parse_cluster({"name": "c", "nodes": [h100s(8)]})
     kw = dict(global_batch=8, seq=131072, baselines=False, time_budget_s=float("inf"))
-    assert isinstance(search(LLAMA, cluster, space=SearchSpace(context_parallel=(1,)), **kw), NoFeasiblePlan)
-    res = search(LLAMA, cluster, **kw)
+    space = SearchSpace(sequence_parallel=False)
+    assert isinstance(search(LLAMA, cluster, space=replace(space, context_parallel=(1,)), **kw), NoFeasiblePlan)
+    res = search(LLAMA, cluster, space=space, **kw)
     assert not isinstance(res, NoFeasiblePlan)
     best = res.best
     assert best.cp > 1 and best.predicted.feasible and res.stats.complete
