@@ -59,7 +59,7 @@ def submit(
         typer.Option("--checkpoint-every", min=1, max=MAX_STEPS, help="steps between checkpoints (default: config)"),
     ] = None,
 ) -> None:
-    """Queue a training job for the cluster scheduler (training options default to the config's [train]).
+    """Queue a training job for the cluster scheduler (training options default to the config's train section).
 
     The model is named as for `meshplan plan`: a preset, `custom` with its dimensions, or a model
     TOML; a custom model's dimensions are stored with the job, priced by the scheduler and built by

@@ -70,3 +70,27 @@ def test_an_unknown_format_is_one_line_naming_the_flag():
     cmd = [sys.executable, "-m", "cli", "gpus", "--format", "xml"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0 and "--format" in p.stderr and "csv" in p.stderr
+
+
+PHILLY = "examples/clusters/philly-mixed-1280.toml"  # three kinds, the longest names of the catalog
+
+
+def test_plan_estimate_and_discover_tables_stay_whole_at_80_columns(tmp_path):
+    """The tables users read most: the ranked plans (a mixed 1,280-GPU cluster), a plan's price and memory
+    per stage, a recorded cluster's devices and links: no "…", no line over 80, every kind named whole."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    best = tmp_path / "best.json"
+    outs = {
+        "plan": _cli(tmp_path, "plan", "--model", "llama3-8b", "--cluster", str(root / PHILLY), "--out", str(best)),
+        "estimate": _cli(tmp_path, "estimate", "--plan", str(best), "--cluster", str(root / PHILLY)),
+        "discover": _cli(tmp_path, "discover", "--cluster", str(root / PHILLY)),
+    }
+    for name, out in outs.items():
+        assert "…" not in out, (name, out)
+        lines = [line for line in out.splitlines() if str(tmp_path) not in line]  # a path may be long
+        assert all(len(line) <= 80 for line in lines), (name, out)
+    assert "V100-SXM2-32GB" in outs["estimate"] and outs["plan"].splitlines()[1].split()[:2] == ["#", "layout"]
+    kinds = {"A100-SXM4-40GB", "V100-SXM2-32GB", "A40", "A10"}
+    assert kinds <= set(outs["discover"].split()), outs["discover"]
