@@ -11,7 +11,8 @@ profile (planner.cost.runtimes) with no layer profiles. Five families, one runti
 - torchtitan (2024-08 tables, FSDP2 = zero3, TP with sequence parallel, 'selective layer' = full
   recompute of every 2nd block, 'selective op' = selective): `torchtitan`;
 - amp-deepspeed (AMP's 16 × T4 sweep, DeepSpeed + Megatron-LM v1.1.5, fp16, heads 16, layers split
-  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node): `deepspeed`; its failed trials have no
+  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node at NCCL TCP sockets' achieved 0.376 of line
+  rate, G4DN_INTER): `deepspeed`; its failed trials have no
   measured time and are scored only on whether the model calls them out of memory.
 Links the sources do not state are assumed and printed (ASSUMED_LINKS).
 
