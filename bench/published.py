@@ -11,7 +11,8 @@ profile (planner.cost.runtimes) with no layer profiles. Five families, one runti
 - torchtitan (2024-08 tables, FSDP2 = zero3, TP with sequence parallel, 'selective layer' = full
   recompute of every 2nd block, 'selective op' = selective): `torchtitan`;
 - amp-deepspeed (AMP's 16 × T4 sweep, DeepSpeed + Megatron-LM v1.1.5, fp16, heads 16, layers split
-  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node): `deepspeed`; its failed trials have no
+  evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node at NCCL TCP sockets' achieved 0.376 of line
+  rate, G4DN_INTER): `deepspeed`; its failed trials have no
   measured time and are scored only on whether the model calls them out of memory.
 Links the sources do not state are assumed and printed (ASSUMED_LINKS).
 
@@ -127,8 +128,19 @@ FAMILY_PROFILE = {
     "torchtitan": TORCHTITAN_RT,
     "amp-deepspeed": DEEPSPEED_RT,
 }
-# AMP's g4dn.12xlarge: 4 T4 on PCIe Gen3 (no NVLink), 50 Gb/s Ethernet per node shared by its 4 GPUs
-G4DN_INTER = LinkSpec(kind="eth-50g/4", bandwidth_bytes_per_s=50e9 / 8 / 4, latency_s=50e-6, source="AWS g4dn.12xlarge")
+# AMP's g4dn.12xlarge: 4 T4 on PCIe Gen3 (no NVLink), 50 Gb/s Ethernet per node shared by its 4 GPUs.
+# No EFA and no GPUDirect RDMA on g4dn: NCCL runs its TCP socket transport, staging through host memory.
+# What that transport achieves of an AWS ENA line rate: 4.7 GB/s all-reduce bus bandwidth on p3dn's
+# 100 Gb/s (12.5 GB/s) ENA, 2 nodes × 8 V100 (NVIDIA/nccl issue #398, 2020), i.e. 0.376 of line rate
+# (issue #209, 2019, same instances: iperf3 92 Gb/s, NCCL sockets 11–41 Gb/s by version). Assumed: the
+# same fraction at 50 Gb/s. Not fitted; no AMP row was used.
+TCP_SOCKET_EFFICIENCY = 4.7 / 12.5
+G4DN_INTER = LinkSpec(
+    kind="eth-50g/4-tcp",
+    bandwidth_bytes_per_s=50e9 / 8 / 4 * TCP_SOCKET_EFFICIENCY,
+    latency_s=50e-6,
+    source="AWS g4dn.12xlarge 50 Gb/s per node / 4 GPUs × NCCL TCP socket efficiency 0.376 (NVIDIA/nccl#398)",
+)
 ASSUMED_LINKS = (
     "MPT H100 sections and torchtitan state no fabric: DGX H100's 8 × 400 Gb/s NDR per node (MPT H100), "
     "Selene-like 8 × HDR (torchtitan A100), 8 × 400G RoCE (torchtitan Grand Teton) assumed; AMP rows: heads "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from planner.cost.compute import Device, KernelEfficiency, estimate_layer_from_shape
+from planner.cost.compute import Device, KernelEfficiency, compute_peak_flop_per_s, estimate_layer_from_shape
 from planner.cost.fitted import DEFAULT_KERNELS
 from planner.measure.profiles import (
     MissingProfileError,
@@ -90,7 +90,14 @@ def complete_profiles(
                     if from_shape:
                         gpu = spec.gpu
                         arch = gpu.architecture if gpu else None
-                        dev = Device(peak, bw, gpu.num_sms if gpu else None, arch, kernels)
+                        sustained = gpu.sustained_gemm_flop_per_s if gpu else None
+                        dev = Device(
+                            compute_peak_flop_per_s(peak, sustained, need.dtype),
+                            bw,
+                            gpu.num_sms if gpu else None,
+                            arch,
+                            kernels,
+                        )
                         row = estimate_layer_from_shape(model, key, dev, row)
                     out.add(row)
     return out

@@ -41,6 +41,18 @@ FLASH_ATTENTION_FRACTION_OTHER = 0.5
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 
 
+def compute_peak_flop_per_s(peak: float, sustained_gemm_flop_per_s: float | None, dtype: str) -> float:
+    """The tensor peak kernels are priced against: the datasheet's, or on a power-capped board (the
+    catalog's `sustained_gemm_flop_per_s`, a large cuBLAS GEMM run back to back) the peak at the
+    clock it sustains, measured rate / GEMM_PEAK_FRACTION, since that GEMM reaches
+    GEMM_PEAK_FRACTION of whatever clock it runs at. T4: 24 / 0.8 = 30 of 65 TFLOP/s (70 W cap;
+    data/gpus.toml). fp32 runs on the CUDA cores, whose datasheet peak is kept. MFU keeps the
+    datasheet peak: this is a time, not a definition."""
+    if sustained_gemm_flop_per_s is None or dtype == "fp32":
+        return peak
+    return min(peak, sustained_gemm_flop_per_s / GEMM_PEAK_FRACTION)
+
+
 @dataclass(frozen=True, slots=True)
 class KernelEfficiency:
     """Fractions of the dense peak that large GEMMs and flash attention attain, per architecture

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from planner.cost import formulas as F
 from planner.cost.completion import ProfileNeed, complete_profiles
-from planner.cost.compute import Device, KernelEfficiency
+from planner.cost.compute import Device, KernelEfficiency, compute_peak_flop_per_s
 from planner.cost.devices import DeviceIndex, intra_link
 from planner.cost.fitted import DEFAULT_KERNELS
 from planner.cost.memory import Stack
@@ -55,7 +55,7 @@ def gpu_device(spec: NodeSpec, dtype: str, kernels: KernelEfficiency | None) -> 
     arch = gpu.architecture if gpu else None
     sms = gpu.num_sms if gpu else None
     return Device(
-        spec.peak_flop_per_s(dtype),
+        compute_peak_flop_per_s(spec.peak_flop_per_s(dtype), gpu.sustained_gemm_flop_per_s if gpu else None, dtype),
         spec.memory_bandwidth_bytes_per_s,
         sms,
         arch,

@@ -44,6 +44,12 @@ class GpuSpec(BaseModel):
     peak_fp8_flop_per_s: float | None = Field(
         default=None, gt=0, description="dense fp8 tensor-core peak (None: the part has no fp8 tensor cores)"
     )
+    sustained_gemm_flop_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="measured fp16/bf16 rate of one large cuBLAS GEMM run back to back, where the board's "
+        "power cap holds the clock well below boost (None: not power-limited at the datasheet peak)",
+    )
 
     def peak_flop_per_s(self, dtype: str = "bf16") -> float:
         """Dense peak for a training dtype; bf16 falls back to fp16 on parts without bf16 (V100, T4)."""
@@ -79,6 +85,8 @@ class _Row(BaseModel):
     num_sms_source: str | None = None
     peak_fp8_tflop_per_s: float | None = None
     peak_fp8_source: str | None = None
+    sustained_gemm_tflop_per_s: float | None = None
+    sustained_gemm_source: str | None = None
 
     @model_validator(mode="after")
     def _whole(self) -> _Row:
@@ -88,6 +96,8 @@ class _Row(BaseModel):
             raise ValueError(f"{self.name}: num_sms and num_sms_source go together")
         if (self.peak_fp8_tflop_per_s is None) != (self.peak_fp8_source is None):
             raise ValueError(f"{self.name}: peak_fp8_tflop_per_s and peak_fp8_source go together")
+        if (self.sustained_gemm_tflop_per_s is None) != (self.sustained_gemm_source is None):
+            raise ValueError(f"{self.name}: sustained_gemm_tflop_per_s and sustained_gemm_source go together")
         return self
 
     def spec(self) -> GpuSpec:
@@ -110,6 +120,7 @@ class _Row(BaseModel):
             notes=self.notes,
             num_sms=self.num_sms,
             peak_fp8_flop_per_s=_scaled(self.peak_fp8_tflop_per_s, TFLOP),
+            sustained_gemm_flop_per_s=_scaled(self.sustained_gemm_tflop_per_s, TFLOP),
         )
 
 

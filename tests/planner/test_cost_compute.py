@@ -127,3 +127,32 @@ def test_estimates_handed_in_are_re_derived_from_shape_measured_rows_are_not():
     fresh = complete_profiles(m, cl, None, need).get(key)
     again = complete_profiles(m, cl, ProfileTable([stored]), need).get(key)
     assert again == fresh and again.forward_s != stored.forward_s
+
+
+def test_a_power_capped_board_prices_gemms_at_its_sustained_clock_and_keeps_its_datasheet_peak_for_mfu():
+    """T4 (70 W): the catalog's measured 24 TFLOP/s large cuBLAS GEMM is GEMM_PEAK_FRACTION of the clock it
+    sustains, so kernels are priced on 24 / 0.8 = 30 TFLOP/s, not the 65 at boost; fp32 and boards with no
+    sustained figure keep the datasheet peak, and so does the node (MFU's denominator)."""
+    from planner.specs.catalog import lookup
+
+    t4, a100 = lookup("T4"), lookup("A100-SXM4-80GB")
+    assert t4.sustained_gemm_flop_per_s == 24e12 and a100.sustained_gemm_flop_per_s is None
+    assert C.compute_peak_flop_per_s(65e12, 24e12, "fp16") == pytest.approx(24e12 / C.GEMM_PEAK_FRACTION)
+    assert C.compute_peak_flop_per_s(8.1e12, 24e12, "fp32") == 8.1e12
+    assert C.compute_peak_flop_per_s(312e12, None, "bf16") == 312e12
+    assert C.compute_peak_flop_per_s(20e12, 24e12, "fp16") == 20e12  # never above the datasheet
+    cluster = parse_cluster(
+        {
+            "name": "t4",
+            "nodes": [{"name": "n", "device": "T4", "num_devices": 4, "intra_link": "pcie3", "inter_link": "eth-10g"}],
+        }
+    )
+    node = cluster.nodes[0]
+    from planner.cost.estimate import gpu_device
+
+    dev = gpu_device(node, "fp16", None)
+    assert node.peak_flop_per_s("fp16") == 65e12 and dev.peak_flop_per_s == pytest.approx(30e12)
+    # a large GEMM on the T4 device runs at its measured rate (quantisation-free shape: 40 SMs × whole waves)
+    m = n = 128 * 40
+    t = C.gemm_s(m, n, 4096, 2, C.Device(dev.peak_flop_per_s, dev.memory_bandwidth_bytes_per_s, 40, "Turing"))
+    assert 2 * m * n * 4096 / t == pytest.approx(24e12)
