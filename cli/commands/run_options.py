@@ -1,6 +1,6 @@
 """The training options as command flags, generated from `RunOptions` (planner/specs/runspec.py).
 
-`@run_option_flags` gives a command one `--kebab-name` option per RunOptions field it does not
+`@run_option_flags()` gives a command one `--kebab-name` option per RunOptions field it does not
 declare itself: the type (int, float, a Literal's choices, bool as `--x/--no-x`) and the bounds
 (`ge`/`le` as the option's range) come from the field, the help is the field's description and
 default. A field added to RunOptions is a flag of `meshplan train` and `meshplan submit` with no
@@ -28,26 +28,30 @@ from pydantic.fields import FieldInfo
 
 from planner.specs.runspec import RunOptions, flag
 
-PANEL = "Training options (config train section)"
+PANEL = "Training options (over the config's train section)"
 
 
-def run_option_flags(fn: Callable[..., None]) -> Callable[..., None]:
-    """Add a flag per RunOptions field `fn` has no parameter for; `fn(..., run_options={set fields})`."""
-    sig = inspect.signature(fn, eval_str=True)
-    own = [p for p in sig.parameters.values() if p.name != "run_options"]
-    names = [n for n in RunOptions.model_fields if n not in sig.parameters]
-    generated = [
-        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=option_type(n)) for n in names
-    ]
+def run_option_flags(exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A flag per RunOptions field the command has no parameter for and `exclude` does not name; the
+    command is called with `run_options={field: value}` for those the user set."""
 
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> None:
-        given = {n: kwargs.pop(n) for n in names}
-        return fn(**kwargs, run_options={n: v for n, v in given.items() if v is not None})
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "run_options"]
+        names = [n for n in RunOptions.model_fields if n not in sig.parameters and n not in exclude]
+        kw = inspect.Parameter.KEYWORD_ONLY
+        generated = [inspect.Parameter(n, kw, default=None, annotation=option_type(n)) for n in names]
 
-    command.__signature__ = sig.replace(parameters=[*own, *generated])  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in (*own, *generated)} | {"return": None}
-    return command
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            given = {n: kwargs.pop(n) for n in names}
+            return fn(**kwargs, run_options={n: v for n, v in given.items() if v is not None})
+
+        command.__signature__ = sig.replace(parameters=[*own, *generated])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in (*own, *generated)} | {"return": None}
+        return command
+
+    return decorate
 
 
 def option_type(name: str) -> Any:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.app import app, db_path, load_settings, prefect_env
-from cli.commands.run_options import run_option_flags, train_overrides
 from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -21,6 +20,7 @@ from cli.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
+from cli.commands.run_options import run_option_flags, train_overrides
 from planner.limits import MAX_RANKS, MAX_SECONDS, MAX_SLOWDOWN, MAX_STEPS
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
-@run_option_flags  # every other RunOptions field (lr, seed, grad_clip_norm, ...) is a generated flag
+@run_option_flags()  # every other RunOptions field (lr, seed, grad_clip_norm, ...) is a generated flag
 def train(
     plan: Annotated[Path | None, typer.Option("--plan", help="plan JSON file")] = None,
     plan_id: Annotated[str | None, typer.Option("--plan-id", help="id of a plan stored in the database")] = None,
