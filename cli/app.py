@@ -1,7 +1,8 @@
 """The typer app and what every command shares: config loading, state paths, Prefect settings.
 
-Command modules (cli/commands/*.py) import only typer and this module at top level, so
-`meshplan --help` answers without importing torch, Prefect or DuckDB.
+Command modules (cli/commands/*.py) import only typer, this module and the training options their
+flags are generated from (planner/specs/runspec.py, pydantic) at top level, so `meshplan --help`
+answers without importing torch, Prefect or DuckDB.
 """
 
 from __future__ import annotations

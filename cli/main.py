@@ -67,7 +67,8 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
         flag = _flag_of(exc.param)
         value = _typed_value(flag, argv)
         shown = f"{flag}={value!r}" if value is not None else flag
-        return f"{shown}: {exc.message[:1].lower()}{exc.message[1:]}; see {_help(argv)}"
+        message = exc.message.rstrip(".")
+        return f"{shown}: {message[:1].lower()}{message[1:]}; see {_help(argv)}"
     if isinstance(exc, UsageError):
         return f"{exc.format_message().rstrip('.')}; see {_help(argv)}"
     if isinstance(exc, ClickException):

@@ -20,11 +20,13 @@ from cli.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
+from cli.commands.run_options import run_option_flags
 from cli.commands.tables import Col, FormatOption, emit, print_table
-from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_SEQ, MAX_STEPS
+from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEQ, MAX_STEPS
 
 
 @app.command()
+@run_option_flags(exclude=("steps",))  # a job's steps are its --iterations
 def submit(
     global_batch: Annotated[int, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="samples per step")],
     iterations: Annotated[int, typer.Option("--iterations", min=1, max=MAX_STEPS, help="steps to run")],
@@ -48,16 +50,7 @@ def submit(
         float | None, typer.Option("--deadline-s", min=0.001, max=MAX_SECONDS, help="seconds from submission")
     ] = None,
     gpu_kinds: Annotated[str, typer.Option("--gpu-kinds", help="allowed kinds, comma separated (default any)")] = "",
-    data: Annotated[str | None, typer.Option("--data", help="synthetic | text (default: config train.data)")] = None,
-    optimizer: Annotated[str | None, typer.Option("--optimizer", help="adamw | sgd (default: config)")] = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="learning rate (default: config train.lr)")] = None,
-    seed: Annotated[
-        int | None, typer.Option("--seed", min=0, max=MAX_SEED, help="data and init seed (default: config)")
-    ] = None,
-    checkpoint_every: Annotated[
-        int | None,
-        typer.Option("--checkpoint-every", min=1, max=MAX_STEPS, help="steps between checkpoints (default: config)"),
-    ] = None,
+    run_options: dict[str, Any] | None = None,
 ) -> None:
     """Queue a training job for the cluster scheduler (training options default to the config's train section).
 
@@ -76,8 +69,7 @@ def submit(
     if seq is not None and spec.has_learned_positions and seq > spec.seq_len:
         raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
     kinds = parse_kinds(gpu_kinds)
-    options = {"data": data, "optimizer": optimizer, "lr": lr, "seed": seed, "checkpoint_every": checkpoint_every}
-    train = job_train_options({k: v for k, v in options.items() if v is not None})
+    train = job_train_options(run_options or {})
     jid = submit_job(
         db_path(load_settings()),
         spec,

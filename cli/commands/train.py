@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,7 @@ from cli.commands.model_options import (
     SeqLenOpt,
     VocabOpt,
 )
+from cli.commands.run_options import run_option_flags, train_overrides
 from planner.limits import MAX_RANKS, MAX_SECONDS, MAX_SLOWDOWN, MAX_STEPS
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@run_option_flags()  # every other RunOptions field (lr, seed, grad_clip_norm, ...) is a generated flag
 def train(
     plan: Annotated[Path | None, typer.Option("--plan", help="plan JSON file")] = None,
     plan_id: Annotated[str | None, typer.Option("--plan-id", help="id of a plan stored in the database")] = None,
@@ -102,6 +104,7 @@ def train(
     vocab: VocabOpt = None,
     seq_len: SeqLenOpt = None,
     family: FamilyOpt = None,
+    run_options: dict[str, Any] | None = None,
 ) -> None:
     """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported.
 
@@ -109,7 +112,7 @@ def train(
     --layers ...` or `--model FILE.toml`, as for `meshplan plan`); they must be the plan's model's.
     --dry-run proves a plan launches before GPU hours are spent on it (flows/dryrun.py); with
     --executor slurm it prints the batch script instead (launcher/slurm.py), for submitting by hand."""
-    extra = []
+    extra, flags = train_overrides(run_options or {})  # the generated flags, as `--set train.<name>=`
     for field, value in (
         ("steps", steps),
         ("nproc_per_node", nproc_per_node),
@@ -118,9 +121,8 @@ def train(
     ):
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
-    cfg = load_settings(
-        extra, {f"train.{f}": "--" + f.replace("_", "-") for f in ("steps", "nproc_per_node", "data", "rdzv_endpoint")}
-    )
+            flags[f"train.{field}"] = "--" + field.replace("_", "-")
+    cfg = load_settings(extra, flags)
     prefect_env(cfg)
 
     from planner.errors import MeshplanError

@@ -23,6 +23,7 @@ CASES = {
     "unreadable plan": (["estimate", "--plan", "{garbage}", "--cluster", MIXED], ["not valid JSON", "re-export"]),
     "unknown plan id": (["train", "--plan-id", "deadbeef", "--steps", "2"], ["--plan-id='deadbeef'", "meshplan db"]),
     "bad override": (["--set", "train.steps=0", "run"], ["train.steps=0", "too small"]),
+    "bad training flag": (["train", "--plan", "tests/data/plan_v1.json", "--lr", "0"], ["--lr=0.0", "greater than 0"]),
     "bad fault": (
         ["train", "--plan", "tests/data/plan_v1.json", "--slow-rank", "1", "--slow-factor", "0.5"],
         ["fault injection: slow_factor=0.5", "too small"],

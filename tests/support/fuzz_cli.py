@@ -23,8 +23,11 @@ import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from hypothesis import strategies as st
+
+from planner.specs.runspec import RunOptions, flag
 
 ROOT = Path(__file__).parents[2]
 PLAN_V1 = json.loads((ROOT / "tests" / "data" / "plan_v1.json").read_text())
@@ -61,6 +64,23 @@ def floats() -> st.SearchStrategy[str]:
 def bad_int() -> st.SearchStrategy[str]:
     """A value every integer option refuses at parsing: not a number, or beyond every bound."""
     return st.one_of(st.sampled_from(["abc", "", "nan", "1.5", "x1", "--"]), st.integers(2**63, 2**80).map(str))
+
+
+def run_option_values(exclude: tuple[str, ...] = ()) -> dict[str, st.SearchStrategy[str] | None]:
+    """A value per training flag, one generated per RunOptions field (cli/commands/run_options.py): the
+    field's choices and words it refuses, or numbers as for any option. A new field is fuzzed unedited."""
+    table: dict[str, st.SearchStrategy[str] | None] = {}
+    for name, info in RunOptions.model_fields.items():
+        kind = info.annotation
+        if name in exclude:
+            continue
+        if get_origin(kind) is Literal:
+            table[flag(name)] = st.sampled_from([*get_args(kind), "nope", ""])
+        elif kind is bool:
+            table[flag(name)] = None
+        else:
+            table[flag(name)] = ints(-3, 20) if kind is int else floats()
+    return table
 
 
 @dataclass
@@ -214,11 +234,7 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
             "--deadline-s": floats(),
             "--gpu-kinds": st.one_of(st.sampled_from(["a100", "A100,v100", "h900", "cpu", ",", "t4, a10"]), _text),
             "--job-id": _text,
-            "--lr": floats(),
-            "--seed": ints(0, 9),
-            "--checkpoint-every": ints(1, 9),
-            "--optimizer": st.sampled_from(["adamw", "sgd", "lion", ""]),
-            "--data": st.sampled_from(["synthetic", "text", "json", ""]),
+            **run_option_values(exclude=("steps",)),  # a job's steps are its --iterations
         }
         # mostly with what a job needs, so valid submissions (and the jobs they queue) are common too
         need = ["--model", "tiny", "--global-batch", draw(ints(1, 64)), "--iterations", draw(ints(1, 100))]
@@ -280,7 +296,7 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
     # launchers: one value that must be refused before anything starts, among other options
     if command == "train":
         bad = draw(st.sampled_from(["--steps", "--nproc-per-node", "--nnodes", "--slow-rank", "--slow-from-step"]))
-        others = {"--plan": plan_file, "--dry-run": None, "--json": None}
+        others = {"--plan": plan_file, "--dry-run": None, "--json": None, **run_option_values(exclude=("steps",))}
         return ["train", *draw(_options(others)), bad, draw(bad_int())]
     if command == "run":
         bad = draw(st.sampled_from(["--steps", "--ranks"]))
