@@ -15,22 +15,25 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import job_exited, kill_group, log_tail, start_logged
 from planner.errors import MeshplanError
+from planner.serve.calibrate import measured_samples
 from planner.serve.cost import ServeCost
 from planner.serve.placement import (
     Placement,
     Problem,
     check_placement,
     one_model_per_group,
+    replay_placement,
     resolve_slos,
     search,
     selective_replication,
-    simulate_placement,
 )
+from planner.serve.simulate import Measured
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
 from storage.serve import record_requests
@@ -74,14 +77,10 @@ def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -
         return [f.result() for f in futures]
 
 
-def read_calibration(
-    run_dir: Path, pl: Placement
-) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
+def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
     """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
-    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none);
-    and per request id the seconds its stages computed in total."""
+    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none)."""
     stages: dict[tuple[int, str], dict[int, float]] = {}
-    per_request: dict[int, float] = {}
     for f in run_dir.glob("calib_rank*.json"):
         d = json.loads(f.read_text())
         for name, t in d["stage_s"].items():
@@ -91,14 +90,30 @@ def read_calibration(
         by_model: dict[str, list[float]] = {}
         for r in d["requests"]:
             by_model.setdefault(r["model"], []).append(r["compute_s"])
-            per_request[r["id"]] = per_request.get(r["id"], 0.0) + r["compute_s"]
         for name, ts in by_model.items():
             stages.setdefault((d["group"], name), {})[d["stage"]] = statistics.fmean(ts)
     out = {}
     for (gi, name), per in stages.items():
         g = pl.groups[gi]
         out[(name, g.pp, g.tp, 1)] = tuple(per[s] for s in range(g.pp))
-    return out, per_request
+    return out
+
+
+def read_measured(run_dir: Path, pl: Placement, rows: list[dict]) -> dict[int, Measured]:
+    """Per group, the simulator's per-request samples (planner/serve/calibrate.py) from its ranks'
+    stage_rank*.json and the router's rows of the replay (`rows`, phase "serve")."""
+    logs: dict[int, dict[int, list[dict]]] = {}
+    for f in run_dir.glob("stage_rank*.json"):
+        d = json.loads(f.read_text())
+        logs.setdefault(d["group"], {})[d["stage"]] = d["requests"]
+    names = [m.name for m in pl.models]
+    out = {}
+    for gi, by_stage in logs.items():
+        if len(by_stage) != pl.groups[gi].pp or not all("t_fwd" in e for log in by_stage.values() for e in log):
+            continue  # an older rank's log (no time stamps): the group keeps its mean stage times
+        mine = [r for r in rows if r["grp"] == gi and r["phase"] == "serve" and r["status"] == "ok"]
+        out[gi] = measured_samples([by_stage[s] for s in range(pl.groups[gi].pp)], mine, names)
+    return out
 
 
 @task(name="serve-run", cache_policy=NO_CACHE, retries=0)
@@ -143,6 +158,7 @@ def run_serving(
     log = out / "serve.log"
     proc = start_logged(cmd, log)
     recorded = 0
+    timed: list[dict] = []
     try:
         router.accept_ranks(timeout_s=min(timeout_s, 300.0), alive=lambda: proc.poll() is None)
         http_port = router.start_http(port)
@@ -151,7 +167,6 @@ def run_serving(
         for name in router.served:
             for _ in range(warmup):
                 _post(http_port, name, 60.0)
-        warm = [(r["request_id"], r["latency_s"]) for r in router.rows if r["latency_s"] is not None]
         router.phase = "serve"
         if trace is not None:
             statuses = replay(http_port, trace, names)
@@ -169,10 +184,15 @@ def run_serving(
         kill_group(proc)
         raise
     finally:
-        recorded += record_requests(db_path, router.take_rows())
+        last = router.take_rows()
+        recorded += record_requests(db_path, last)
+        timed.extend(last)
     if rc != 0:
         raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
-    calib, per_request = read_calibration(out, pl)
+    # each request's arrival and finish on the router's monotonic clock, beside the ranks' stage logs
+    keep = ("request_id", "model", "grp", "phase", "status", "t_arrival", "t_finish")
+    (out / "router.json").write_text(json.dumps([{k: r.get(k) for k in keep} for r in timed]))
+    calib = read_calibration(out, pl)
     result = {
         "run_id": run_id,
         "recorded": recorded,
@@ -180,13 +200,18 @@ def run_serving(
         "calibration": {str(k): v for k, v in calib.items()},
     }
     if trace is not None:
+        # the simulator, each request's stage work, hand-offs and front-end time drawn from the
+        # ranks' and router's logs of this replay (service figures, no request's latency or wait),
+        # runs the same trace; median p50/p99 over seeded runs
+        measured = read_measured(out, pl, timed)
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
-        # what a request spends outside the stages' forwards (HTTP, sockets, p2p): unloaded warm-ups
-        gaps = [lat - per_request[rid] for rid, lat in warm if rid in per_request]
-        overhead = statistics.median(gaps) if gaps else 0.0
-        sim = simulate_placement(pl, ccost, trace, overhead_s=max(0.0, overhead))
-        result["overhead_s"] = overhead
-        result["simulated"] = sim.per_model(names)
+        result["simulated"] = replay_placement(pl, ccost, trace, measured)
+        result["front_end_s"] = {  # median router → first stage and last stage → reply, per group
+            gi: [
+                float(np.median(x)) if len(x) else 0.0 for x in (m.front, np.concatenate([m.idle.back, m.queued.back]))
+            ]
+            for gi, m in measured.items()
+        }
     return result
 
 
