@@ -64,9 +64,10 @@ def _post(port: int, name: str, timeout_s: float) -> int:
         conn.close()
 
 
-def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -> list[int]:
-    """Send each request of `trace` at its arrival time (relative to now); HTTP statuses in order."""
-    t0 = time.monotonic()
+def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t0: float | None = None) -> list[int]:
+    """Send each request of `trace` at its arrival time (relative to `t0`, time.monotonic(), default
+    now); HTTP statuses in order."""
+    t0 = time.monotonic() if t0 is None else t0
     futures = []
     with ThreadPoolExecutor(max_workers=64) as pool:
         for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
@@ -99,9 +100,10 @@ def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, 
     return out
 
 
-def read_measured(run_dir: Path, pl: Placement, rows: list[dict]) -> dict[int, Measured]:
+def read_measured(run_dir: Path, pl: Placement, rows: list[dict], t0: float) -> dict[int, Measured]:
     """Per group, the simulator's per-request samples (planner/serve/calibrate.py) from its ranks'
-    stage_rank*.json and the router's rows of the replay (`rows`, phase "serve")."""
+    stage_rank*.json and the router's rows of the replay (`rows`, phase "serve"; `t0`: the router's
+    clock at the trace's time 0)."""
     logs: dict[int, dict[int, list[dict]]] = {}
     for f in run_dir.glob("stage_rank*.json"):
         d = json.loads(f.read_text())
@@ -112,7 +114,7 @@ def read_measured(run_dir: Path, pl: Placement, rows: list[dict]) -> dict[int, M
         if len(by_stage) != pl.groups[gi].pp or not all("t_fwd" in e for log in by_stage.values() for e in log):
             continue  # an older rank's log (no time stamps): the group keeps its mean stage times
         mine = [r for r in rows if r["grp"] == gi and r["phase"] == "serve" and r["status"] == "ok"]
-        out[gi] = measured_samples([by_stage[s] for s in range(pl.groups[gi].pp)], mine, names)
+        out[gi] = measured_samples([by_stage[s] for s in range(pl.groups[gi].pp)], mine, names, t0)
     return out
 
 
@@ -169,7 +171,8 @@ def run_serving(
                 _post(http_port, name, 60.0)
         router.phase = "serve"
         if trace is not None:
-            statuses = replay(http_port, trace, names)
+            t0 = time.monotonic()
+            statuses = replay(http_port, trace, names, t0=t0)
         else:
             statuses = []
             end = time.monotonic() + serve_s if serve_s is not None else float("inf")
@@ -200,18 +203,24 @@ def run_serving(
         "calibration": {str(k): v for k, v in calib.items()},
     }
     if trace is not None:
-        # the simulator, each request's stage work, hand-offs and front-end time drawn from the
-        # ranks' and router's logs of this replay (service figures, no request's latency or wait),
-        # runs the same trace; median p50/p99 over seeded runs
-        measured = read_measured(out, pl, timed)
+        # the simulator runs the trace as it reached the router (the replay client sends a burst's
+        # requests one by one: they arrive a few ms apart, not at once), each request's front end,
+        # stage work, hand-offs and the box's speed over time drawn from the ranks' and the router's
+        # logs of this replay (service figures: no request's latency or wait); median p50/p99 over
+        # seeded runs. "simulated_nominal": the same on the trace's own times.
+        measured = read_measured(out, pl, timed, t0)
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
-        result["simulated"] = replay_placement(pl, ccost, trace, measured)
-        result["front_end_s"] = {  # median router → first stage and last stage → reply, per group
-            gi: [
-                float(np.median(x)) if len(x) else 0.0 for x in (m.front, np.concatenate([m.idle.back, m.queued.back]))
-            ]
-            for gi, m in measured.items()
-        }
+        rows = sorted((r for r in timed if r["phase"] == "serve"), key=lambda r: r["t_arrival"])
+        received = Trace(
+            np.array([r["t_arrival"] - t0 for r in rows]),
+            np.array([names.index(r["model"]) for r in rows], dtype=np.int64),
+            trace.duration_s,
+        )
+        result["simulated"] = replay_placement(pl, ccost, received, measured)
+        result["simulated_nominal"] = replay_placement(pl, ccost, trace, measured)
+        if len(received) == len(trace) and len(trace):
+            late = received.arrival_s - trace.arrival_s
+            result["arrival_late_s"] = {"p50": float(np.median(late)), "max": float(late.max())}
     return result
 
 

@@ -188,3 +188,8 @@ def serve(
                 f"{m['model']:<12} {1e3 * m['p50_s']:>7.1f}ms {1e3 * s['p50_s']:>7.1f}ms {1e3 * m['p99_s']:>7.1f}ms "
                 f"{1e3 * s['p99_s']:>7.1f}ms {100 * m['attainment']:>6.1f}%"
             )
+        nominal, late = out["simulated_nominal"][-1], out.get("arrival_late_s")
+        typer.echo(
+            f"simulated on the trace's own times: p50 {1e3 * nominal['p50_s']:.1f}ms p99 {1e3 * nominal['p99_s']:.1f}ms"
+            + (f" (requests reached the server up to {1e3 * late['max']:.0f} ms late)" if late else "")
+        )

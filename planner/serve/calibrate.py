@@ -5,13 +5,16 @@ activation's recv), finished the forward (`t_send`) and had handed it on (`t_out
 each request's arrival and reply (`t_arrival`, `t_finish`), all on one monotonic clock. Cut at
 those stamps, a request's latency is queueing plus these parts, which is what the simulator draws:
 
+    front     first stage takes it − when both it had arrived and the stage was free: t_in −
+              max(t_arrival, the stage's previous t_out) (router → rank, the rank's loop)
     work[s]   stage s's own seconds: t_send − t_fwd (stage 0 also parses: t_send − t_in)
     hop[s]    the hand-off s → s+1: stage s+1's t_fwd − (when both sides were ready: stage s's t_send,
               stage s+1's previous t_out) — header and activation over gloo
-    front     router → first stage: t_in − t_arrival, for requests that found the first stage idle
-              (a request that found it busy waited in the socket: queueing, not front end)
-    back      last stage's forward done → reply sent: t_finish − t_send
+    back      last stage's forward done → reply: t_finish − t_send
+    tail      last stage's forward done → free again: t_out − t_send (the reply's send)
 
+Requests that arrived while the first stage was still on an earlier one ("queued") and the others
+("idle") are kept apart: under a queue the ranks and the front end share the CPUs.
 None of these contains a wait for another request, so they are service figures, not latencies; the
 simulator rebuilds the waits (queueing, blocked hand-offs) from them.
 """
@@ -23,10 +26,14 @@ import numpy as np
 from planner.serve.simulate import Measured, Service
 
 
-def measured_samples(stages: list[list[dict]], router: list[dict], names: list[str]) -> Measured:
+def measured_samples(
+    stages: list[list[dict]], router: list[dict], names: list[str], t0: float | None = None, window_s: float = 1.0
+) -> Measured:
     """`stages[s]`: stage s's log in serving order; `router`: the router's rows of the requests to
-    use (their ids select the stage entries). A request queued when it arrived while the first
-    stage was still on an earlier one."""
+    use (their ids select the stage entries); `t0`: the router's clock at the trace's time 0. A
+    request queued when it arrived while the first stage was still on an earlier one. With `t0`, the
+    box's speed over the trace: each request's total service over its (model, queued) mean, averaged
+    over the requests within ±`window_s`; samples are stored divided by it (simulate.Measured)."""
     pp = len(stages)
     by_id = [{int(e["id"]): e for e in log} for log in stages]
     ready = []  # per stage: request id → when the stage was free to take it (its previous t_out)
@@ -36,27 +43,51 @@ def measured_samples(stages: list[list[dict]], router: list[dict], names: list[s
             mine[int(e["id"])] = prev
             prev = e["t_out"]
         ready.append(mine)
-    sets = {waited: (dict(), [[] for _ in range(pp - 1)], []) for waited in (False, True)}
-    front = []
+    reqs = []  # (trace time, queued, model, front, work per stage, hop per boundary, back, tail)
     for row in router:
         rid = int(row["request_id"])
         if not all(rid in b for b in by_id):
             continue  # dropped by the first stage: no service
         es = [b[rid] for b in by_id]
-        waited = row["t_arrival"] < ready[0][rid]
-        work, hop, back = sets[waited]
-        per = work.setdefault(names.index(row["model"]), [[] for _ in range(pp)])
-        for s, e in enumerate(es):
-            per[s].append(e["t_send"] - (e["t_in"] if s == 0 else e["t_fwd"]))
-            if s:
-                hop[s - 1].append(max(0.0, e["t_fwd"] - max(es[s - 1]["t_send"], ready[s][rid])))
-        if not waited:
-            front.append(max(0.0, es[0]["t_in"] - row["t_arrival"]))
-        back.append(max(0.0, row["t_finish"] - es[-1]["t_send"]))
+        at = row["t_arrival"] - (t0 if t0 is not None else 0.0)
+        front = max(0.0, es[0]["t_in"] - max(row["t_arrival"], ready[0][rid]))
+        work = [e["t_send"] - (e["t_in"] if s == 0 else e["t_fwd"]) for s, e in enumerate(es)]
+        hop = [max(0.0, es[s]["t_fwd"] - max(es[s - 1]["t_send"], ready[s][rid])) for s in range(1, pp)]
+        back = max(0.0, row["t_finish"] - es[-1]["t_send"])
+        tail = max(0.0, es[-1]["t_out"] - es[-1]["t_send"])
+        queued = row["t_arrival"] < ready[0][rid]
+        reqs.append((at, queued, names.index(row["model"]), front, work, hop, back, tail))
+    reqs.sort(key=lambda r: r[0])
+    at = np.array([r[0] for r in reqs])
+    speed = np.ones(len(reqs))
+    if t0 is not None and reqs:
+        total = np.array([r[3] + sum(r[4]) + sum(r[5]) + r[6] + r[7] for r in reqs])
+        x = np.empty(len(reqs))
+        for key in {(r[1], r[2]) for r in reqs}:
+            sel = np.array([(r[1], r[2]) == key for r in reqs])
+            x[sel] = total[sel] / max(float(total[sel].mean()), 1e-12)
+        lo, hi = np.searchsorted(at, at - window_s), np.searchsorted(at, at + window_s, side="right")
+        speed = np.array([x[a:b].mean() for a, b in zip(lo, hi, strict=True)])
+    sets = {waited: ([], {}, [[] for _ in range(pp - 1)], [], []) for waited in (False, True)}
+    for (_, queued, m, front, work, hop, back, tail), k in zip(reqs, speed, strict=True):
+        fronts, works, hops, backs, tails = sets[queued]
+        fronts.append(front / k)
+        per = works.setdefault(m, [[] for _ in range(pp)])
+        for s, w in enumerate(work):
+            per[s].append(w / k)
+        for s, h in enumerate(hop):
+            hops[s].append(h / k)
+        backs.append(back / k)
+        tails.append(tail / k)
 
-    def service(work: dict, hop: list, back: list) -> Service:
-        return Service(
-            {m: [np.array(w) for w in per] for m, per in work.items()}, [np.array(h) for h in hop], np.array(back)
-        )
+    def service(front: list, work: dict, hop: list, back: list, tail: list) -> Service:
+        arrays = {m: [np.array(w) for w in per] for m, per in work.items()}
+        return Service(np.array(front), arrays, [np.array(h) for h in hop], np.array(back), np.array(tail))
 
-    return Measured(np.array(front), service(*sets[False]), service(*sets[True]))
+    has_speed = t0 is not None and len(reqs) > 0
+    return Measured(
+        service(*sets[False]),
+        service(*sets[True]),
+        at if has_speed else np.zeros(0),
+        speed if has_speed else np.zeros(0),
+    )

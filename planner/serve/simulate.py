@@ -12,13 +12,15 @@ sends each request to the group where it would start first (shortest backlog).
 
 Runs in O(requests · (replicas + pp)); a group's state advances lazily to each arrival.
 
-A group given `Measured` samples (what its serving ranks logged per request, planner/serve/calibrate.py)
-draws each request's stage work, activation hand-offs and front-end delays from them, i.i.d., instead
-of using one mean per stage: the queueing this produces depends on the service times' variance
-(M/G/1-like, Pollaczek–Khinchine), which a mean-only model misses. A request then reaches the first
-stage `front` seconds after it arrives (router → rank), stage s takes the activation when stage s-1
-is done with it and stage s is free, the hand-off lasts `hop` seconds and holds both (a blocking
-send/recv), and the reply reaches the client `back` seconds after the last stage's forward. Such a
+A group given `Measured` samples (what its serving ranks and the router logged per request,
+planner/serve/calibrate.py) draws each request's times from them, i.i.d., instead of using one mean
+per stage: queueing depends on the service times' variance (M/G/1, Pollaczek–Khinchine), which a
+mean-only model misses. The first stage takes a request `front` seconds after both it has arrived
+and the stage is free (router → rank); stage s takes the activation when stage s-1 is done with it
+and stage s is free, and the hand-off lasts `hop` seconds holding both (blocking send/recv); the
+reply reaches the client `back` seconds after the last stage's forward, and the last stage is free
+`tail` seconds after it. Requests that queued for the first stage draw from the samples of requests
+that queued (the ranks and front end then share the CPUs: slower), the others from the rest. Such a
 group serves one request at a time, as meshplan's ranks do; `replicate` runs several seeds.
 """
 
@@ -38,28 +40,39 @@ def _pick(rng: np.random.Generator, x: np.ndarray) -> float:
 
 @dataclass
 class Service:
-    """Per-request samples (seconds): `work[m][s]` stage s's work on a request of model m; `hop[s]`
-    the hand-off from stage s to s+1; `back` last stage's forward done → reply."""
+    """Per-request samples (seconds): `front` arrival (or the first stage's previous request) → the
+    first stage takes it; `work[m][s]` stage s's work on a request of model m; `hop[s]` the hand-off
+    from stage s to s+1; `back` last stage's forward done → reply; `tail` last stage's forward done →
+    free for the next request (the reply's send)."""
 
+    front: np.ndarray
     work: dict[int, list[np.ndarray]]
     hop: list[np.ndarray]
     back: np.ndarray
+    tail: np.ndarray
 
-    def draw(self, rng: np.random.Generator, m: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-        return tuple(_pick(rng, w) for w in self.work[m]), tuple(_pick(rng, h) for h in self.hop), _pick(rng, self.back)
+    def draw(self, rng: np.random.Generator, m: int) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+        work = tuple(_pick(rng, w) for w in self.work[m])
+        return work, tuple(_pick(rng, h) for h in self.hop), _pick(rng, self.back), _pick(rng, self.tail)
 
 
 @dataclass
 class Measured:
-    """What a group's ranks and the router measured per request: `front` arrival → first stage (of
-    requests that found it free); the service of requests that found the first stage free (`idle`)
-    and of those that queued for it (`queued`): while a group works off a queue, its ranks and the
-    front end are all busy and share the CPUs, so its service is slower than when requests come
-    alone — a draw takes the set that matches the simulated request's state."""
+    """What a group's ranks and the router measured per request: the service of requests that found
+    the first stage free (`idle`) and of those that queued for it (`queued`). While a group works off
+    a queue its ranks and the front end are all busy and share the CPUs, so its service is slower
+    than when requests come alone; a draw takes the set that matches the simulated request's state."""
 
-    front: np.ndarray
     idle: Service
     queued: Service
+    # the box's speed over the trace (seconds of trace time → factor on every drawn time; samples are
+    # stored divided by it): other processes come and go, so service is slower in some seconds than
+    # others, and a burst's wait depends on the speed while it lasts. Empty: 1 throughout.
+    speed_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    speed: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def speed_of(self, t: float) -> float:
+        return float(np.interp(t, self.speed_at, self.speed)) if len(self.speed) else 1.0
 
     def service(self, m: int, waited: bool) -> Service:
         first, other = (self.queued, self.idle) if waited else (self.idle, self.queued)
@@ -218,18 +231,21 @@ def _advance_measured(g: SimGroup, until: float, arrival: list, model: list, dea
     assert meas is not None and rng is not None
     while q:
         head = q[0]
-        front = g._draws.get(head)
-        if front is None:  # drawn once: a request may be looked at several times before it starts
-            front = g._draws[head] = _pick(rng, meas.front)
         a = arrival[head]
-        start = max(free[0], a + front)
+        waited = free[0] > a
+        m = model[head]
+        draw = g._draws.get(head)
+        if draw is None or draw[0] != waited:  # drawn once per state: a request is looked at until it starts
+            draw = g._draws[head] = (waited, _pick(rng, meas.service(m, waited).front) * meas.speed_of(a))
+        start = max(free[0], a) + draw[1]
         if start > until:
             return
         q.popleft()
         del g._draws[head]
-        m = model[head]
         g.queued_s -= g.times[m][0][0]
-        work, hop, back = meas.service(m, waited=start > a + front).draw(rng, m)
+        work, hop, back, tail = meas.service(m, waited).draw(rng, m)
+        k = meas.speed_of(a)
+        work, hop, back, tail = tuple(k * w for w in work), tuple(k * h for h in hop), k * back, k * tail
         e = start + work[0]
         ends = [e]
         for s in range(1, len(work)):
@@ -239,6 +255,7 @@ def _advance_measured(g: SimGroup, until: float, arrival: list, model: list, dea
             ends.append(e)
         if e + back > deadline[head]:
             continue  # dropped: latency stays NaN
+        ends[-1] += tail
         free[: len(ends)] = ends
         g.busy_s += ends[0] - start
         out[head] = e + back - a
