@@ -18,6 +18,7 @@ and one model per group (equal groups, the busiest models one each, the best con
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -436,9 +437,10 @@ def replay_placement(
         times = {m: p.times(m, pl.config(g)) for m in hosted}
         meas = measured.get(gi)
         if meas is not None:
-            for m in hosted:  # a model the group served no request of: its calibrated stage times
-                if m not in meas.idle.work and m not in meas.queued.work:
-                    meas.idle.work[m] = [np.array([t]) for t in times[m][0]]
+            missing = [m for m in hosted if m not in meas.idle.work and m not in meas.queued.work]
+            if missing:  # a model the group served no request of: its calibrated stage times
+                work = dict(meas.idle.work) | {m: [np.array([t]) for t in times[m][0]] for m in missing}
+                meas = dataclasses.replace(meas, idle=dataclasses.replace(meas.idle, work=work))
             # the routing backlog prices a request at its mean measured first-stage work
             times = {m: [tuple(float(np.mean(x)) for x in meas.service(m, False).work[m])] for m in hosted}
         groups.append(SimGroup(g.pp, times, 1, measured=meas))

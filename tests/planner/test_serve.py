@@ -160,6 +160,26 @@ def test_measured_samples_cut_each_request_at_its_time_stamps() -> None:
     assert np.allclose(m.idle.tail, [0.1]) and np.allclose(m.queued.tail, [0.1])
 
 
+def test_the_box_speed_over_time_scales_the_drawn_times() -> None:
+    """One stage; two requests near t=0 took 1 s, two near t=10 took 2 s (other processes ran then):
+    the measured speed is 2/3 and 4/3 of the mean there, every stored sample 1.5 s, and a request
+    simulated at t=0 takes 1 s, one at t=10 takes 2 s — not the 1.5 s mean."""
+    arrivals, works = [0.0, 1.2, 10.0, 12.5], [1.0, 1.0, 2.0, 2.0]
+    log = [
+        {"id": i, "model": "a", "t_in": 100 + t, "t_fwd": 100 + t, "t_send": 100 + t + w, "t_out": 100 + t + w}
+        for i, (t, w) in enumerate(zip(arrivals, works, strict=True))
+    ]
+    router = [
+        {"request_id": i, "model": "a", "t_arrival": 100 + t, "t_finish": 100 + t + w}
+        for i, (t, w) in enumerate(zip(arrivals, works, strict=True))
+    ]
+    m = measured_samples([log], router, ["a"], t0=100.0, window_s=3.0)
+    assert np.allclose(m.speed, [2 / 3, 2 / 3, 4 / 3, 4 / 3]) and np.allclose(m.idle.work[0][0], 1.5)
+    g = SimGroup(1, {0: [(1.5,)]}, measured=m)
+    r = simulate([g], {0: [0]}, Trace(np.array([0.0, 10.0]), np.zeros(2, dtype=np.int64), 20.0), np.array([9.0]))
+    assert np.allclose(r.latency_s, [1.0, 2.0])
+
+
 def _problem(rate: float, cv: float) -> Problem:
     sizes = ["gpt3-1.3b"] * 3 + ["gpt3-2.7b"] * 3 + ["gpt3-6.7b"] * 2
     models = tuple(
