@@ -192,9 +192,6 @@ def run_serving(
         timed.extend(last)
     if rc != 0:
         raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
-    # each request's arrival and finish on the router's monotonic clock, beside the ranks' stage logs
-    keep = ("request_id", "model", "grp", "phase", "status", "t_arrival", "t_finish")
-    (out / "router.json").write_text(json.dumps([{k: r.get(k) for k in keep} for r in timed]))
     calib = read_calibration(out, pl)
     result = {
         "run_id": run_id,
@@ -208,6 +205,9 @@ def run_serving(
         # stage work, hand-offs and the box's speed over time drawn from the ranks' and the router's
         # logs of this replay (service figures: no request's latency or wait); median p50/p99 over
         # seeded runs. "simulated_nominal": the same on the trace's own times.
+        # each request's arrival and finish on the router's monotonic clock, beside the ranks' stage logs
+        keep = ("request_id", "model", "grp", "phase", "status", "t_arrival", "t_finish")
+        (out / "router.json").write_text(json.dumps([{k: r.get(k) for k in keep} for r in timed]))
         measured = read_measured(out, pl, timed, t0)
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
         rows = sorted((r for r in timed if r["phase"] == "serve"), key=lambda r: r["t_arrival"])

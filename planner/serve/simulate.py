@@ -20,8 +20,11 @@ and the stage is free (router → rank); stage s takes the activation when stage
 and stage s is free, and the hand-off lasts `hop` seconds holding both (blocking send/recv); the
 reply reaches the client `back` seconds after the last stage's forward, and the last stage is free
 `tail` seconds after it. Requests that queued for the first stage draw from the samples of requests
-that queued (the ranks and front end then share the CPUs: slower), the others from the rest. Such a
-group serves one request at a time, as meshplan's ranks do; `replicate` runs several seeds.
+that queued (the ranks and front end then share the CPUs: slower), the others from the rest, and
+every drawn time is scaled by the box's measured speed around the request's arrival (other
+processes come and go). Such a group serves one request at a time, as meshplan's ranks do, and drops
+a request whose drawn finish passes its deadline (the ranks drop on their start-up estimate: the
+same rule where the two agree); `replicate` runs several seeds.
 """
 
 from __future__ import annotations
