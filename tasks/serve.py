@@ -11,6 +11,7 @@ import http.client
 import json
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,16 +67,39 @@ def _post(port: int, name: str, timeout_s: float) -> int:
 
 def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t0: float | None = None) -> list[int]:
     """Send each request of `trace` at its arrival time (relative to `t0`, time.monotonic(), default
-    now); HTTP statuses in order."""
+    now); HTTP statuses in order. Each sending thread keeps its connection open (HTTP/1.1 keep-alive):
+    a connect, an accept and a server thread per request would load the CPUs the ranks run on just
+    when a burst arrives."""
     t0 = time.monotonic() if t0 is None else t0
+    local, conns = threading.local(), []
+
+    def post(name: str) -> int:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+            conns.append(conn)
+        try:
+            conn.request("POST", f"/models/{name}", body=b"{}", headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            local.conn = None
+            return _post(port, name, timeout_s)  # once more, on a fresh connection
+
     futures = []
-    with ThreadPoolExecutor(max_workers=64) as pool:
-        for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
-            wait = t0 + t - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            futures.append(pool.submit(_post, port, names[m], timeout_s))
-        return [f.result() for f in futures]
+    try:
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
+                wait = t0 + t - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                futures.append(pool.submit(post, names[m]))
+            return [f.result() for f in futures]
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
