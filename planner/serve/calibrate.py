@@ -13,10 +13,12 @@ those stamps, a request's latency is queueing plus these parts, which is what th
     back      last stage's forward done → reply: t_finish − t_send
     tail      last stage's forward done → free again: t_out − t_send (the reply's send)
 
-Requests that arrived while the first stage was still on an earlier one ("queued") and the others
-("idle") are kept apart: under a queue the ranks and the front end share the CPUs.
 None of these contains a wait for another request, so they are service figures, not latencies; the
-simulator rebuilds the waits (queueing, blocked hand-offs) from them.
+simulator rebuilds the waits (queueing, blocked hand-offs) from them. Requests that arrived while
+the first stage was still on an earlier one ("queued") and the others ("idle") are kept apart: under
+a queue the ranks and the front end share the CPUs. And the box's speed over the trace (others'
+processes come and go) is measured as each request's total over its kind's mean, averaged over ±1 s,
+and divided out of the samples; the simulator multiplies it back in at each request's arrival.
 """
 
 from __future__ import annotations
