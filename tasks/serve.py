@@ -11,25 +11,29 @@ import http.client
 import json
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import job_exited, kill_group, log_tail, start_logged
+from planner.serve.calibrate import measured_samples
 from planner.serve.cost import ServeCost
 from planner.serve.placement import (
     Placement,
     Problem,
     check_placement,
     one_model_per_group,
+    replay_placement,
     resolve_slos,
     search,
     selective_replication,
-    simulate_placement,
 )
+from planner.serve.simulate import Measured
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
 from storage.serve import record_requests
@@ -60,27 +64,47 @@ def _post(port: int, name: str, timeout_s: float) -> int:
         conn.close()
 
 
-def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0) -> list[int]:
-    """Send each request of `trace` at its arrival time (relative to now); HTTP statuses in order."""
-    t0 = time.monotonic()
+def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t0: float | None = None) -> list[int]:
+    """Send each request of `trace` at its arrival time (relative to `t0`, time.monotonic(), default
+    now); HTTP statuses in order. Each sending thread keeps its connection open (HTTP/1.1 keep-alive):
+    a connect, an accept and a server thread per request would load the CPUs the ranks run on just
+    when a burst arrives."""
+    t0 = time.monotonic() if t0 is None else t0
+    local, conns = threading.local(), []
+
+    def post(name: str) -> int:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+            conns.append(conn)
+        try:
+            conn.request("POST", f"/models/{name}", body=b"{}", headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            local.conn = None
+            return _post(port, name, timeout_s)  # once more, on a fresh connection
+
     futures = []
-    with ThreadPoolExecutor(max_workers=64) as pool:
-        for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
-            wait = t0 + t - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            futures.append(pool.submit(_post, port, names[m], timeout_s))
-        return [f.result() for f in futures]
+    try:
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            for t, m in zip(trace.arrival_s.tolist(), trace.model.tolist(), strict=True):
+                wait = t0 + t - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                futures.append(pool.submit(post, names[m]))
+            return [f.result() for f in futures]
+    finally:
+        for conn in conns:
+            conn.close()
 
 
-def read_calibration(
-    run_dir: Path, pl: Placement
-) -> tuple[dict[tuple[str, int, int, int], tuple[float, ...]], dict[int, float]]:
+def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
     """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
-    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none);
-    and per request id the seconds its stages computed in total."""
+    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none)."""
     stages: dict[tuple[int, str], dict[int, float]] = {}
-    per_request: dict[int, float] = {}
     for f in run_dir.glob("calib_rank*.json"):
         d = json.loads(f.read_text())
         for name, t in d["stage_s"].items():
@@ -90,14 +114,31 @@ def read_calibration(
         by_model: dict[str, list[float]] = {}
         for r in d["requests"]:
             by_model.setdefault(r["model"], []).append(r["compute_s"])
-            per_request[r["id"]] = per_request.get(r["id"], 0.0) + r["compute_s"]
         for name, ts in by_model.items():
             stages.setdefault((d["group"], name), {})[d["stage"]] = statistics.fmean(ts)
     out = {}
     for (gi, name), per in stages.items():
         g = pl.groups[gi]
         out[(name, g.pp, g.tp, 1)] = tuple(per[s] for s in range(g.pp))
-    return out, per_request
+    return out
+
+
+def read_measured(run_dir: Path, pl: Placement, rows: list[dict], t0: float) -> dict[int, Measured]:
+    """Per group, the simulator's per-request samples (planner/serve/calibrate.py) from its ranks'
+    stage_rank*.json and the router's rows of the replay (`rows`, phase "serve"; `t0`: the router's
+    clock at the trace's time 0)."""
+    logs: dict[int, dict[int, list[dict]]] = {}
+    for f in run_dir.glob("stage_rank*.json"):
+        d = json.loads(f.read_text())
+        logs.setdefault(d["group"], {})[d["stage"]] = d["requests"]
+    names = [m.name for m in pl.models]
+    out = {}
+    for gi, by_stage in logs.items():
+        if len(by_stage) != pl.groups[gi].pp or not all("t_fwd" in e for log in by_stage.values() for e in log):
+            continue  # an older rank's log (no time stamps): the group keeps its mean stage times
+        mine = [r for r in rows if r["grp"] == gi and r["phase"] == "serve" and r["status"] == "ok"]
+        out[gi] = measured_samples([by_stage[s] for s in range(pl.groups[gi].pp)], mine, names, t0)
+    return out
 
 
 @task(name="serve-run", cache_policy=NO_CACHE, retries=0)
@@ -134,6 +175,7 @@ def run_serving(
     log = out / "serve.log"
     proc = start_logged(cmd, log)
     recorded = 0
+    timed: list[dict] = []
     try:
         router.accept_ranks(timeout_s=min(timeout_s, 300.0), alive=lambda: proc.poll() is None)
         http_port = router.start_http(port)
@@ -142,10 +184,10 @@ def run_serving(
         for name in router.served:
             for _ in range(warmup):
                 _post(http_port, name, 60.0)
-        warm = [(r["request_id"], r["latency_s"]) for r in router.rows if r["latency_s"] is not None]
         router.phase = "serve"
         if trace is not None:
-            statuses = replay(http_port, trace, names)
+            t0 = time.monotonic()
+            statuses = replay(http_port, trace, names, t0=t0)
         else:
             statuses = []
             end = time.monotonic() + serve_s if serve_s is not None else float("inf")
@@ -160,10 +202,12 @@ def run_serving(
         kill_group(proc)
         raise
     finally:
-        recorded += record_requests(db_path, router.take_rows())
+        last = router.take_rows()
+        recorded += record_requests(db_path, last)
+        timed.extend(last)
     if rc != 0:
         raise RuntimeError(f"serving ranks exited {rc}; log {log}:\n{log_tail(log)}")
-    calib, per_request = read_calibration(out, pl)
+    calib = read_calibration(out, pl)
     result = {
         "run_id": run_id,
         "recorded": recorded,
@@ -171,13 +215,27 @@ def run_serving(
         "calibration": {str(k): v for k, v in calib.items()},
     }
     if trace is not None:
+        # the simulator runs the trace as it reached the router (the replay client sends a burst's
+        # requests one by one: they arrive a few ms apart, not at once), each request's front end,
+        # stage work, hand-offs and the box's speed over time drawn from the ranks' and the router's
+        # logs of this replay (service figures: no request's latency or wait); median p50/p99 over
+        # seeded runs. "simulated_nominal": the same on the trace's own times.
+        # each request's arrival and finish on the router's monotonic clock, beside the ranks' stage logs
+        keep = ("request_id", "model", "grp", "phase", "status", "t_arrival", "t_finish")
+        (out / "router.json").write_text(json.dumps([{k: r.get(k) for k in keep} for r in timed]))
+        measured = read_measured(out, pl, timed, t0)
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
-        # what a request spends outside the stages' forwards (HTTP, sockets, p2p): unloaded warm-ups
-        gaps = [lat - per_request[rid] for rid, lat in warm if rid in per_request]
-        overhead = statistics.median(gaps) if gaps else 0.0
-        sim = simulate_placement(pl, ccost, trace, overhead_s=max(0.0, overhead))
-        result["overhead_s"] = overhead
-        result["simulated"] = sim.per_model(names)
+        rows = sorted((r for r in timed if r["phase"] == "serve"), key=lambda r: r["t_arrival"])
+        received = Trace(
+            np.array([r["t_arrival"] - t0 for r in rows]),
+            np.array([names.index(r["model"]) for r in rows], dtype=np.int64),
+            trace.duration_s,
+        )
+        result["simulated"] = replay_placement(pl, ccost, received, measured)
+        result["simulated_nominal"] = replay_placement(pl, ccost, trace, measured)
+        if len(received) == len(trace) and len(trace):
+            late = received.arrival_s - trace.arrival_s
+            result["arrival_late_s"] = {"p50": float(np.median(late)), "max": float(late.max())}
     return result
 
 

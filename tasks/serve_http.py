@@ -120,7 +120,8 @@ class Router:
         with self.lead_lock[gi]:
             self.lead[gi].sendall((json.dumps(msg) + "\n").encode())
         p.event.wait(self.timeout_s)
-        latency = time.monotonic() - arrival
+        finish = time.monotonic()
+        latency = finish - arrival
         with self.lock:
             self.outstanding[gi] -= 1
             del self.pending[rid]
@@ -135,6 +136,8 @@ class Router:
                     "latency_s": latency if p.status == "ok" else None,
                     "status": p.status,
                     "slo_s": self.slo_s[name],
+                    "t_arrival": arrival,  # monotonic, as the ranks' stage logs: not a DuckDB column
+                    "t_finish": finish,
                 }
             )
         if p.status == "ok":

@@ -215,6 +215,7 @@ def serve(
     lines = lead.makefile("r") if lead is not None else None
     header = torch.zeros(4, dtype=torch.long)
     log: list[dict] = []
+    clock = time.monotonic() - time.perf_counter()  # perf_counter → monotonic (the router's clock)
     with torch.no_grad():
         while True:
             if is_lead:
@@ -266,7 +267,10 @@ def serve(
                 sm = specs[name]
                 x = torch.empty(sm.batch, n, sm.spec.hidden, device=device)
                 dist.recv(x, prev_rank)
+            t_fwd = time.perf_counter()
             y = parts[name](x)
+            _sync(device)  # a GPU forward is asynchronous: its time ends when it is done
+            t_send = time.perf_counter()
             if last:
                 if done is not None:
                     token = int(y[0, -1].argmax())
@@ -276,8 +280,15 @@ def serve(
                 dist.send(header, next_rank)
                 dist.send(y.contiguous(), next_rank)
             _sync(device)
-            # service time: what this stage spent on the request, from taking it to handing it on
-            log.append({"id": rid, "model": name, "compute_s": time.perf_counter() - t_begin})
+            # service time: what this stage spent on the request, from taking it to handing it on; and
+            # when (monotonic, the router's clock) it took the request, had its input (after the
+            # activation's recv), finished the forward and had handed it on: the simulator's per-request
+            # samples of stage work, hop and front-end time (planner/serve/calibrate.py)
+            t_out = time.perf_counter()
+            stamps = {"t_in": t_begin, "t_fwd": t_fwd, "t_send": t_send, "t_out": t_out}
+            log.append(
+                {"id": rid, "model": name, "compute_s": t_out - t_begin, **{k: v + clock for k, v in stamps.items()}}
+            )
     for s in (lead, done):
         if s is not None:
             s.close()

@@ -15,6 +15,10 @@ import typer
 
 from cli.app import app, db_path, load_settings, prefect_env
 
+# the options serve-simulate and serve share
+PlacementOption = Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")]
+ClusterOption = Annotated[Path, typer.Option("--cluster", help="cluster TOML (the devices the groups stand for)")]
+
 
 def vllm_args(pl) -> list[str]:
     """One `vllm serve` line per (group, model): vLLM takes one model per engine, the group's layout."""
@@ -33,7 +37,7 @@ def vllm_args(pl) -> list[str]:
 @app.command("serve-plan")
 def serve_plan(
     workload: Annotated[Path, typer.Option("--workload", help="workload TOML (models, rates, CVs, SLOs)")],
-    cluster: Annotated[Path, typer.Option("--cluster", help="cluster TOML")],
+    cluster: ClusterOption,
     out: Annotated[Path | None, typer.Option("--out", help="write meshplan's placement here (JSON)")] = None,
 ) -> None:
     """Search a placement and compare it with selective replication and one model per group."""
@@ -53,8 +57,8 @@ def serve_plan(
 
 @app.command("serve-simulate")
 def serve_simulate(
-    placement: Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")],
-    cluster: Annotated[Path, typer.Option("--cluster", help="cluster TOML")],
+    placement: PlacementOption,
+    cluster: ClusterOption,
     trace: Annotated[Path | None, typer.Option("--trace", help="CSV model,arrival_s (default: Gamma arrivals)")] = None,
     duration_s: Annotated[float, typer.Option("--duration-s", help="Gamma trace length, seconds")] = 60.0,
     plot: Annotated[Path | None, typer.Option("--plot", help="attainment vs rate and CV, group utilisation")] = None,
@@ -143,8 +147,8 @@ def _plot(pl, cost, w, r, duration_s: float, path: Path) -> None:
 
 @app.command("serve")
 def serve(
-    placement: Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")],
-    cluster: Annotated[Path, typer.Option("--cluster", help="cluster TOML (the devices the ranks stand for)")],
+    placement: PlacementOption,
+    cluster: ClusterOption,
     replay: Annotated[Path | None, typer.Option("--replay", help="CSV model,arrival_s to send, then stop")] = None,
     port: Annotated[int, typer.Option("--port", help="HTTP port on 127.0.0.1 (0: any free one)")] = 8000,
     serve_s: Annotated[float | None, typer.Option("--serve-s", help="stop after this many seconds")] = None,
@@ -184,3 +188,8 @@ def serve(
                 f"{m['model']:<12} {1e3 * m['p50_s']:>7.1f}ms {1e3 * s['p50_s']:>7.1f}ms {1e3 * m['p99_s']:>7.1f}ms "
                 f"{1e3 * s['p99_s']:>7.1f}ms {100 * m['attainment']:>6.1f}%"
             )
+        nominal, late = out["simulated_nominal"][-1], out.get("arrival_late_s")
+        typer.echo(
+            f"simulated on the trace's own times: p50 {1e3 * nominal['p50_s']:.1f}ms p99 {1e3 * nominal['p99_s']:.1f}ms"
+            + (f" (requests reached the server up to {1e3 * late['max']:.0f} ms late)" if late else "")
+        )

@@ -18,6 +18,7 @@ and one model per group (equal groups, the busiest models one each, the best con
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
 from planner.serve.cost import Config, ServeCost
-from planner.serve.simulate import SimGroup, SimResult, simulate
+from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate
 from planner.serve.workload import ServedModel, Trace, Workload
 
 METHODS = ("meshplan", "selective-replication", "one-model-per-group")
@@ -419,6 +420,33 @@ def simulate_placement(pl: Placement, cost: ServeCost, trace: Trace, overhead_s:
     return p.run(
         [pl.config(g) for g in pl.groups], [[idx[n] for n in g.models] for g in pl.groups], overhead_s=overhead_s
     )
+
+
+def replay_placement(
+    pl: Placement, cost: ServeCost, trace: Trace, measured: dict[int, Measured], seeds: int = 15
+) -> list[dict]:
+    """Serve `trace` on a placement as its ranks ran it: groups with `measured` samples draw each
+    request's times from them and serve one request at a time (the runtime does not batch); per
+    model, the median figures over `seeds` runs (simulate.replicate)."""
+    w = Workload(name="placement", models=pl.models, duration_s=max(trace.duration_s, 1e-9), dtype=pl.dtype)
+    p = Problem(w, cost, trace, resolve_slos(w, cost))
+    idx = {m.name: i for i, m in enumerate(pl.models)}
+    groups, routes = [], {}
+    for gi, g in enumerate(pl.groups):
+        hosted = [idx[n] for n in g.models]
+        times = {m: p.times(m, pl.config(g)) for m in hosted}
+        meas = measured.get(gi)
+        if meas is not None:
+            missing = [m for m in hosted if m not in meas.idle.work and m not in meas.queued.work]
+            if missing:  # a model the group served no request of: its calibrated stage times
+                work = dict(meas.idle.work) | {m: [np.array([t]) for t in times[m][0]] for m in missing}
+                meas = dataclasses.replace(meas, idle=dataclasses.replace(meas.idle, work=work))
+            # the routing backlog prices a request at its mean measured first-stage work
+            times = {m: [tuple(float(np.mean(x)) for x in meas.service(m, False).work[m])] for m in hosted}
+        groups.append(SimGroup(g.pp, times, 1, measured=meas))
+        for m in hosted:
+            routes.setdefault(m, []).append(gi)
+    return replicate(groups, routes, trace, p.slo_s, [m.name for m in pl.models], seeds)
 
 
 def check_placement(pl: Placement, cost: ServeCost) -> None:

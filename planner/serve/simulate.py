@@ -11,6 +11,20 @@ instead (it would waste the group); drops count as SLO misses. A model placed on
 sends each request to the group where it would start first (shortest backlog).
 
 Runs in O(requests · (replicas + pp)); a group's state advances lazily to each arrival.
+
+A group given `Measured` samples (what its serving ranks and the router logged per request,
+planner/serve/calibrate.py) draws each request's times from them, i.i.d., instead of using one mean
+per stage: queueing depends on the service times' variance (M/G/1, Pollaczek–Khinchine), which a
+mean-only model misses. The first stage takes a request `front` seconds after both it has arrived
+and the stage is free (router → rank); stage s takes the activation when stage s-1 is done with it
+and stage s is free, and the hand-off lasts `hop` seconds holding both (blocking send/recv); the
+reply reaches the client `back` seconds after the last stage's forward, and the last stage is free
+`tail` seconds after it. Requests that queued for the first stage draw from the samples of requests
+that queued (the ranks and front end then share the CPUs: slower), the others from the rest, and
+every drawn time is scaled by the box's measured speed around the request's arrival (other
+processes come and go). Such a group serves one request at a time, as meshplan's ranks do, and drops
+a request whose drawn finish passes its deadline (the ranks drop on their start-up estimate: the
+same rule where the two agree); `replicate` runs several seeds.
 """
 
 from __future__ import annotations
@@ -21,6 +35,51 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.serve.workload import Trace
+
+
+def _pick(rng: np.random.Generator, x: np.ndarray) -> float:
+    return float(x[rng.integers(len(x))]) if len(x) else 0.0
+
+
+@dataclass
+class Service:
+    """Per-request samples (seconds): `front` arrival (or the first stage's previous request) → the
+    first stage takes it; `work[m][s]` stage s's work on a request of model m; `hop[s]` the hand-off
+    from stage s to s+1; `back` last stage's forward done → reply; `tail` last stage's forward done →
+    free for the next request (the reply's send)."""
+
+    front: np.ndarray
+    work: dict[int, list[np.ndarray]]
+    hop: list[np.ndarray]
+    back: np.ndarray
+    tail: np.ndarray
+
+    def draw(self, rng: np.random.Generator, m: int) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+        work = tuple(_pick(rng, w) for w in self.work[m])
+        return work, tuple(_pick(rng, h) for h in self.hop), _pick(rng, self.back), _pick(rng, self.tail)
+
+
+@dataclass
+class Measured:
+    """What a group's ranks and the router measured per request: the service of requests that found
+    the first stage free (`idle`) and of those that queued for it (`queued`). While a group works off
+    a queue its ranks and the front end are all busy and share the CPUs, so its service is slower
+    than when requests come alone; a draw takes the set that matches the simulated request's state."""
+
+    idle: Service
+    queued: Service
+    # the box's speed over the trace (seconds of trace time → factor on every drawn time; samples are
+    # stored divided by it): other processes come and go, so service is slower in some seconds than
+    # others, and a burst's wait depends on the speed while it lasts. Empty: 1 throughout.
+    speed_at: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    speed: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def speed_of(self, t: float) -> float:
+        return float(np.interp(t, self.speed_at, self.speed)) if len(self.speed) else 1.0
+
+    def service(self, m: int, waited: bool) -> Service:
+        first, other = (self.queued, self.idle) if waited else (self.idle, self.queued)
+        return first if m in first.work else other
 
 
 @dataclass
@@ -36,12 +95,18 @@ class SimGroup:
     queue: deque = field(default_factory=deque)
     busy_s: float = 0.0  # first-stage busy time (utilisation)
     queued_s: float = 0.0  # first-stage seconds of the queued requests (the routing backlog)
+    measured: Measured | None = None  # per-request samples: draw each request's times (module docstring)
+    seed: int = 0
+    _draws: dict = field(default_factory=dict, repr=False)
+    _rng: np.random.Generator | None = field(default=None, repr=False)
 
     def reset(self) -> None:
         self.free = [0.0] * self.pp
         self.queue = deque()
         self.busy_s = 0.0
         self.queued_s = 0.0
+        self._draws = {}
+        self._rng = np.random.default_rng(self.seed)
 
 
 @dataclass
@@ -97,6 +162,9 @@ def _finish(free: list[float], start: float, stages: tuple[float, ...]) -> float
 def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: list, out: list) -> None:
     """Start every batch of `g` whose start time is ≤ `until` (later arrivals cannot join it)."""
     q, free = g.queue, g.free
+    if g.measured is not None:
+        _advance_measured(g, until, arrival, model, deadline, out)
+        return
     if g.max_batch == 1:  # the common case, kept tight: the placement search runs thousands of these
         while q:
             head = q[0]
@@ -158,6 +226,62 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
         g.busy_s += g.times[m][len(batch) - 1][0]
         for r in batch:
             out[r] = e + g.overhead_s - arrival[r]
+
+
+def _advance_measured(g: SimGroup, until: float, arrival: list, model: list, deadline: list, out: list) -> None:
+    """`_advance` for a group with measured samples: one request at a time, drawn times (module docstring)."""
+    q, free, meas, rng = g.queue, g.free, g.measured, g._rng
+    assert meas is not None and rng is not None
+    while q:
+        head = q[0]
+        a = arrival[head]
+        waited = free[0] > a
+        m = model[head]
+        draw = g._draws.get(head)
+        if draw is None or draw[0] != waited:  # drawn once per state: a request is looked at until it starts
+            draw = g._draws[head] = (waited, _pick(rng, meas.service(m, waited).front) * meas.speed_of(a))
+        start = max(free[0], a) + draw[1]
+        if start > until:
+            return
+        q.popleft()
+        del g._draws[head]
+        g.queued_s -= g.times[m][0][0]
+        work, hop, back, tail = meas.service(m, waited).draw(rng, m)
+        k = meas.speed_of(a)
+        work, hop, back, tail = tuple(k * w for w in work), tuple(k * h for h in hop), k * back, k * tail
+        e = start + work[0]
+        ends = [e]
+        for s in range(1, len(work)):
+            b = max(e, free[s]) + hop[s - 1]  # stage s takes the activation; the hand-off holds stage s-1 too
+            ends[s - 1] = b
+            e = b + work[s]
+            ends.append(e)
+        if e + back > deadline[head]:
+            continue  # dropped: latency stays NaN
+        ends[-1] += tail
+        free[: len(ends)] = ends
+        g.busy_s += ends[0] - start
+        out[head] = e + back - a
+
+
+def replicate(
+    groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace, slo_s: np.ndarray, names: list[str], seeds: int
+) -> list[dict]:
+    """Per model, the median over `seeds` seeded runs of each figure of `SimResult.per_model` (groups
+    with measured samples draw different times per seed; the median is stabler than one run's p99)."""
+    runs = []
+    for seed in range(seeds):
+        for g in groups:
+            g.seed = seed
+        runs.append(simulate(groups, routes, trace, slo_s).per_model(names))
+    out = []
+    for rows in zip(*runs, strict=True):
+        row = dict(rows[0])
+        for k, v in row.items():
+            if isinstance(v, float):
+                row[k] = float(np.median([r[k] for r in rows]))
+        out.append(row)
+    return out
 
 
 def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace, slo_s: np.ndarray) -> SimResult:

@@ -76,7 +76,8 @@ def _post(url: str, body: bytes) -> tuple[int, dict]:
 
 def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(tmp_path) -> None:
     """Two models on one 2-rank pipeline group serve a replayed Gamma trace; the simulator, calibrated
-    with the ranks' own stage times, predicts p50 and p99 (within 2×, see below); every request is in DuckDB;
+    with the ranks' per-request service figures, predicts p50 within 25 % and p99 within 40 % (below);
+    every request is in DuckDB;
     unknown models get 404 with the served list, malformed bodies 400; only 127.0.0.1 listens."""
     (tmp_path / "cpu.toml").write_text(CPU2)
     placement = {
@@ -88,7 +89,7 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
     }
     (tmp_path / "placement.json").write_text(json.dumps(placement))
     models = tuple(ServedModel.model_validate(m) for m in _models())
-    trace = make_trace(Workload(models=models, duration_s=10, seed=3))
+    trace = make_trace(Workload(models=models, duration_s=16, seed=3))
     (tmp_path / "trace.csv").write_text(trace.to_csv(["a", "b"]))
     port = _free_port()
     env_cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
@@ -129,12 +130,15 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
     assert proc.returncode == 0, err[-3000:]
     row = next(ln for ln in out.splitlines() if ln.startswith("all "))
     p50m, p50s, p99m, p99s = (float(x) for x in re.findall(r"([\d.]+)ms", row))
-    # the issue's target is 25 % for both. On this shared 2-core box, seven runs gave p50 within
-    # 0-17 % (one 40 %) and p99 within 13-34 % (one 80 %), as other processes' load moved between the
-    # ranks' calibration and the replay; a timing bound that tight flakes in CI, so the test holds the
-    # simulator to a factor of 2 and the report gives the measured spread
-    assert p50s / 2 <= p50m <= 2 * p50s, row
-    assert p99s / 2 <= p99m <= 2 * p99s, row
+    # the simulator, calibrated with the ranks' and router's per-request service figures (never a
+    # request's latency or wait), against the measured latencies. p50: the issue's 25 % (19 runs on
+    # this shared 2-core box: within 8 %). p99 of ~160 requests is the last few of the one or two
+    # largest bursts, 3-4 requests deep: a sum of few service times that share the box's state in
+    # that instant, so one replay's p99 itself varies ±15-20 % (the simulator's 15 seeds spread as
+    # much); 19 runs: within 30 %, 16 of 19 within 25 %, so the bound is 40 %. A longer trace would
+    # steady p99 but costs CI time.
+    assert abs(p50s / p50m - 1) <= 0.25, row
+    assert abs(p99s / p99m - 1) <= 0.40, row
     con = duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True)
     served = con.execute(
         "SELECT count(*), count(latency_s), min(status), max(status) FROM serve_requests WHERE phase = 'serve'"

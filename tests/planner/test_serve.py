@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from planner.errors import MeshplanError
+from planner.serve.calibrate import measured_samples
 from planner.serve.cost import Config, ServeCost
 from planner.serve.placement import (
     GroupPlacement,
@@ -14,7 +15,7 @@ from planner.serve.placement import (
     search,
     selective_replication,
 )
-from planner.serve.simulate import SimGroup, simulate
+from planner.serve.simulate import Measured, Service, SimGroup, replicate, simulate
 from planner.serve.workload import ServedModel, Trace, Workload, make_trace, parse_trace_csv
 from planner.specs.cluster import parse_cluster
 from planner.validation import parse
@@ -91,6 +92,92 @@ def test_batching_bound_and_replicas() -> None:
     tr = Trace(np.array([0.0, 0.0]), np.zeros(2, dtype=np.int64), 5.0)
     r = simulate([a, b], {0: [0, 1]}, tr, np.array([10.0]))
     assert r.latency_s.tolist() == [1.0, 1.0] and r.group_busy_s == [1.0, 1.0]
+
+
+def _one(*xs: float) -> list[np.ndarray]:
+    return [np.array([x]) for x in xs]
+
+
+def test_measured_service_hand_off_and_front_end_by_hand() -> None:
+    """Measured samples, one value each: front 0.1, back 0.2, tail 0.3 (the last stage's reply),
+    hand-off 0.5 (holding both stages); a request that found the first stage free works (1, 1),
+    one that queued (1, 2). Three requests at t=0 leave at 2.8, 5.6 and 8.4."""
+    idle = Service(np.array([0.1]), {0: _one(1.0, 1.0)}, _one(0.5), np.array([0.2]), np.array([0.3]))
+    queued = Service(np.array([0.1]), {0: _one(1.0, 2.0)}, _one(0.5), np.array([0.2]), np.array([0.3]))
+    g = SimGroup(2, {0: [(1.0, 1.0)]}, measured=Measured(idle, queued))
+    tr = Trace(np.zeros(3), np.zeros(3, dtype=np.int64), 10.0)
+    r = simulate([g], {0: [0]}, tr, np.array([10.0]))
+    # r0: starts 0.1, stage 0 done 1.1, hand-off to 1.6, stage 1 done 2.6 (+ back 0.2), free at 2.9;
+    # r1 (queued): starts 1.6 + 0.1, done 2.7, hand-off max(2.7, 2.9) + 0.5 = 3.4, done 5.4, free 5.7;
+    # r2 (queued): starts 3.5, done 4.5, hand-off max(4.5, 5.7) + 0.5 = 6.2, done 8.2
+    assert np.allclose(r.latency_s, [2.8, 5.6, 8.4])
+    r = simulate([g], {0: [0]}, tr, np.array([7.0]))  # the third would finish at 8.4: dropped
+    assert np.isnan(r.latency_s[2]) and r.per_model(["m"])[0]["dropped"] == 1
+
+
+def test_drawn_service_times_queue_like_pollaczek_khinchine() -> None:
+    """One stage, Poisson arrivals at 0.5/s, service drawn from exponential samples of mean 1 s
+    (ρ = 0.5): the mean wait is λ·E[S²] / (2(1 − ρ)) = 1 s (M/M/1); with the mean alone (the
+    mean-only model) it is half that (M/D/1). The variance is what the drawn samples add."""
+    rng = np.random.default_rng(0)
+    samples = rng.exponential(1.0, 4000)
+    arrivals = np.cumsum(rng.exponential(2.0, 40_000))
+    tr = Trace(arrivals, np.zeros(len(arrivals), dtype=np.int64), float(arrivals[-1]))
+    svc = Service(np.zeros(0), {0: [samples]}, [], np.zeros(0), np.zeros(0))
+    drawn = SimGroup(1, {0: [(1.0,)]}, measured=Measured(svc, svc))
+    lat = simulate([drawn], {0: [0]}, tr, np.array([1e9])).latency_s
+    s2 = float(np.mean(samples**2))
+    expect = 0.5 * s2 / (2 * (1 - 0.5 * samples.mean()))
+    assert abs((lat.mean() - samples.mean()) / expect - 1) < 0.1
+    mean_only = simulate([SimGroup(1, {0: [(float(samples.mean()),)]})], {0: [0]}, tr, np.array([1e9])).latency_s
+    assert abs((mean_only.mean() - samples.mean()) / (expect * samples.mean() ** 2 / s2) - 1) < 0.1
+    rows = replicate([drawn], {0: [0]}, tr, np.array([1e9]), ["m"], 3)
+    assert rows[0]["p50_s"] == pytest.approx(float(np.median(lat)), rel=0.05)
+
+
+def test_measured_samples_cut_each_request_at_its_time_stamps() -> None:
+    """Two requests on a 2-stage group: the second arrives while the first is on stage 0 (queued).
+    work = t_send − t_in (stage 0) / t_send − t_fwd; hop = stage 1's t_fwd − when both were ready;
+    front (only of the request that found stage 0 free) = t_in − arrival; back = finish − last t_send."""
+    s0 = [
+        {"id": 0, "model": "a", "t_in": 1.0, "t_fwd": 1.0, "t_send": 2.0, "t_out": 2.5},
+        {"id": 1, "model": "b", "t_in": 2.5, "t_fwd": 2.5, "t_send": 3.0, "t_out": 4.0},
+    ]
+    s1 = [
+        {"id": 0, "model": "a", "t_in": 2.1, "t_fwd": 2.4, "t_send": 3.5, "t_out": 3.6},
+        {"id": 1, "model": "b", "t_in": 3.7, "t_fwd": 3.9, "t_send": 4.5, "t_out": 4.6},
+    ]
+    router = [
+        {"request_id": 0, "model": "a", "t_arrival": 0.9, "t_finish": 3.7},
+        {"request_id": 1, "model": "b", "t_arrival": 1.5, "t_finish": 4.8},
+    ]
+    m = measured_samples([s0, s1], router, ["a", "b"])
+    assert np.allclose(m.idle.front, [0.1]) and np.allclose(m.queued.front, [0.0])  # 2.5 − max(1.5, 2.5)
+    assert set(m.idle.work) == {0} and np.allclose([w[0] for w in m.idle.work[0]], [1.0, 1.1])
+    assert set(m.queued.work) == {1} and np.allclose([w[0] for w in m.queued.work[1]], [0.5, 0.6])
+    assert np.allclose(m.idle.hop[0], [0.4]) and np.allclose(m.queued.hop[0], [0.3])  # 3.9 − max(3.0, 3.6)
+    assert np.allclose(m.idle.back, [0.2]) and np.allclose(m.queued.back, [0.3])
+    assert np.allclose(m.idle.tail, [0.1]) and np.allclose(m.queued.tail, [0.1])
+
+
+def test_the_box_speed_over_time_scales_the_drawn_times() -> None:
+    """One stage; two requests near t=0 took 1 s, two near t=10 took 2 s (other processes ran then):
+    the measured speed is 2/3 and 4/3 of the mean there, every stored sample 1.5 s, and a request
+    simulated at t=0 takes 1 s, one at t=10 takes 2 s — not the 1.5 s mean."""
+    arrivals, works = [0.0, 1.2, 10.0, 12.5], [1.0, 1.0, 2.0, 2.0]
+    log = [
+        {"id": i, "model": "a", "t_in": 100 + t, "t_fwd": 100 + t, "t_send": 100 + t + w, "t_out": 100 + t + w}
+        for i, (t, w) in enumerate(zip(arrivals, works, strict=True))
+    ]
+    router = [
+        {"request_id": i, "model": "a", "t_arrival": 100 + t, "t_finish": 100 + t + w}
+        for i, (t, w) in enumerate(zip(arrivals, works, strict=True))
+    ]
+    m = measured_samples([log], router, ["a"], t0=100.0, window_s=3.0)
+    assert np.allclose(m.speed, [2 / 3, 2 / 3, 4 / 3, 4 / 3]) and np.allclose(m.idle.work[0][0], 1.5)
+    g = SimGroup(1, {0: [(1.5,)]}, measured=m)
+    r = simulate([g], {0: [0]}, Trace(np.array([0.0, 10.0]), np.zeros(2, dtype=np.int64), 20.0), np.array([9.0]))
+    assert np.allclose(r.latency_s, [1.0, 2.0])
 
 
 def _problem(rate: float, cv: float) -> Problem:
