@@ -29,7 +29,7 @@ from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
-from launcher.slurm import SlurmOptions
+from launcher.slurm import SlurmOptions, sbatch_script
 from planner.errors import MeshplanError
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
@@ -184,6 +184,16 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
         else r.control_from_version,
     )
     return plan, spec, launch
+
+
+def write_batch_script(db_path: str, request: TrainRequest, run_id: str | None = None) -> Path:
+    """`meshplan train --executor slurm --dry-run`: make the run folder and write the sbatch script a
+    submission would use (launcher/slurm.py) into it, submitting nothing; the script's path."""
+    _, _, launch = prepare_launch(db_path, request, run_id)
+    o = request.slurm
+    script = rundir.sbatch_path(Path(launch.run_dir))
+    script.write_text(sbatch_script(launch, SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)))
+    return script
 
 
 @flow(name="train", log_prints=True)

@@ -179,13 +179,9 @@ def train(
     if executor == "slurm" and request.replan and replan is None:
         request = request.model_copy(update={"replan": False})  # Slurm runs the nodes; no live monitor here
     if dry_run:  # --executor slurm: the batch script, the run folder made, nothing submitted
-        from flows.train import prepare_launch
-        from launcher.slurm import SlurmOptions, sbatch_script
+        from flows.train import write_batch_script
 
-        o = request.slurm
-        _, _, launch = prepare_launch(str(db_path(cfg)), request, run_id)
-        script = Path(launch.run_dir) / "sbatch.sh"
-        script.write_text(sbatch_script(launch, SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)))
+        script = write_batch_script(str(db_path(cfg)), request, run_id)
         typer.echo(script.read_text(), nl=False)
         typer.echo(f"# written to {script}; submit it with: sbatch {script}", err=True)
         return
