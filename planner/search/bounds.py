@@ -137,6 +137,7 @@ class Bounds:
         self._slope: dict[tuple, float] = {}
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
         self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._end: dict[tuple, tuple[float, ...]] = {}
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -467,9 +468,18 @@ class Bounds:
                 ends[0] = (True, pp == 1)
             if last and pp > 1:
                 ends[-1] = (False, True)
-            vals = {e: self._local_row(sg.cls, sg.tp, mbs, *e, pp) for e in {*ends, (False, False)}}
+            vals = {e: self._end_row(sg.cls, sg.tp, mbs, *e, pp) for e in {*ends, (False, False)}}
             slope = min(vals[e][0] for e in vals)
             out = self._local[key] = (np.array([vals[e] for e in ends]), slope)
+        return out
+
+    def _end_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
+        """`_local_row`, memoised on Pricer.local's key (pp matters only through a last stage's pp > 1):
+        every segment length of a class × tp × mbs reads the same few rows."""
+        key = (cls, tp, mbs, first, last, (2 if pp > 1 else 1) if last else 1)
+        out = self._end.get(key)
+        if out is None:
+            out = self._end[key] = self._local_row(cls, tp, mbs, first, last, pp)
         return out
 
     def _local_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
