@@ -72,26 +72,40 @@ class ShapeTable(NamedTuple):
 
 def shape_table(shapes: list[Shape]) -> ShapeTable:
     ids: dict[tuple[int, int], int] = {}
-    rows: list[list[tuple[int, int]]] = []
-    for sh in shapes:
+    # flat (row, column, combination id, weight) entries, scattered into the padded arrays at once
+    # (element-wise numpy stores cost more than building the list: ~100,000 shapes at four kinds)
+    at_row: list[int] = []
+    at_col: list[int] = []
+    cid: list[int] = []
+    wts: list[int] = []
+    pipe: list[bool] = []
+    pps: list[int] = []
+    for i, sh in enumerate(shapes):
         if sh.family == "pipeline":
-            rows.append([(ids.setdefault((g.cls, g.tp), len(ids)), g.stages) for g in sh.segments])
+            pairs = [(g.cls, g.tp, g.stages) for g in sh.segments]
+            pipe.append(True)
         else:
             tp = sh.segments[0].tp
-            rows.append([(ids.setdefault((c, tp), len(ids)), n) for c, n in sh.groups])
-    K = max((len(r) for r in rows), default=1)
+            pairs = [(c, tp, n) for c, n in sh.groups]
+            pipe.append(False)
+        pps.append(sum(g.stages for g in sh.segments))  # Shape.pp
+        for j, (c, t, w) in enumerate(pairs):
+            at_row.append(i)
+            at_col.append(j)
+            cid.append(ids.setdefault((c, t), len(ids)))
+            wts.append(w)
+    K = max(at_col, default=0) + 1
     idx = np.full((len(shapes), K), len(ids), dtype=np.int64)
     weight = np.zeros((len(shapes), K))
-    for i, r in enumerate(rows):
-        for j, (c, w) in enumerate(r):
-            idx[i, j], weight[i, j] = c, w
+    idx[at_row, at_col] = cid
+    weight[at_row, at_col] = wts
     return ShapeTable(
         shapes,
         list(ids),
         idx,
         weight,
-        np.array([sh.family == "pipeline" for sh in shapes], dtype=bool),
-        np.array([sh.pp for sh in shapes], dtype=np.int64),
+        np.array(pipe, dtype=bool),
+        np.array(pps, dtype=np.int64),
         np.array([sh.dp for sh in shapes], dtype=np.int64),
     )
 
@@ -123,6 +137,7 @@ class Bounds:
         self._slope: dict[tuple, float] = {}
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
         self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._end: dict[tuple, tuple[float, ...]] = {}
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -453,9 +468,18 @@ class Bounds:
                 ends[0] = (True, pp == 1)
             if last and pp > 1:
                 ends[-1] = (False, True)
-            vals = {e: self._local_row(sg.cls, sg.tp, mbs, *e, pp) for e in {*ends, (False, False)}}
+            vals = {e: self._end_row(sg.cls, sg.tp, mbs, *e, pp) for e in {*ends, (False, False)}}
             slope = min(vals[e][0] for e in vals)
             out = self._local[key] = (np.array([vals[e] for e in ends]), slope)
+        return out
+
+    def _end_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
+        """`_local_row`, memoised on Pricer.local's key (pp matters only through a last stage's pp > 1):
+        every segment length of a class × tp × mbs reads the same few rows."""
+        key = (cls, tp, mbs, first, last, (2 if pp > 1 else 1) if last else 1)
+        out = self._end.get(key)
+        if out is None:
+            out = self._end[key] = self._local_row(cls, tp, mbs, first, last, pp)
         return out
 
     def _local_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:

@@ -141,23 +141,25 @@ class Explorer:
         order = np.argsort(lbs, kind="stable")
         order = order[np.isfinite(lbs[order])]  # +inf: more replicas than micro-batches, no candidate
         n = len(shapes)
-        lbl = lbs.tolist()
-        items = [(lbl[i], shapes[i % n], self.mbs_opts[i // n]) for i in order.tolist()]
+        # bounds in frontier order; a shape node is built only when popped (most never are: building
+        # every (bound, shape, mbs) tuple up front cost more than the search of a 4-kind cluster's rest)
+        lbl = lbs[order].tolist()
+        at = order.tolist()
         pos = 0
 
         def stream() -> None:
             nonlocal pos
-            lb, sh, mbs = items[pos]
+            lb, i = lbl[pos], at[pos]
             pos += 1
-            self.push(lb, self._shape_node(sh, mbs, lb))
-            if pos < len(items):
-                if items[pos][0] * (1 - BOUND_MARGIN) >= self.bound():
-                    self.counts.pruned += len(items) - pos  # sorted: none left can win
+            self.push(lb, self._shape_node(shapes[i % n], self.mbs_opts[i // n], lb))
+            if pos < len(at):
+                if lbl[pos] * (1 - BOUND_MARGIN) >= self.bound():
+                    self.counts.pruned += len(at) - pos  # sorted: none left can win
                 else:
-                    self.push(items[pos][0], stream)
+                    self.push(lbl[pos], stream)
 
-        if items:
-            self.push(items[0][0], stream)
+        if at:
+            self.push(lbl[0], stream)
 
     def run(
         self, shapes: list[Shape], over_budget: Callable[[], bool], table: ShapeTable | None = None

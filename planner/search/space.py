@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations, permutations, product
 
 from planner.search.classes import DeviceClass
@@ -147,11 +148,17 @@ def dp_options(cap: int, units: list[int], exhaustive_below: int) -> list[int]:
     each unit = devices per node / tp): all of them up to `exhaustive_below`, geometric beyond."""
     if cap < 1:
         return []
+    return list(_dp_options(cap, tuple(units), exhaustive_below))
+
+
+@lru_cache(maxsize=8192)
+def _dp_options(cap: int, units: tuple[int, ...], exhaustive_below: int) -> tuple[int, ...]:
+    """`dp_options`, memoised: a four-kind search asks ~20,000 times for a few hundred distinct answers."""
     step = math.lcm(*units)
     vals = set(range(1, min(cap, exhaustive_below) + 1))
     vals.update((v // step) * step for v in count_options(cap, exhaustive_below))
     vals.add((cap // step) * step)
-    return sorted(d for d in vals if d >= 1 and all(u % d == 0 or d % u == 0 for u in units))
+    return tuple(sorted(d for d in vals if d >= 1 and all(u % d == 0 or d % u == 0 for u in units)))
 
 
 def _few_aligned(dps: list[int]) -> list[int]:
