@@ -43,6 +43,13 @@ class Pricer:
     # the stack every stage runs (fp8, recompute_every on recomputed stages, sequence parallelism
     # where tp > 1), as estimate's stage_stack gives it for the plans this search builds
     stack: Stack = RUNTIME
+    # the Pricer of the pass that differs from this one only in recompute_every = 1 (same model, classes,
+    # profiles, dtype, seq, calibration): a stage without recompute is priced the same under any
+    # recompute_every (local_terms reads it only through f_rec and the mixed kept bytes, both for
+    # recomputed stages; stack_time_delta_s compares stacks field by field with the stack's own
+    # recompute_every; tests/planner/test_search_bounds.py checks the equality), so such stages
+    # are asked of `plain` and priced once for both passes
+    plain: Pricer | None = None
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
@@ -68,6 +75,13 @@ class Pricer:
         self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
         self.devices = [gpu_device(c.spec, self.dtype, None) for c in self.classes]  # as estimate prices them
         self.stacks = {False: replace(self.stack, sequence_parallel=False), True: self.stack}  # by tp > 1
+        if self.plain is not None:
+            pl = self.plain
+            assert (pl.model, pl.profiles, pl.dtype, pl.seq, pl.calib) == (self.model, self.profiles, self.dtype,
+                    self.seq, self.calib) and pl.classes is self.classes, "plain: the same search's pass"  # fmt: skip
+            assert replace(pl.stack, recompute_every=1) == replace(self.stack, recompute_every=1), "plain: its stack"
+            # one Link object per ring for both passes, so the memos keyed by link id hit across them
+            self.link_keep, self.link_intern, self.dplink_memo = pl.link_keep, pl.link_intern, pl.dplink_memo
 
     def coeffs(self, ctx: StageContext) -> StageCoeffs:
         co = self.memo.get(ctx)
@@ -88,6 +102,8 @@ class Pricer:
         key = (cls, tp, mbs, recompute, first, last, (2 if pp > 1 else 1) if last else 1, sharding, dp,
                id(dplink) if dp > 1 else 0)  # fmt: skip
         co = self.ctx_memo.get(key)
+        if co is None and not recompute and self.plain is not None:
+            co = self.ctx_memo[key] = self.plain.stage(cls, tp, mbs, recompute, first, last, pp, sharding, dp, dplink)
         if co is None:
             pp_k, dplink_k = stage_key(self.intra[cls], last, pp, dp, dplink)
             if dp > 1:
@@ -135,6 +151,8 @@ class Pricer:
         so the search kept plans the estimate found over memory (gpt3-175b, 64 GPUs of four kinds)."""
         lkey = (cls, tp, mbs, recompute, first, last, (2 if pp > 1 else 1) if last else 1)
         lt = self.local_memo.get(lkey)
+        if lt is None and not recompute and self.plain is not None:
+            lt = self.local_memo[lkey] = self.plain.local(cls, tp, mbs, recompute, first, last, pp)
         if lt is None:
             ctx = StageContext(
                 kind=self.kinds[cls], dtype=self.dtype, mbs=mbs, seq=self.seq, tp=tp, recompute=recompute,
@@ -195,6 +213,8 @@ class Pricer:
         key = (sg.cls, sg.tp, sg.stages, id(sg.dplink) if dp > 1 else 0, mbs, recompute, sharding, dp, first, last,
                pp > 1)  # fmt: skip
         out = self.segment_memo.get(key)
+        if out is None and not recompute and self.plain is not None:
+            out = self.segment_memo[key] = self.plain.segment_rows(sg, mbs, recompute, sharding, dp, first, last, pp)
         if out is None:
             args, rest = (sg.cls, sg.tp, mbs, recompute), (pp, sharding, dp, sg.dplink)
             mid = self.stage(*args, False, False, *rest)

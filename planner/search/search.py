@@ -246,8 +246,15 @@ def _explore(
     """Explore the passes on one frontier (Explorer.share), adding their plans to `found` (a heap
     the explorers keep); None when complete, else the smallest lower bound left on the frontier."""
     exs: list[Explorer] = []
+    # a pass recomputing every k-th block asks its stages without recompute of the k = 1 pass of its
+    # folding (Pricer.plain): priced once for both
+    plains: dict[tuple, Pricer] = {}
     for fold, variant, _ in passes:
-        pr = Pricer(model, fold.classes if fold is not None else classes, table, dtype, seq, calibration, stack=variant)
+        key = (id(fold), replace(variant, recompute_every=1))
+        pr = Pricer(model, fold.classes if fold is not None else classes, table, dtype, seq, calibration, stack=variant,
+                    plain=plains.get(key) if variant.recompute_every > 1 else None)  # fmt: skip
+        if variant.recompute_every == 1:
+            plains[key] = pr
         bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
         ex = Explorer(pr, bounds, space, global_batch, keep=top_k + 1)
         ex.found = found
