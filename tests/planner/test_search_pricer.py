@@ -12,14 +12,18 @@ untied model, with and without a calibration.
 """
 
 import itertools
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from planner.cost.completion import ProfileNeed, complete_profiles
 from planner.cost.devices import Link
+from planner.cost.estimate import gpu_device
+from planner.cost.memory import Stack
 from planner.cost.stage import StageContext, local_terms, stage_coeffs
 from planner.measure.calibrate import Calibration
-from planner.search.arrays import Pricer, stage_key
+from planner.search.arrays import Pricer, SegmentSpec, stage_key
 from planner.search.classes import device_classes
 from planner.specs.cluster import parse_cluster
 from planner.specs.model import get_model
@@ -36,6 +40,17 @@ CLUSTER = parse_cluster(
     }
 )  # fmt: skip
 SLOW_RING = Link(3e9, 2e-5, num_nodes=2)
+FP8_CLUSTER = parse_cluster(
+    {
+        "name": "with-fp8",
+        "nodes": [
+            {"name": "h", "device": "H100-SXM5-80GB", "num_devices": 8, "count": 2, "intra_link": "nvlink4",
+             "inter_link": "ib-ndr"},
+            {"name": "a", "device": "A100-SXM4-80GB", "num_devices": 8, "count": 2, "intra_link": "nvlink3",
+             "inter_link": "ib-hdr"},
+        ],
+    }
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("model_name, tied", [("gpt2-small", True), ("llama3-8b", False)])
@@ -88,3 +103,79 @@ def test_pricer_returns_one_coefficient_object_for_contexts_that_share_a_key():
     assert lasts[0] is lasts[1]
     # dp > 1: the ring is priced, so a different ring is a different context
     assert pr.stage(0, 1, 1, False, False, False, 2, "none", 2, SLOW_RING) is not inner[0]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        Stack(),
+        Stack(sequence_parallel=True),
+        Stack(sequence_parallel=True, fp8=True),
+        Stack(attention="flash", dropout=True, selective=True),
+        Stack(attention="eager", loss="fused"),
+        Stack(sequence_parallel=True, cp=2),
+    ],
+    ids=["runtime", "sp", "sp-fp8", "flash-dropout-selective", "eager-fused-loss", "sp-cp2"],
+)
+def test_a_stage_without_recompute_is_priced_alike_under_every_recompute_every(stack):
+    """Pricer.plain: a recompute-every-k pass takes its stages without recompute from the k = 1 pass.
+    That is exact only while no cost term of such a stage reads recompute_every: price every
+    context of a grid under k = 1, 2 and 3 (on a GPU device, so the stack's kernel deltas apply) and
+    demand equal local terms and coefficients without recompute, and, as a check that the grid
+    can see recompute_every at all, different ones with it."""
+    model = get_model("llama3-8b")
+    seq = 512
+    needs = {ProfileNeed(b, seq, t, r, "bf16") for b in (1, 2) for t in (1, 2) for r in (False, True)}
+    table = complete_profiles(model, FP8_CLUSTER, None, needs)
+    # fp8 linears only where the device has an fp8 peak (as search.stack_variants offers them)
+    classes = [c for c in device_classes(FP8_CLUSTER, "bf16") if c.spec.peak_fp8_flop_per_s or not stack.fp8]
+    differs = 0
+    for c, tp, mbs, rec, (first, last), sharding, dp in itertools.product(
+        classes, (1, 2), (1, 2), (False, True), ((True, False), (False, False), (False, True)),
+        ("none", "zero3"), (1, 8),
+    ):  # fmt: skip
+        if dp == 1 and sharding != "none":
+            continue
+        out = []
+        for k in (1, 2, 3):
+            ctx = StageContext(
+                kind=c.kind, dtype="bf16", mbs=mbs, seq=seq, tp=tp, recompute=rec, first=first, last=last, pp=4,
+                sharding=sharding, dp=dp, inflight=2.0, memory_bandwidth_bytes_per_s=c.spec.memory_bandwidth_bytes_per_s,
+                tp_link=c.intra, dp_link=c.inter, next_link=c.inter, next_tp=tp, calib=None,
+                stack=replace(stack, recompute_every=k), device=gpu_device(c.spec, "bf16", None),
+                cp_link=c.intra if stack.cp > 1 else None,
+            )  # fmt: skip
+            out.append((local_terms(ctx, model, table), stage_coeffs(ctx, model, table)))
+        if rec:
+            differs += out[0] != out[1]
+        else:
+            assert out[0] == out[1] == out[2], (c.kind, tp, mbs, first, last, sharding, dp)
+    assert differs > 0
+
+
+def test_a_pricer_with_a_plain_pass_prices_as_one_without():
+    """Pricer(stack k = 2, plain = the k = 1 pass's) gives coefficients equal to a Pricer of its own,
+    with recompute and without, and without recompute the very objects of the plain pass."""
+    model = get_model("llama3-8b")
+    seq = 512
+    needs = {ProfileNeed(b, seq, t, r, "bf16") for b in (1,) for t in (1, 2) for r in (False, True)}
+    table = complete_profiles(model, CLUSTER, None, needs)
+    classes = device_classes(CLUSTER, "bf16")
+    one = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True))
+    two = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True, recompute_every=2), plain=one)
+    alone = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True, recompute_every=2))
+    for cls, tp, rec, first, last, dp in itertools.product((0, 1), (1, 2), (False, True), (False, True),
+                                                          (False, True), (1, 4)):  # fmt: skip
+        args = (cls, tp, 1, rec, first, last, 3)
+        assert two.local(*args) == alone.local(*args)
+        co = two.stage(*args, "none", dp, two.dp_link(cls, 4 * tp, tp))
+        assert co == alone.stage(*args, "none", dp, alone.dp_link(cls, 4 * tp, tp))
+        if not rec:
+            assert co is one.stage(*args, "none", dp, one.dp_link(cls, 4 * tp, tp))
+    seg = SegmentSpec(0, 2, 3, 8, two.dp_link(0, 8, 2))
+    for rec in (False, True):
+        got = two.segment_rows(seg, 1, rec, "zero2", 4, True, False, 5)
+        want = alone.segment_rows(SegmentSpec(0, 2, 3, 8, alone.dp_link(0, 8, 2)), 1, rec, "zero2", 4, True, False, 5)
+        assert np.array_equal(got.rows, want.rows) and got.coeffs == want.coeffs
+    with pytest.raises(AssertionError):
+        Pricer(model, classes, table, "bf16", seq, stack=Stack(recompute_every=2), plain=one)  # another stack
