@@ -256,3 +256,35 @@ def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
     for n, s in zip(serve["model"].to_list(), serve["slo_s"].to_list(), strict=True):
         slo[names.index(n)] = s
     return _R(lat, model, slo, duration_s, []).per_model(names)
+
+
+def group_stats(rows, pl: Placement) -> list[dict]:
+    """Per group of the placement: its layout, the models it hosts, and what it did with the replay's
+    requests the router sent it (polars frame of serve_requests): served, dropped at its lead (their
+    predicted finish passed the deadline), p50/p99 latency of the served ones."""
+    serve = rows.filter(rows["phase"] == "serve")
+    out = []
+    for gi, g in enumerate(pl.groups):
+        mine = serve.filter(serve["grp"] == gi)
+        lat = np.array(
+            [
+                v
+                for v, st in zip(mine["latency_s"].to_list(), mine["status"].to_list(), strict=True)
+                if st == "ok" and v is not None
+            ],
+            dtype=float,
+        )
+        out.append(
+            {
+                "group": gi,
+                "pp": g.pp,
+                "tp": g.tp,
+                "models": list(g.models),
+                "requests": mine.height,
+                "ok": int(len(lat)),
+                "dropped": int((mine["status"] == "dropped").sum()),
+                "p50_s": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+                "p99_s": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+            }
+        )
+    return out

@@ -188,6 +188,11 @@ def serve(
                 f"{m['model']:<12} {1e3 * m['p50_s']:>7.1f}ms {1e3 * s['p50_s']:>7.1f}ms {1e3 * m['p99_s']:>7.1f}ms "
                 f"{1e3 * s['p99_s']:>7.1f}ms {100 * m['attainment']:>6.1f}%"
             )
+        for g in out["groups"]:  # what each group did with the requests routed to it
+            typer.echo(
+                f"group {g['group']} ({g['pp']} × {g['tp']}: {', '.join(g['models'])}): requests {g['requests']} "
+                f"served {g['ok']} dropped {g['dropped']} p50 {1e3 * g['p50_s']:.1f}ms p99 {1e3 * g['p99_s']:.1f}ms"
+            )
         nominal, late = out["simulated_nominal"][-1], out.get("arrival_late_s")
         typer.echo(
             f"simulated on the trace's own times: p50 {1e3 * nominal['p50_s']:.1f}ms p99 {1e3 * nominal['p99_s']:.1f}ms"

@@ -324,9 +324,9 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
     assert got["c"][:2] == (1, "ok") and got["c"][2] == got["c"][3] >= per_model["c"]
     # per-group results: group 1 served c and dropped every b
     g1 = re.search(r"^group 1 .*$", out, re.M)
-    assert g1 and "1 × 2" in g1.group() and f"dropped {got['b'][2]}" in g1.group(), out
+    assert g1 and "1 × 2" in g1.group() and f"dropped {got['b'][2]} p50" in g1.group(), out
     g0 = re.search(r"^group 0 .*$", out, re.M)
-    assert g0 and "1 × 1" in g0.group() and "dropped 0" in g0.group(), out
+    assert g0 and "1 × 1" in g0.group() and "dropped 0 p50" in g0.group(), out
     run = next((tmp_path / "runs").iterdir())
     assert sorted(p.name for p in run.glob("calib_rank*.json")) == ["calib_rank0.json", "calib_rank1.json"]
     logs = {p.name: json.loads(p.read_text()) for p in run.glob("stage_rank*.json")}
