@@ -246,6 +246,7 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
     request that reached the peer would pair its collectives with the wrong request and hang or
     answer wrongly; c and a must answer what a single-process forward of the same weights gives."""
     import os
+    import signal
 
     import torch
 
@@ -287,7 +288,11 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
         init_weights(whole, 0, 2)
         with torch.no_grad():
             want[n] = int(whole.eval()(torch.tensor([tokens]))[0, -1].argmax())
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # its own session: a failing check kills the CLI with the Prefect server it started (which holds
+    # the output pipes), so the test fails instead of waiting on them
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}/models/"
     try:
         deadline = time.monotonic() + 120
@@ -305,8 +310,8 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
     assert proc.returncode == 0, err[-3000:]
     con = duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True)
     rows = con.execute(
