@@ -19,7 +19,7 @@ from planner.serve.placement import Placement
 from planner.serve.workload import parse_workload_toml
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from storage.serve import serve_requests
-from tasks.serve import measured_stats, plan_placements, run_serving
+from tasks.serve import group_stats, measured_stats, plan_placements, run_serving
 
 
 def read_file(path: str | Path, what: str) -> str:
@@ -81,7 +81,9 @@ def serve_flow(
         pl = Placement.model_validate_json(Path(placement_path).read_text())
         names = [m.name for m in pl.models]
         duration = parse_trace_csv(trace_csv or "", names, "--replay").duration_s
-        out["measured"] = measured_stats(serve_requests(db_path, run_id), names, duration)
+        rows = serve_requests(db_path, run_id)
+        out["measured"] = measured_stats(rows, names, duration)
+        out["groups"] = group_stats(rows, pl)
         lines = [
             "# Serving replay: measured vs simulated",
             "",
@@ -92,6 +94,16 @@ def serve_flow(
             lines.append(
                 f"| {m['model']} | {m['p50_s'] * 1e3:.1f} ms | {s['p50_s'] * 1e3:.1f} ms | {m['p99_s'] * 1e3:.1f} ms | "
                 f"{s['p99_s'] * 1e3:.1f} ms | {100 * m['attainment']:.1f} % |"
+            )
+        lines += [
+            "",
+            "| group | pp × tp | models | requests | served | dropped | p50 | p99 |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for g in out["groups"]:
+            lines.append(
+                f"| {g['group']} | {g['pp']} × {g['tp']} | {', '.join(g['models'])} | {g['requests']} | {g['ok']} | "
+                f"{g['dropped']} | {g['p50_s'] * 1e3:.1f} ms | {g['p99_s'] * 1e3:.1f} ms |"
             )
         create_markdown_artifact("\n".join(lines), key="serve-replay", description="measured vs simulated latency")
     return out

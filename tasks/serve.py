@@ -103,23 +103,23 @@ def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t
 
 def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
     """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
-    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none)."""
-    stages: dict[tuple[int, str], dict[int, float]] = {}
-    for f in run_dir.glob("calib_rank*.json"):
-        d = json.loads(f.read_text())
-        for name, t in d["stage_s"].items():
-            stages.setdefault((d["group"], name), {})[d["stage"]] = t
-    for f in run_dir.glob("stage_rank*.json"):
-        d = json.loads(f.read_text())
-        by_model: dict[str, list[float]] = {}
-        for r in d["requests"]:
-            by_model.setdefault(r["model"], []).append(r["compute_s"])
-        for name, ts in by_model.items():
-            stages.setdefault((d["group"], name), {})[d["stage"]] = statistics.fmean(ts)
+    ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none).
+    Only tp rank 0 of a stage writes these files, keyed by (group, stage); groups of one layout
+    hosting the same model pool their figures (the cost model's key has no group)."""
+    served: dict[tuple[str, int, int], dict[int, list[float]]] = {}
+    started: dict[tuple[str, int, int], dict[int, list[float]]] = {}
+    for pattern, into in (("calib_rank*.json", started), ("stage_rank*.json", served)):
+        for f in sorted(run_dir.glob(pattern)):
+            d = json.loads(f.read_text())
+            g = pl.groups[d["group"]]
+            times = list(d.get("stage_s", {}).items())
+            times += [(r["model"], r["compute_s"]) for r in d.get("requests", [])]
+            for name, t in times:
+                into.setdefault((name, g.pp, g.tp), {}).setdefault(d["stage"], []).append(t)
     out = {}
-    for (gi, name), per in stages.items():
-        g = pl.groups[gi]
-        out[(name, g.pp, g.tp, 1)] = tuple(per[s] for s in range(g.pp))
+    for key, per in started.items():
+        mine = served.get(key, {})
+        out[(*key, 1)] = tuple(statistics.fmean(mine.get(s) or per[s]) for s in range(key[1]))
     return out
 
 
@@ -256,3 +256,35 @@ def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
     for n, s in zip(serve["model"].to_list(), serve["slo_s"].to_list(), strict=True):
         slo[names.index(n)] = s
     return _R(lat, model, slo, duration_s, []).per_model(names)
+
+
+def group_stats(rows, pl: Placement) -> list[dict]:
+    """Per group of the placement: its layout, the models it hosts, and what it did with the replay's
+    requests the router sent it (polars frame of serve_requests): served, dropped at its lead (their
+    predicted finish passed the deadline), p50/p99 latency of the served ones."""
+    serve = rows.filter(rows["phase"] == "serve")
+    out = []
+    for gi, g in enumerate(pl.groups):
+        mine = serve.filter(serve["grp"] == gi)
+        lat = np.array(
+            [
+                v
+                for v, st in zip(mine["latency_s"].to_list(), mine["status"].to_list(), strict=True)
+                if st == "ok" and v is not None
+            ],
+            dtype=float,
+        )
+        out.append(
+            {
+                "group": gi,
+                "pp": g.pp,
+                "tp": g.tp,
+                "models": list(g.models),
+                "requests": mine.height,
+                "ok": int(len(lat)),
+                "dropped": int((mine["status"] == "dropped").sum()),
+                "p50_s": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+                "p99_s": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+            }
+        )
+    return out

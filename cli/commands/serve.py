@@ -8,6 +8,7 @@ serve starts a placement on torch ranks behind HTTP on 127.0.0.1 and records eve
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -145,6 +146,11 @@ def _plot(pl, cost, w, r, duration_s: float, path: Path) -> None:
     plt.close(fig)
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds, or "-" where no request was served (every one dropped: no latency)."""
+    return "-" if math.isnan(seconds) else f"{1e3 * seconds:.1f}ms"
+
+
 @app.command("serve")
 def serve(
     placement: PlacementOption,
@@ -182,11 +188,18 @@ def serve(
     )
     typer.echo(f"run {run_id}: {out['recorded']} requests recorded in {db_path(cfg)} (table serve_requests)")
     if replay:
-        typer.echo(f"{'model':<12} {'p50 meas':>9} {'p50 sim':>9} {'p99 meas':>9} {'p99 sim':>9} {'attain':>7}")
+        typer.echo(
+            f"{'model':<12} {'p50 meas':>9} {'p50 sim':>9} {'p99 meas':>9} {'p99 sim':>9} {'attain':>7} {'dropped':>7}"
+        )
         for m, s in zip(out["measured"], out["simulated"], strict=True):
             typer.echo(
-                f"{m['model']:<12} {1e3 * m['p50_s']:>7.1f}ms {1e3 * s['p50_s']:>7.1f}ms {1e3 * m['p99_s']:>7.1f}ms "
-                f"{1e3 * s['p99_s']:>7.1f}ms {100 * m['attainment']:>6.1f}%"
+                f"{m['model']:<12} {_ms(m['p50_s']):>9} {_ms(s['p50_s']):>9} {_ms(m['p99_s']):>9} "
+                f"{_ms(s['p99_s']):>9} {100 * m['attainment']:>6.1f}% {m['dropped']:>7}"
+            )
+        for g in out["groups"]:  # what each group did with the requests routed to it
+            typer.echo(
+                f"group {g['group']} ({g['pp']} × {g['tp']}: {', '.join(g['models'])}): requests {g['requests']} "
+                f"served {g['ok']} dropped {g['dropped']} p50 {_ms(g['p50_s'])} p99 {_ms(g['p99_s'])}"
             )
         nominal, late = out["simulated_nominal"][-1], out.get("arrival_late_s")
         typer.echo(

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import duckdb
+import pytest
 
 from planner.serve.workload import ServedModel, Workload, make_trace
 from tests.support.cli import meshplan
@@ -236,3 +237,115 @@ def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_compute
     assert sum(r[0] == "serve" for r in rows) >= len(trace)
     calib = sorted(p.name for p in (tmp_path / "runs").glob("*/calib_rank*.json"))
     assert calib == ["calib_rank0.json"]  # one calibration file per stage: its tp rank 0's
+
+
+def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) -> None:
+    """One placement, two groups of different sizes: group 0 = 1 rank (tp = 1) hosting a, group 1 =
+    2 ranks (tp = 2) hosting b and c. b's SLO (0.1 ms) is below any forward, so its lead drops every
+    b request: answered 503, recorded 'dropped' in DuckDB, counted per model and per group, and never
+    sent to the tp peer. b's drops interleave with c's served requests on the same tp ranks: a dropped
+    request that reached the peer would pair its collectives with the wrong request and hang or
+    answer wrongly; c and a must answer what a single-process forward of the same weights gives."""
+    import os
+    import signal
+
+    import torch
+
+    from worker.model import Decoder, init_weights
+
+    (tmp_path / "cpu.toml").write_text(CPU2.replace("cpu-2", "cpu-3").replace("num_devices = 2", "num_devices = 3"))
+    dims = {"num_layers": 2, "hidden": 64, "num_heads": 4, "vocab_size": 256, "seq_len": 32}
+    models = [
+        {"name": n, "dims": {"name": n, **dims}, "seq": 16, "rate": 4, "cv": 1, "slo_s": slo}
+        for n, slo in (("a", 5.0), ("b", 1e-4), ("c", 5.0))
+    ]
+    placement = {
+        "method": "manual",
+        "cluster": "cpu-3",
+        "dtype": "fp32",
+        "models": models,
+        "groups": [
+            {"devices": [0], "kind": "cpu", "pp": 1, "tp": 1, "models": ["a"]},
+            {"devices": [1, 2], "kind": "cpu", "pp": 1, "tp": 2, "models": ["b", "c"]},
+        ],
+    }
+    (tmp_path / "placement.json").write_text(json.dumps(placement))
+    served = tuple(ServedModel.model_validate(m) for m in models)
+    trace = make_trace(Workload(models=served, duration_s=3, seed=7))
+    names = [m["name"] for m in models]
+    per_model = {n: int(sum(names[m] == n for m in trace.model.tolist())) for n in names}
+    assert min(per_model.values()) >= 3, per_model
+    (tmp_path / "trace.csv").write_text(trace.to_csv(names))
+    port = _free_port()
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
+    cmd += ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
+    cmd += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
+    env.pop("PREFECT_API_URL", None)
+    tokens = [(5 * i + 2) % 256 for i in range(16)]
+    want = {}
+    for n in ("a", "c"):
+        whole = Decoder(served[names.index(n)].spec)
+        init_weights(whole, 0, 2)
+        with torch.no_grad():
+            want[n] = int(whole.eval()(torch.tensor([tokens]))[0, -1].argmax())
+    # its own session: a failing check kills the CLI with the Prefect server it started (which holds
+    # the output pipes), so the test fails instead of waiting on them
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}/models/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                code, body = _post(base + "b", json.dumps({"tokens": tokens}).encode())
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, "the server never came up"
+                time.sleep(0.3)
+        assert code == 503 and body["status"] == "dropped", body
+        for n in ("c", "a"):
+            code, body = _post(base + n, json.dumps({"tokens": tokens}).encode())
+            assert code == 200 and body["token"] == want[n], (n, body)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    con = duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT model, grp, status, count(*), count(latency_s) FROM serve_requests WHERE phase = 'serve' "
+        "GROUP BY ALL ORDER BY model"
+    ).fetchall()
+    total = con.execute("SELECT count(*) FROM serve_requests").fetchall()[0][0]
+    con.close()
+    # every request recorded: the trace, 3 warm-ups per model and the 3 above (in either phase)
+    assert total == len(trace) + 3 * 3 + 3
+    got = {r[0]: r[1:] for r in rows}
+    assert set(got) == {"a", "b", "c"}, rows
+    assert got["a"][:2] == (0, "ok") and got["a"][2] == got["a"][3] >= per_model["a"]
+    assert got["b"][:2] == (1, "dropped") and got["b"][2] >= per_model["b"] and got["b"][3] == 0
+    assert got["c"][:2] == (1, "ok") and got["c"][2] == got["c"][3] >= per_model["c"]
+    # per-group results: group 1 served c and dropped every b
+    g1 = re.search(r"^group 1 .*$", out, re.M)
+    assert g1 and "1 × 2" in g1.group() and f"dropped {got['b'][2]} p50" in g1.group(), out
+    g0 = re.search(r"^group 0 .*$", out, re.M)
+    assert g0 and "1 × 1" in g0.group() and "dropped 0 p50" in g0.group(), out
+    run = next((tmp_path / "runs").iterdir())
+    assert sorted(p.name for p in run.glob("calib_rank*.json")) == ["calib_rank0.json", "calib_rank1.json"]
+    logs = {p.name: json.loads(p.read_text()) for p in run.glob("stage_rank*.json")}
+    assert set(logs) == {"stage_rank0.json", "stage_rank1.json"}  # tp rank 0 of each stage
+    assert {e["model"] for e in logs["stage_rank1.json"]["requests"]} == {"c"}  # b never ran
+    assert logs["stage_rank1.json"]["group"] == 1
+    # the simulator's calibration, keyed (model, pp, tp, batch) from tp rank 0's files: c from the
+    # requests it served, b (every one dropped) from the start-up timing
+    from planner.serve.placement import Placement
+    from tasks.serve import read_calibration
+
+    calib = read_calibration(run, Placement.model_validate(placement))
+    assert set(calib) == {("a", 1, 1, 1), ("b", 1, 2, 1), ("c", 1, 2, 1)}
+    c_served = [e["compute_s"] for e in logs["stage_rank1.json"]["requests"]]
+    assert calib[("c", 1, 2, 1)] == (pytest.approx(sum(c_served) / len(c_served)),)
+    assert calib[("b", 1, 2, 1)] == (json.loads((run / "calib_rank1.json").read_text())["stage_s"]["b"],)

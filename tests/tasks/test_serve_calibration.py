@@ -1,0 +1,40 @@
+"""tasks.serve.read_calibration: the per-stage files tp rank 0 of each serving stage writes, read into
+the cost model's calibration (model, pp, tp, batch) → seconds per stage."""
+
+import json
+
+import pytest
+
+from planner.serve.placement import Placement
+from tasks.serve import read_calibration
+
+DIMS = {"num_layers": 2, "hidden": 64, "num_heads": 4, "vocab_size": 256, "seq_len": 32}
+
+
+def test_groups_of_one_layout_pool_their_served_requests_and_idle_stages_keep_startup_times(tmp_path) -> None:
+    models = [{"name": n, "dims": {"name": n, **DIMS}, "slo_s": 1.0} for n in ("a", "b")]
+    groups = [
+        {"devices": [0, 1], "kind": "cpu", "pp": 2, "tp": 1, "models": ["a", "b"]},
+        {"devices": [2, 3], "kind": "cpu", "pp": 2, "tp": 1, "models": ["a"]},
+        {"devices": [4, 5], "kind": "cpu", "pp": 1, "tp": 2, "models": ["b"]},
+    ]
+    pl = Placement.model_validate({"method": "manual", "cluster": "c", "models": models, "groups": groups})
+
+    def write(kind: str, rank: int, group: int, stage: int, **data) -> None:
+        (tmp_path / f"{kind}_rank{rank}.json").write_text(json.dumps({"group": group, "stage": stage, **data}))
+
+    for rank, (group, stage) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        write("calib", rank, group, stage, stage_s={"a": 9.0, "b": 7.0} if group == 0 else {"a": 8.0})
+    write("calib", 4, 2, 0, stage_s={"b": 5.0})  # tp rank 0 of group 2 only
+    req = [{"id": i, "model": "a", "compute_s": t} for i, t in enumerate((1.0, 2.0))]
+    write("stage", 0, 0, 0, requests=req[:1])
+    write("stage", 1, 0, 1, requests=[dict(req[0], compute_s=3.0)])
+    write("stage", 2, 1, 0, requests=req[1:])
+    write("stage", 3, 1, 1, requests=[])  # group 1's last stage logged nothing: pooled with group 0's
+    write("stage", 4, 2, 0, requests=[{"id": 5, "model": "b", "compute_s": 0.5}])
+    calib = read_calibration(tmp_path, pl)
+    assert calib == {
+        ("a", 2, 1, 1): (pytest.approx(1.5), 3.0),
+        ("b", 2, 1, 1): (7.0, 7.0),  # served nothing: its start-up times
+        ("b", 1, 2, 1): (0.5,),
+    }
