@@ -42,7 +42,9 @@ class TrainRequest(BaseModel):
     plan_path: str | None = Field(default=None, description="plan JSON file (exactly one of plan_path, plan_id)")
     plan_id: str | None = Field(default=None, description="fingerprint of a plan stored by the search")
     spec: RunSpec = Field(default=RunSpec(), description="what every rank is told (planner/specs/runspec.py)")
-    nproc_per_node: int = Field(default=_TRAIN.nproc_per_node, gt=0, description="ranks per node")
+    nproc_per_node: int | None = Field(
+        default=_TRAIN.nproc_per_node, gt=0, description="ranks per node; None = the plan's devices ÷ nnodes"
+    )
     nnodes: int = Field(default=1, gt=0)
     node_rank: int = Field(default=0, ge=0)
     rdzv_endpoint: str = Field(default=_TRAIN.rdzv_endpoint, description="HOST:PORT of node 0 (several nodes)")

@@ -152,10 +152,11 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
     plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
     spec = request_model(r, plan)
     check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
-    if r.nproc_per_node * r.nnodes != plan.num_devices:
+    nproc = r.nproc_per_node or max(1, plan.num_devices // r.nnodes)  # None: the plan's devices per node
+    if nproc * r.nnodes != plan.num_devices:
         raise MeshplanError(
-            "--nproc-per-node",
-            r.nproc_per_node,
+            "--nproc-per-node" if r.nproc_per_node else "--nnodes",
+            r.nproc_per_node or r.nnodes,
             f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
         )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
@@ -170,7 +171,7 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
         run_dir=str(run_dir),
         run_id=run_id,
         spec=r.spec.model_copy(update={"model_json": model_json}),  # the ranks may start elsewhere
-        nproc_per_node=r.nproc_per_node,
+        nproc_per_node=nproc,
         nnodes=r.nnodes,
         node_rank=r.node_rank,
         rdzv_endpoint=r.rdzv_endpoint,

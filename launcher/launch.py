@@ -49,7 +49,7 @@ class Launch:
     run_dir: str
     run_id: str
     spec: RunSpec = RunSpec()  # everything a rank is told, written onto its command line whole
-    nproc_per_node: int = _TRAIN.nproc_per_node
+    nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = _TRAIN.rdzv_endpoint

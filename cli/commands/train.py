@@ -36,7 +36,10 @@ def train(
         int | None, typer.Option("--steps", min=1, max=MAX_STEPS, help="total optimizer steps (config train.steps)")
     ] = None,
     nproc_per_node: Annotated[
-        int | None, typer.Option("--nproc-per-node", min=1, max=MAX_RANKS, help="ranks on this node")
+        int | None,
+        typer.Option(
+            "--nproc-per-node", min=1, max=MAX_RANKS, help="ranks on this node (default: the plan's devices ÷ --nnodes)"
+        ),
     ] = None,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, max=MAX_RANKS, help="number of nodes")] = 1,
     node_rank: Annotated[

@@ -77,7 +77,9 @@ class TrainConfig(RunOptions):
     """`[train]`: the ranks' training options (RunOptions, planner/specs/runspec.py: their one
     definition and default) plus how the flow launches them."""
 
-    nproc_per_node: int = Field(default=2, gt=0, description="ranks per node")
+    nproc_per_node: int | None = Field(
+        default=None, gt=0, description="ranks per node; None = the plan's devices ÷ nodes"
+    )
     max_restarts: int = Field(
         default=0, ge=0, description="torchrun elastic restarts (resume from the latest checkpoint)"
     )

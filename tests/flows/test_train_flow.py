@@ -250,3 +250,17 @@ def test_stored_plan_is_read_by_its_fingerprint(tmp_path):
     plan = parse_plan(json.loads(Path(_plan_file(tmp_path)).read_text()))
     save_plans(db, [plan])
     assert load_stored_plan.fn(db, plan.fingerprint()) == plan
+
+
+def test_ranks_per_node_default_to_the_plans_devices_per_node(tmp_path):
+    """No --nproc-per-node: the launch runs the plan's devices ÷ nodes (a 1-device plan on a 2-rank
+    machine trains on 1 rank, as `meshplan plan --out` then `meshplan train --plan` expects); a node
+    count that does not divide the plan's devices is one error naming --nnodes."""
+    from flows.train import prepare_launch
+
+    db = str(tmp_path / "m.duckdb")
+    plan = _plan_file(tmp_path)
+    _, _, launch = prepare_launch(db, TrainRequest(plan_path=plan, spec=RunSpec(steps=1)), "r1")
+    assert (launch.nproc_per_node, launch.nnodes) == (2, 1)
+    with pytest.raises(MeshplanError, match="--nnodes"):
+        prepare_launch(db, TrainRequest(plan_path=plan, spec=RunSpec(steps=1), nnodes=3), "r2")
