@@ -49,7 +49,7 @@ class Launch:
     run_dir: str
     run_id: str
     spec: RunSpec = RunSpec()  # everything a rank is told, written onto its command line whole
-    nproc_per_node: int = 1
+    nproc_per_node: int = 2  # two CPU ranks (tests, benches); the flows pass the plan's ranks per node
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str = _TRAIN.rdzv_endpoint

@@ -34,7 +34,10 @@ TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\n" 
 )
 # seconds-long jobs: a relaunch priced at 5 s, and any gain above 0.5 s worth a switch
 POLICY = {"relaunch_s": 5.0, "min_gain_s": 0.5}
-A_STEPS, B_STEPS = 200, 20
+A_STEPS, B_STEPS = 200, 100
+# b must outlast a's relaunch on 2 ranks (exit at a checkpoint, a new torchrun, a resharded load) by
+# some steps, or the round after b finishes grows a back to 4 before it trained a step on 2: with 20
+# steps b finished first once on a loaded CI VM (a's generation 2 resumed and was superseded at once)
 # a must still be training when the round after b arrives lands: with 120 steps its 115 left on 4
 # ranks took ~11 s (0.1 s a step, overhead-bound: batch 32 costs 0.125 s), which a slow round on a
 # loaded CI VM outlasted once; 200 steps leave it ~24 s
