@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.specs.model import ModelSpec
+from planner.specs.model import ModelSpec, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -32,11 +32,25 @@ class RMSNorm(nn.Module):
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
-    return nn.LayerNorm(spec.hidden) if spec.family == "gpt" else RMSNorm(spec.hidden)
+    eps = spec.norm_eps or 1e-5
+    return nn.LayerNorm(spec.hidden, eps=eps) if spec.family == "gpt" else RMSNorm(spec.hidden, eps)
 
 
-def rope_tables(head_dim: int, seq: int, theta: float = 500_000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+def rope_tables(
+    head_dim: int, seq: int, theta: float = 500_000.0, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if scaling is not None and scaling.kind == "linear":
+        inv = inv / scaling.factor
+    elif scaling is not None:  # llama3 (Llama 3.1): long wavelengths / factor, short kept, blended between
+        wavelen = 2 * math.pi / inv
+        low_wl = scaling.original_max_position / scaling.low_freq_factor
+        high_wl = scaling.original_max_position / scaling.high_freq_factor
+        smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        blended = (1 - smooth) * inv / scaling.factor + smooth * inv
+        inv = torch.where(wavelen > low_wl, inv / scaling.factor, torch.where(wavelen < high_wl, inv, blended))
     ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
     return ang.cos(), ang.sin()
 
@@ -57,15 +71,15 @@ class Attention(nn.Module):
         self.head_dim = spec.head_dim
         self.heads = spec.num_heads // tp
         self.kv_heads = max(1, spec.kv_heads // tp)
-        bias = spec.family == "gpt"
+        bias, qkv_bias = spec.family == "gpt", spec.has_qkv_bias
         h, d = spec.hidden, spec.head_dim
-        self.wq = nn.Linear(h, self.heads * d, bias=bias)
-        self.wk = nn.Linear(h, self.kv_heads * d, bias=bias)
-        self.wv = nn.Linear(h, self.kv_heads * d, bias=bias)
+        self.wq = nn.Linear(h, self.heads * d, bias=qkv_bias)
+        self.wk = nn.Linear(h, self.kv_heads * d, bias=qkv_bias)
+        self.wv = nn.Linear(h, self.kv_heads * d, bias=qkv_bias)
         self.wo = nn.Linear(self.heads * d, h, bias=bias)
         self.kv_gather = None  # context parallelism (worker/cp.py): this rank's positions, k / v all-gather
         if self.rope:
-            cos, sin = rope_tables(d, spec.seq_len)
+            cos, sin = rope_tables(d, spec.seq_len, spec.rope_theta or 500_000.0, spec.rope_scaling)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 

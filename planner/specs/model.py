@@ -18,6 +18,19 @@ from planner.errors import MeshplanError, UnknownNameError, closest
 Family = Literal["gpt", "llama"]
 
 
+class RopeScaling(BaseModel):
+    """RoPE frequency scaling as Hugging Face configs write it: `linear` (positions / factor) or `llama3`
+    (Llama 3.1: long wavelengths / factor, short ones kept, a smooth blend between)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["linear", "llama3"]
+    factor: float = Field(gt=0, le=1e6)
+    low_freq_factor: float = Field(default=1.0, gt=0, le=1e6)
+    high_freq_factor: float = Field(default=4.0, gt=0, le=1e6)
+    original_max_position: int = Field(default=8192, gt=0, le=10_000_000)
+
+
 class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,6 +51,17 @@ class ModelSpec(BaseModel):
         default=None,
         description="a learned position table (seq × h); None = the family's default (GPT yes, Llama RoPE no). "
         "False prices ALiBi/RoPE GPT-style models such as MPT; meshplan's runtime does not build it yet",
+    )
+    # What a Hugging Face config adds (planner/specs/hf.py); None = meshplan's own default, and a field at
+    # None is left out of the fingerprint, so the presets' and stored profiles' ids do not move.
+    rope_theta: float | None = Field(default=None, gt=0, le=1e12, description="RoPE base; None = 500000")
+    rope_scaling: RopeScaling | None = Field(default=None, description="RoPE frequency scaling (linear or llama3)")
+    norm_eps: float | None = Field(default=None, gt=0, le=1.0, description="norm epsilon; None = 1e-5")
+    qkv_bias: bool | None = Field(
+        default=None, description="biases on q/k/v (Qwen2); None = the family's default (GPT: every linear, Llama: none)"
+    )
+    vocab_multiple: int | None = Field(
+        default=None, gt=0, le=4096, description="the embedding's rows are padded to a multiple of this; None = 128"
     )
 
     @model_validator(mode="after")
@@ -79,8 +103,14 @@ class ModelSpec(BaseModel):
 
     @property
     def padded_vocab(self) -> int:
-        """Vocabulary padded to a multiple of 128, as Megatron and nanoGPT do for matmul efficiency."""
-        return 128 * ((self.vocab_size + 127) // 128)
+        """Vocabulary padded to a multiple of 128, as Megatron and nanoGPT do for matmul efficiency
+        (`vocab_multiple`: a Hugging Face model keeps its own rows, 1)."""
+        m = self.vocab_multiple or 128
+        return m * ((self.vocab_size + m - 1) // m)
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.family == "gpt" if self.qkv_bias is None else self.qkv_bias
 
     def block_params(self) -> int:
         """Parameters of one transformer block (weights and biases/norm scales)."""
@@ -91,7 +121,7 @@ class ModelSpec(BaseModel):
             extra = (h + 2 * kv) + h + self.ffn + h + 4 * h  # qkv/proj/fc/out biases + 2 LayerNorms (w, b)
         else:
             mlp = 3 * h * self.ffn
-            extra = 2 * h  # 2 RMSNorm scales, no biases
+            extra = 2 * h + (h + 2 * kv if self.has_qkv_bias else 0)  # 2 RMSNorm scales (+ q/k/v biases)
         return attn + mlp + extra
 
     @property
@@ -113,6 +143,9 @@ class ModelSpec(BaseModel):
     def fingerprint(self) -> str:
         """Stable id of the dimensions (not the name): profiles keyed by it are reused across names."""
         dims = self.model_dump(exclude={"name", "learned_positions"})
+        for key in ("rope_theta", "rope_scaling", "norm_eps", "qkv_bias", "vocab_multiple"):
+            if dims[key] is None:
+                del dims[key]  # ids of models without them unchanged
         if self.has_learned_positions != (self.family == "gpt"):
             dims["learned_positions"] = self.has_learned_positions  # ids of family-default models unchanged
         dims.update(ffn_hidden=self.ffn, num_kv_heads=self.kv_heads, tie_embeddings=self.tied)
