@@ -11,6 +11,7 @@ from cli.app import app
 from cli.commands import (  # noqa: F401
     calibrate,
     compare,
+    data,
     discover,
     export,
     inspect,

@@ -167,3 +167,18 @@ class PipelineOutcome(_Outcome):
     run: TrainOutcome
     first_loss: float | None
     last_loss: float | None
+
+
+class DataOutcome(_Outcome):
+    """`data_prepare_flow`: the dataset folder written and what it holds (its manifest.json has it all)."""
+
+    out_dir: str
+    vocab_size: int
+    dtype: str
+    eos_id: int | None
+    num_train_documents: int
+    num_train_tokens: int
+    num_val_documents: int
+    num_val_tokens: int
+    elapsed_s: float
+    tokens_per_s: float

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", help="preset name, `custom` (give --layers --hidden --heads ...) or a model TOML file"),
+    typer.Option(
+        "--model",
+        help="preset name, `custom` (give --layers --hidden --heads ...), a model TOML file, "
+        "or hf:DIR (a Hugging Face folder with config.json; --seq-len sets the trained length)",
+    ),
 ]
 LayersOpt = Annotated[int | None, typer.Option("--layers", help="custom model: transformer blocks")]
 HiddenOpt = Annotated[int | None, typer.Option("--hidden", help="custom model: hidden size")]
@@ -74,6 +78,11 @@ def resolve_model(
         "family": family,
     }
     given = {k: v for k, v in dims.items() if v is not None}
+    if model is not None and model.startswith("hf:"):
+        extra = [OPTION_OF_FIELD[k] for k in given if k != "seq_len"]
+        if extra:
+            raise MeshplanError("--model", model, f"{' '.join(extra)} come from config.json; pass only --seq-len")
+        return read_hf_model(model, seq_len)
     if model != "custom":
         if given:
             opts = " ".join(OPTION_OF_FIELD[k] for k in given)
@@ -101,6 +110,24 @@ def read_model_file(path: Path) -> ModelSpec:
         raise MeshplanError("--model", str(path), "no such file; pass a preset, `custom` or a model TOML file")
     data = parse_toml(path.read_text(), origin=path.name)
     return parse(ModelSpec, {"name": path.stem, **data}, origin=path.name)
+
+
+def read_hf_model(model: str, seq_len: int | None = None) -> ModelSpec:
+    """`hf:DIR`: the folder's config.json as a ModelSpec (planner/specs/hf.py), named by the folder."""
+    import json
+
+    from planner.errors import MeshplanError
+    from planner.specs.hf import from_hf_config
+
+    folder = Path(model[len("hf:") :]).expanduser()
+    path = folder / "config.json"
+    if not path.is_file():
+        raise MeshplanError("--model", model, "no config.json in that folder; pass a folder save_pretrained wrote")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MeshplanError("--model", str(path), f"not a JSON config ({exc.__class__.__name__})") from None
+    return from_hf_config(config, name=folder.resolve().name or "hf", seq_len=seq_len)
 
 
 def _build(data: dict, origin: str) -> ModelSpec:

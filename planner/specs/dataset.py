@@ -61,21 +61,23 @@ def is_prepared(data: str) -> bool:
     return data not in ("synthetic", "text")
 
 
-def read_manifest(folder: Path, flag: str = "--data") -> Manifest:
-    from planner.validation import parse
-
-    path = folder / MANIFEST
-    if not folder.is_dir():
-        raise MeshplanError(flag, str(folder), "no such folder; use synthetic, text or a folder `meshplan data prepare` wrote")
-    if not path.is_file():
-        raise MeshplanError(flag, str(folder), f"no {MANIFEST} there; prepare it with `meshplan data prepare --out {folder}`")
+def manifest_from_text(text: str, origin: str, flag: str = "--data") -> Manifest:
+    """The manifest a reader read (storage/dataset.py on the flow side, worker/data.py on a rank)."""
     import json
 
+    from planner.validation import parse
+
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MeshplanError(flag, str(path), f"not a manifest meshplan wrote ({exc.__class__.__name__}); prepare it again") from None
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MeshplanError(flag, origin, f"not a manifest meshplan wrote ({exc.msg}); prepare the data again") from None
     return parse(Manifest, raw, origin=MANIFEST)
+
+
+def missing_manifest(folder: Path, flag: str = "--data") -> MeshplanError:
+    if not folder.is_dir():
+        return MeshplanError(flag, str(folder), "no such folder; use synthetic, text or a folder `meshplan data prepare` wrote")
+    return MeshplanError(flag, str(folder), f"no {MANIFEST} there; prepare it with `meshplan data prepare --out {folder}`")
 
 
 def check_fits(manifest: Manifest, vocab_size: int, flag: str = "--data") -> None:

@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
-from planner.limits import MAX_SEED
+from planner.limits import MAX_SEED, MAX_STEPS
 from planner.specs.faults import NO_FAULTS, FaultSpec
 from planner.validation import parse
 
@@ -102,7 +102,13 @@ class RunOptions(ArgvModel):
     """The training options: `[train]` keys, job options and rank flags, each with its one default."""
 
     steps: int = Field(default=20, gt=0, description="train until this many optimizer steps in total")
-    data: Literal["synthetic", "text"] = Field(default="text", description="training batches: synthetic | text")
+    data: str = Field(
+        default="text",
+        min_length=1,
+        max_length=4096,
+        description="training batches: synthetic | text | a folder `meshplan data prepare` wrote",
+        json_schema_extra={"example": "synthetic"},
+    )
     lr: float = Field(default=3e-3, gt=0, description="learning rate")
     optimizer: Literal["adamw", "sgd"] = Field(
         default="adamw", description="adamw; sgd for exact-equivalence tests (its update is linear in the gradient)"
@@ -118,6 +124,15 @@ class RunOptions(ArgvModel):
     grad_clip_norm: float = Field(
         default=0.0, ge=0, description="clip the global gradient norm (over every rank) to this; 0 = off"
     )
+    init: str = Field(
+        default="",
+        max_length=4096,
+        description="initial weights: hf:DIR (a Hugging Face folder's safetensors); empty = seeded random init",
+    )
+    eval_every: int = Field(
+        default=0, ge=0, le=MAX_STEPS, description="validation loss every this many steps (a prepared --data); 0 = off"
+    )
+    eval_batches: int = Field(default=2, gt=0, le=10_000, description="validation batches per evaluation")
 
 
 class RunSpec(RunOptions):

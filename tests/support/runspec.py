@@ -15,6 +15,9 @@ from planner.specs.faults import FaultSpec
 def off_default(model: type[BaseModel], name: str) -> Any:
     info = model.model_fields[name]
     kind, default = info.annotation, info.default
+    example = (info.json_schema_extra or {}).get("example") if isinstance(info.json_schema_extra, dict) else None
+    if example is not None:  # a field whose values the edge checks names a valid one
+        return example
     if get_origin(kind) in (types.UnionType, typing.Union):  # `str | None`: the non-None arm
         kind = next(a for a in get_args(kind) if a is not type(None))
     if get_origin(kind) is Literal:
