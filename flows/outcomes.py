@@ -48,6 +48,7 @@ class TrainOutcome(_Outcome):
     final_plan_json: str  # the plan the run finished on (after rebalances and relayouts)
     events: list[dict[str, Any]] = []  # restarts, checkpoint fallbacks, resumes (storage/runs.py run_events)
     slurm_job_id: str | None = None  # the sbatch job that ran it (executor slurm)
+    val_losses: list[tuple[int, float]] = []  # (steps done, validation loss) per evaluation (--eval-every)
 
 
 class ReplanOutcome(_Outcome):

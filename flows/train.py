@@ -31,11 +31,15 @@ from launcher.control import read_control
 from launcher.launch import Launch, log_tail
 from launcher.slurm import SlurmOptions, sbatch_script
 from planner.errors import MeshplanError
+from planner.specs.dataset import check_fits, is_prepared
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
+from planner.specs.runspec import RunSpec
 from planner.validation import parse
+from storage.dataset import read_manifest
+from storage.hf import check_weights
 from storage.pricing import machine_calibration
-from storage.runs import resume_records
+from storage.runs import eval_metrics, resume_records
 from tasks.replan import supervise_training
 from tasks.train import (
     close_run,
@@ -141,9 +145,42 @@ def report_markdown(
     return "\n".join(lines)
 
 
-def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = None) -> tuple[Plan, ModelSpec, Launch]:
+def check_run_files(run: RunSpec, spec: ModelSpec, plan: Plan) -> RunSpec:
+    """The files a run reads (`--data DIR`, `--init hf:DIR`) checked against the model before any rank
+    starts, as absolute paths (the ranks may start elsewhere): the manifest, the tokenizer's vocabulary
+    against the model's, a validation split when `--eval-every` asks for one, the weights' config and
+    every tensor's shape."""
+    update: dict[str, str] = {}
+    if is_prepared(run.data):
+        folder = Path(run.data).expanduser().resolve()
+        manifest = read_manifest(folder)
+        check_fits(manifest, spec.vocab_size)
+        if manifest.train.tokens <= plan.seq_len + 1:
+            raise MeshplanError(
+                "--data", run.data, f"holds {manifest.train.tokens} training tokens, fewer than one sequence"
+            )
+        if run.eval_every and manifest.val.tokens <= plan.seq_len + 1:
+            raise MeshplanError(
+                "--eval-every",
+                run.eval_every,
+                f"{run.data} has no validation split of one sequence; prepare it with --val-fraction",
+            )
+        update["data"] = str(folder)
+    elif run.eval_every:
+        raise MeshplanError(
+            "--eval-every", run.eval_every, "validation reads a prepared --data folder's held-out split"
+        )
+    if run.init:
+        update["init"] = check_weights(run.init, spec)
+    return run.model_copy(update=update)
+
+
+def prepare_launch(
+    db_path: str, request: TrainRequest, run_id: str | None = None, check_files: bool = True
+) -> tuple[Plan, ModelSpec, Launch]:
     """Check the request against its plan and model, make the run folder with the plan the ranks read,
-    and build the launch: what `train_flow` runs, and what `--executor slurm --dry-run` prints."""
+    and build the launch: what `train_flow` runs, and what `--executor slurm --dry-run` prints (which
+    does not check `--data`/`--init` folders: the batch script reads them on the cluster's nodes)."""
     r = request
     if (r.plan_path is None) == (r.plan_id is None):
         raise MeshplanError(
@@ -151,6 +188,7 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
         )
     plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
     spec = request_model(r, plan)
+    run_spec = check_run_files(r.spec, spec, plan) if check_files else r.spec
     check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
     nproc = r.nproc_per_node or max(1, plan.num_devices // r.nnodes)  # None: the plan's devices per node
     if nproc * r.nnodes != plan.num_devices:
@@ -170,7 +208,7 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
         plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
-        spec=r.spec.model_copy(update={"model_json": model_json}),  # the ranks may start elsewhere
+        spec=run_spec.model_copy(update={"model_json": model_json}),  # the ranks may start elsewhere
         nproc_per_node=nproc,
         nnodes=r.nnodes,
         node_rank=r.node_rank,
@@ -190,7 +228,7 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
 def write_batch_script(db_path: str, request: TrainRequest, run_id: str | None = None) -> Path:
     """`meshplan train --executor slurm --dry-run`: make the run folder and write the sbatch script a
     submission would use (launcher/slurm.py) into it, submitting nothing; the script's path."""
-    _, _, launch = prepare_launch(db_path, request, run_id)
+    _, _, launch = prepare_launch(db_path, request, run_id, check_files=False)
     o = request.slurm
     script = rundir.sbatch_path(Path(launch.run_dir))
     script.write_text(sbatch_script(launch, SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)))
@@ -313,4 +351,5 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
         final_plan_json=supervised.plan.to_json() if supervised else plan.to_json(),
         events=events,
         slurm_job_id=slurm_job,
+        val_losses=[(int(r["step"]), float(r["val_loss"])) for r in eval_metrics(db_path, run_id).to_dicts()],
     )

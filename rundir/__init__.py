@@ -35,6 +35,7 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "meta.json"
 RESUME_LOG = "resume.jsonl"
+EVAL_LOG = "eval.jsonl"  # validation loss per evaluation (worker/train.py; table eval_metrics)
 CONTROL = "control.json"
 CONTROL_LOCK = ".control.lock"
 EXIT = "exit.json"
@@ -110,6 +111,10 @@ def checkpoint_meta(ckpt_dir: str | Path) -> Path:
 
 def resume_log(run_dir: str | Path) -> Path:
     return Path(run_dir) / RESUME_LOG
+
+
+def eval_log(run_dir: str | Path) -> Path:
+    return Path(run_dir) / EVAL_LOG
 
 
 def control_path(run_dir: str | Path) -> Path:

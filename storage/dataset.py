@@ -57,7 +57,9 @@ def read_manifest(folder: Path, flag: str = "--data") -> Manifest:
 def tokenizer_path(tokenizer: Path) -> Path:
     path = tokenizer / TOKENIZER if tokenizer.is_dir() else tokenizer
     if not path.is_file():
-        raise MeshplanError("--tokenizer", str(tokenizer), f"no {TOKENIZER} there; pass a tokenizers JSON file or its folder")
+        raise MeshplanError(
+            "--tokenizer", str(tokenizer), f"no {TOKENIZER} there; pass a tokenizers JSON file or its folder"
+        )
     return path
 
 
@@ -65,7 +67,9 @@ def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise MeshplanError("--tokenizer", str(path), "needs the `tokenizers` package: pip install tokenizers") from None
+        raise MeshplanError(
+            "--tokenizer", str(path), "needs the `tokenizers` package: pip install tokenizers"
+        ) from None
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises its own Exception type for a malformed file
@@ -199,7 +203,9 @@ def prepare(
         writers = {"train": _SplitWriter(stage, "train", dtype), "val": _SplitWriter(stage, "val", dtype)}
         seen = 0
         pool = (
-            ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(str(tok_path),))
+            ProcessPoolExecutor(
+                workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(str(tok_path),)
+            )
             if workers > 1
             else None
         )
@@ -238,7 +244,9 @@ def prepare(
                 sha256=_sha256(tokens_file(stage, "train")),
             ),
             val=SplitInfo(
-                documents=len(writers["val"].starts), tokens=writers["val"].count, sha256=_sha256(tokens_file(stage, "val"))
+                documents=len(writers["val"].starts),
+                tokens=writers["val"].count,
+                sha256=_sha256(tokens_file(stage, "val")),
             ),
             sources=tuple(str(p.resolve()) for p in inputs),
             text_field=text_field,

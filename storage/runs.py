@@ -124,6 +124,37 @@ def ingest_step_metrics(db_path: str | Path, run_id: str, run_dir: str | Path) -
     return int(n)
 
 
+def ingest_eval_metrics(db_path: str | Path, run_id: str, run_dir: str | Path) -> int:
+    """Upsert the run folder's validation losses (eval.jsonl); returns the run's evaluations stored."""
+    path = rundir.eval_log(run_dir)
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                rows.append(
+                    [
+                        run_id,
+                        int(r["step"]),
+                        float(r["val_loss"]),
+                        int(r["num_batches"]),
+                        int(r["tokens"]),
+                        r.get("wall_time_s"),
+                    ]
+                )
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash mid-write says nothing reliable
+    with connect(db_path) as con:
+        if rows:
+            con.executemany("INSERT OR REPLACE INTO eval_metrics VALUES (?, ?, ?, ?, ?, ?)", rows)
+        return int(con.execute("SELECT count(*) FROM eval_metrics WHERE run_id = ?", [run_id]).fetchall()[0][0])
+
+
+def eval_metrics(db_path: str | Path, run_id: str) -> pl.DataFrame:
+    with connect(db_path) as con:
+        return con.sql("SELECT * FROM eval_metrics WHERE run_id = ? ORDER BY step", params=[run_id]).pl()
+
+
 def load_run(db_path: str | Path, run_id: str) -> dict | None:
     with connect(db_path) as con:
         rows = con.sql("SELECT * EXCLUDE (plan_json) FROM runs WHERE run_id = ?", params=[run_id]).pl().to_dicts()

@@ -35,6 +35,7 @@ from storage.plans import load_plan
 from storage.runs import (
     events_of,
     finish_run,
+    ingest_eval_metrics,
     ingest_step_metrics,
     record_run_events,
     resume_records,
@@ -137,6 +138,8 @@ def launch_training(
 
 @task(name="ingest-telemetry", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def ingest_telemetry(db_path: str, run_id: str, run_dir: str) -> int:
+    """Step metrics and validation losses of the run folder into DuckDB; the (rank, step) rows stored."""
+    ingest_eval_metrics(db_path, run_id, run_dir)
     return ingest_step_metrics(db_path, run_id, run_dir)
 
 

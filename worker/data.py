@@ -8,6 +8,11 @@ step, and a resumed run continues the stream from its checkpointed step. Replica
 Sources:
 - "synthetic": seeded arithmetic sequences x_i = (start + i*stride) mod vocab (start, stride drawn
   per row). Learnable, so the loss falls, yet no file is needed.
+- a folder `meshplan data prepare` wrote (planner/specs/dataset.py): its packed token file, read
+  through numpy's memmap as the corpus is read: row j of step s starts at token ((s*G + j) * seq_len)
+  mod (N - seq_len - 1) of the split, so a run's position is its step and a resumed, resized or
+  re-planned run reads exactly the tokens an uninterrupted one reads. `split="val"` reads the held-out
+  tokens (validation: batch b's rows from ((b*G + j) * seq_len)).
 - "text": the shipped English corpus (worker/data/corpus.txt), byte-level tokens (vocab 256, which
   the tiny presets' padded vocab of 256 holds). Rows read the corpus sequentially: row j of step s
   starts at byte ((s*G + j) * seq_len) mod (N - seq_len - 1), so an epoch is a linear pass.
@@ -19,9 +24,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from planner.errors import MeshplanError
+from planner.specs.dataset import (
+    MANIFEST,
+    Manifest,
+    check_fits,
+    is_prepared,
+    manifest_from_text,
+    missing_manifest,
+    tokens_file,
+)
 
 DataSource = Literal["synthetic", "text"]
 CORPUS = "corpus.txt"
@@ -42,14 +57,48 @@ def replica_rows(batch_shares: tuple[int, ...] | list[int], replica: int) -> ran
     return range(start, start + batch_shares[replica])
 
 
+@lru_cache(maxsize=4)
+def prepared_tokens(folder: str, split: str) -> tuple[np.ndarray, Manifest]:
+    """A prepared dataset's split as a read-only memmap (opened once per process) and its manifest."""
+    path = Path(folder)
+    try:
+        text = (path / MANIFEST).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing_manifest(path) from None
+    manifest = manifest_from_text(text, str(path / MANIFEST))
+    file = tokens_file(path, split)  # type: ignore[arg-type]
+    if not file.is_file() or file.stat().st_size == 0:
+        return np.zeros(0, dtype=manifest.dtype), manifest
+    return np.memmap(file, dtype=manifest.dtype, mode="r"), manifest
+
+
 def batch_rows(
-    source: DataSource, step: int, rows: range, global_batch: int, seq_len: int, vocab_size: int, seed: int = 0
+    source: str,
+    step: int,
+    rows: range,
+    global_batch: int,
+    seq_len: int,
+    vocab_size: int,
+    seed: int = 0,
+    split: str = "train",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), each [len(rows), seq_len] int64, for `rows` of global batch `step`.
 
     Targets are the inputs shifted by one token (next-token prediction).
     """
-    if source == "text":
+    if is_prepared(source):
+        tokens, manifest = prepared_tokens(source, split)
+        check_fits(manifest, vocab_size)
+        span = tokens.shape[0] - seq_len - 1
+        if span <= 0:
+            raise MeshplanError(
+                "--data",
+                source,
+                f"its {split} split has {tokens.shape[0]} tokens, fewer than one sequence of {seq_len}",
+            )
+        starts = [((step * global_batch + j) * seq_len) % span for j in rows]
+        windows = torch.from_numpy(np.stack([tokens[s : s + seq_len + 1].astype(np.int64) for s in starts]))
+    elif source == "text":
         tokens = corpus_tokens()
         if vocab_size < 256:
             raise MeshplanError(
@@ -72,5 +121,5 @@ def batch_rows(
             out.append((start + stride * torch.arange(seq_len + 1)) % vocab_size)
         windows = torch.stack(out)
     else:
-        raise MeshplanError("data", source, "use 'synthetic' or 'text'")
+        raise MeshplanError("data", source, "use 'synthetic', 'text' or a folder `meshplan data prepare` wrote")
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -56,6 +56,8 @@ def _convert(raw: torch.Tensor, rule: TensorRule, spec: ModelSpec) -> torch.Tens
         t = t.chunk(3, dim=0)[rule.part]
     if rule.rope_heads:
         t = t[rope_row_order(rule.rope_heads, spec.head_dim)]
+    if rule.hf.endswith("wpe.weight"):  # GPT-2's position table: the positions this model trains
+        t = t[: spec.seq_len]
     return t
 
 
@@ -75,7 +77,9 @@ def load_into(part: nn.Module, spec: ModelSpec, folder: Path) -> int:
                 raise MeshplanError("--init", name, f"meshplan has no {kind} tensor for this parameter")
             file = where.get(rule.hf)
             if file is None:
-                raise MeshplanError("--init", rule.hf, f"missing from {folder}; the checkpoint does not match its config")
+                raise MeshplanError(
+                    "--init", rule.hf, f"missing from {folder}; the checkpoint does not match its config"
+                )
             if file not in handles:
                 handles[file] = safe_open(str(file), framework="pt")
             value = _convert(handles[file].get_tensor(rule.hf), rule, spec)  # type: ignore[attr-defined]

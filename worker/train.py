@@ -32,12 +32,14 @@ Resuming trusts only a checkpoint that passes its digests (worker/checkpoint_che
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,6 +59,7 @@ from worker.clip import clip_grad_norm
 from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
+from worker.hf_weights import load_into
 from worker.model import loss_fn
 from worker.options import RankArgs, make_optimizer, parse_args
 from worker.parallel import (
@@ -116,6 +119,8 @@ def build_parts(
     parts, grad_syncs = [], []
     for vi in layout.virtual_stages:
         part = build_stage_part(spec, plan, vi, opts.run.seed, device)
+        if opts.run.init:  # Hugging Face weights over the seeded init, before tp splits them
+            load_into(part, spec, Path(opts.run.init.removeprefix("hf:")))
         sp = plan.stages[vi]
         if layout.tp > 1:
             apply_tp(part, spec, mesh["tp"], sp.sequence_parallel)
@@ -302,6 +307,8 @@ def train(opts: RankArgs, plan: Plan, spec: ModelSpec, rank: int, device: torch.
             t3 = time.perf_counter()
             checkpoint.save(opts.run_dir, done, parts, optims, meta)
             ckpt_s = time.perf_counter() - t3
+        if opts.run.eval_every and (done % opts.run.eval_every == 0 or done == opts.run.steps):
+            evaluate(opts, plan, spec, layout, schedule, parts, device, autocast, done)
         mem, mem_kind = memory_bytes(device)
         log.write(
             step=step,
@@ -319,6 +326,62 @@ def train(opts: RankArgs, plan: Plan, spec: ModelSpec, rank: int, device: torch.
         if has_last and layout.replica == 0 and layout.tp_index == 0:
             print(f"step {step} loss {loss:.4f} step_time {step_s * 1e3:.1f} ms", flush=True)
     log.close()
+
+
+def evaluate(
+    opts: RankArgs,
+    plan: Plan,
+    spec: ModelSpec,
+    layout: RankLayout,
+    schedule: _PipelineSchedule | StagePipeline,
+    parts: list[nn.Module],
+    device: torch.device,
+    autocast: Any,
+    done: int,
+) -> float:
+    """Collective: the mean loss over `eval_batches` global batches of the held-out split.
+
+    It runs the training schedule itself (every layout meshplan launches, uneven and unequal ones
+    included, has one) and discards the gradients: no optimizer step, no gradient sync. Each batch's
+    micro-batch losses are weighted as in training (mbs / global batch, 1/cp more under context
+    parallelism), so their sum over the ranks holding the loss (last stage, tp rank 0) is the batch's mean.
+    """
+    total = torch.zeros(1, dtype=torch.float64)
+    for b in range(opts.run.eval_batches):
+        rows = replica_rows(plan.batch_shares, layout.pipeline)
+        x, y = batch_rows(opts.run.data, b, rows, plan.global_batch_size, plan.seq_len, spec.vocab_size, split="val")
+        if layout.cp > 1:
+            pos = cp_positions(plan.seq_len, layout.cp, layout.cp_index)
+            x, y = x[:, pos], y[:, pos]
+        has_last = layout.has_last(len(plan.stages))
+        args = (x.to(device),) if layout.has_first else ()
+        kwargs = {"target": y.to(device), "losses": []} if has_last else {}
+        with autocast:
+            schedule.step(*args, **kwargs)
+        for p in parts:
+            p.zero_grad(set_to_none=True)
+        if has_last and layout.tp_index == 0:
+            total += sum(float(v) for v in kwargs["losses"])
+    dist.all_reduce(total)  # gloo and NCCL both sum float64 on the CPU tensor's device
+    val = float(total) / opts.run.eval_batches
+    if dist.get_rank() == 0:
+        tokens = opts.run.eval_batches * plan.global_batch_size * plan.seq_len
+        with rundir.eval_log(opts.run_dir).open("a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "step": done,
+                        "val_loss": val,
+                        "num_batches": opts.run.eval_batches,
+                        "tokens": tokens,
+                        "wall_time_s": time.time(),
+                    }
+                )
+                + "\n"
+            )
+    if layout.has_last(len(plan.stages)) and layout.replica == 0 and layout.tp_index == 0:
+        print(f"step {done} val_loss {val:.4f}", flush=True)
+    return val
 
 
 def _checkpoint_exit(

@@ -37,9 +37,7 @@ def prepare(
     prefect_env(load_settings())
     from flows.data import data_prepare_flow
 
-    o = data_prepare_flow(
-        [str(p) for p in inputs], str(tokenizer), str(out), val_fraction, text_field, workers
-    )
+    o = data_prepare_flow([str(p) for p in inputs], str(tokenizer), str(out), val_fraction, text_field, workers)
     if as_json:
         print(json.dumps(o.model_dump(mode="json")))
         return

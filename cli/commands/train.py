@@ -214,6 +214,8 @@ def print_outcome(out) -> None:
     losses = [v for v in out.losses if v is not None]
     if losses:
         typer.echo(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if out.val_losses:
+        typer.echo("validation: " + ", ".join(f"step {s} val_loss {v:.4f}" for s, v in out.val_losses))
 
 
 def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run_id: str | None, as_json: bool) -> None:

@@ -70,14 +70,20 @@ def manifest_from_text(text: str, origin: str, flag: str = "--data") -> Manifest
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MeshplanError(flag, origin, f"not a manifest meshplan wrote ({exc.msg}); prepare the data again") from None
+        raise MeshplanError(
+            flag, origin, f"not a manifest meshplan wrote ({exc.msg}); prepare the data again"
+        ) from None
     return parse(Manifest, raw, origin=MANIFEST)
 
 
 def missing_manifest(folder: Path, flag: str = "--data") -> MeshplanError:
     if not folder.is_dir():
-        return MeshplanError(flag, str(folder), "no such folder; use synthetic, text or a folder `meshplan data prepare` wrote")
-    return MeshplanError(flag, str(folder), f"no {MANIFEST} there; prepare it with `meshplan data prepare --out {folder}`")
+        return MeshplanError(
+            flag, str(folder), "no such folder; use synthetic, text or a folder `meshplan data prepare` wrote"
+        )
+    return MeshplanError(
+        flag, str(folder), f"no {MANIFEST} there; prepare it with `meshplan data prepare --out {folder}`"
+    )
 
 
 def check_fits(manifest: Manifest, vocab_size: int, flag: str = "--data") -> None:

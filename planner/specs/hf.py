@@ -19,7 +19,12 @@ from typing import Any, Literal
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec, RopeScaling
 
-SUPPORTED = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+SUPPORTED = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
 HF_PREFIX = "hf:"
 
 
@@ -39,7 +44,9 @@ def model_type(config: dict[str, Any]) -> str:
 def _get(config: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
     if key not in config or config[key] is None:
         if default is ...:
-            raise MeshplanError(f"config.json: {key}", None, "missing; a Hugging Face config of this architecture has it")
+            raise MeshplanError(
+                f"config.json: {key}", None, "missing; a Hugging Face config of this architecture has it"
+            )
         return default
     value = config[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -90,10 +97,14 @@ def from_hf_config(config: dict[str, Any], name: str, seq_len: int | None = None
     if kind == "gpt2":
         act = config.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise MeshplanError("config.json: activation_function", act, "meshplan's GPT runtime builds gelu_new (tanh)")
+            raise MeshplanError(
+                "config.json: activation_function", act, "meshplan's GPT runtime builds gelu_new (tanh)"
+            )
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if config.get(key):
-                raise MeshplanError(f"config.json: {key}", True, "meshplan's GPT runtime builds GPT-2's plain attention")
+                raise MeshplanError(
+                    f"config.json: {key}", True, "meshplan's GPT runtime builds GPT-2's plain attention"
+                )
         hidden = _get(config, "n_embd", int)
         positions = _get(config, "n_positions", int)
         dims = dict(
@@ -118,12 +129,16 @@ def from_hf_config(config: dict[str, Any], name: str, seq_len: int | None = None
         hidden, heads = _get(config, "hidden_size", int), _get(config, "num_attention_heads", int)
         head_dim = config.get("head_dim")
         if head_dim is not None and heads and head_dim * heads != hidden:
-            raise MeshplanError("config.json: head_dim", head_dim, f"must be hidden_size/num_attention_heads = {hidden // heads}")
+            raise MeshplanError(
+                "config.json: head_dim", head_dim, f"must be hidden_size/num_attention_heads = {hidden // heads}"
+            )
         seq = seq_len or _get(config, "max_position_embeddings", int)
         window = config.get("sliding_window") if config.get("use_sliding_window", kind == "mistral") else None
         if window is not None and window < seq:
             raise MeshplanError(
-                "config.json: sliding_window", window, f"shorter than the sequence ({seq}): pass --seq-len {window} or less"
+                "config.json: sliding_window",
+                window,
+                f"shorter than the sequence ({seq}): pass --seq-len {window} or less",
             )
         qkv_bias = kind == "qwen2" or bool(config.get("attention_bias", False))
         dims = dict(
@@ -270,4 +285,42 @@ def rope_row_order(heads: int, head_dim: int) -> list[int]:
 
 def parse_model_arg(model: str) -> str | None:
     """The folder of `hf:DIR`, or None for any other --model."""
-    return model[len(HF_PREFIX):] if model.startswith(HF_PREFIX) else None
+    return model[len(HF_PREFIX) :] if model.startswith(HF_PREFIX) else None
+
+
+def hf_shapes(spec: ModelSpec, kind: str) -> dict[str, tuple[int, ...]]:
+    """The shape each Hugging Face tensor must have for `spec` (GPT-2's position table: at least seq_len
+    rows, checked by the caller as a lower bound)."""
+    h, v, f, d = spec.hidden, spec.vocab_size, spec.ffn, spec.head_dim
+    q, kv = spec.num_heads * d, spec.kv_heads * d
+    out: dict[str, tuple[int, ...]] = {}
+    if kind == "gpt2":
+        out["transformer.wte.weight"] = (v, h)
+        out["transformer.wpe.weight"] = (spec.seq_len, h)
+        for i in range(spec.num_layers):
+            p = f"transformer.h.{i}."
+            for n in ("ln_1", "ln_2"):
+                out[p + n + ".weight"] = out[p + n + ".bias"] = (h,)
+            out[p + "attn.c_attn.weight"], out[p + "attn.c_attn.bias"] = (h, 3 * h), (3 * h,)
+            out[p + "attn.c_proj.weight"], out[p + "attn.c_proj.bias"] = (h, h), (h,)
+            out[p + "mlp.c_fc.weight"], out[p + "mlp.c_fc.bias"] = (h, f), (f,)
+            out[p + "mlp.c_proj.weight"], out[p + "mlp.c_proj.bias"] = (f, h), (h,)
+        out["transformer.ln_f.weight"] = out["transformer.ln_f.bias"] = (h,)
+        if not spec.tied:
+            out["lm_head.weight"] = (v, h)
+        return out
+    out["model.embed_tokens.weight"] = (v, h)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = out[p + "post_attention_layernorm.weight"] = (h,)
+        out[p + "self_attn.q_proj.weight"], out[p + "self_attn.o_proj.weight"] = (q, h), (h, q)
+        out[p + "self_attn.k_proj.weight"] = out[p + "self_attn.v_proj.weight"] = (kv, h)
+        if spec.has_qkv_bias:
+            out[p + "self_attn.q_proj.bias"] = (q,)
+            out[p + "self_attn.k_proj.bias"] = out[p + "self_attn.v_proj.bias"] = (kv,)
+        out[p + "mlp.gate_proj.weight"] = out[p + "mlp.up_proj.weight"] = (f, h)
+        out[p + "mlp.down_proj.weight"] = (h, f)
+    out["model.norm.weight"] = (h,)
+    if not spec.tied:
+        out["lm_head.weight"] = (v, h)
+    return out

@@ -58,7 +58,8 @@ class ModelSpec(BaseModel):
     rope_scaling: RopeScaling | None = Field(default=None, description="RoPE frequency scaling (linear or llama3)")
     norm_eps: float | None = Field(default=None, gt=0, le=1.0, description="norm epsilon; None = 1e-5")
     qkv_bias: bool | None = Field(
-        default=None, description="biases on q/k/v (Qwen2); None = the family's default (GPT: every linear, Llama: none)"
+        default=None,
+        description="biases on q/k/v (Qwen2); None = the family's default (GPT: every linear, Llama: none)",
     )
     vocab_multiple: int | None = Field(
         default=None, gt=0, le=4096, description="the embedding's rows are padded to a multiple of this; None = 128"
