@@ -183,3 +183,14 @@ class DataOutcome(_Outcome):
     num_val_tokens: int
     elapsed_s: float
     tokens_per_s: float
+
+
+class ExportOutcome(_Outcome):
+    """`export_weights_flow`: the Hugging Face folder written from one checkpoint of a run."""
+
+    run_id: str
+    out_dir: str
+    step: int
+    architecture: str  # gpt2 | llama | qwen2
+    tokenizer: str | None  # the tokenizer.json copied beside the weights
+    num_params: int

@@ -202,6 +202,9 @@ def prepare_launch(
     run_dir = run_dir / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(plan.to_json())
+    if not rundir.model_path(run_dir).exists():  # a job's runner wrote its custom model there already
+        rundir.model_path(run_dir).write_text(spec.model_dump_json(indent=2))  # what export-weights rebuilds
+    rundir.spec_path(run_dir).write_text(run_spec.model_dump_json(indent=2))
 
     model_json = str(Path(r.spec.model_json).resolve()) if r.spec.model_json else None
     launch = Launch(

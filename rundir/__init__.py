@@ -6,7 +6,9 @@ and the scheduler reads the latest checkpoint's step with the same code the rank
 (no layer re-implements another's reader because it may not import it).
 
     <run>/plan.json                  the plan the ranks read (flows/train.py copies it in)
-    <run>/model.json                 a custom model's ModelSpec (dry runs, custom-model jobs)
+    <run>/model.json                 the ModelSpec the ranks build (every training run; dry runs: scaled down)
+    <run>/runspec.json               the RunSpec the ranks were told (its data folder, init weights, ...)
+    <run>/eval.jsonl                 validation loss per evaluation (worker/train.py; table eval_metrics)
     <run>/plans/segment_N.json       a job's plan for its N-th launch (flows/job.py)
     <run>/torchrun.log               node 0's agent and ranks; torchrun.nodeR.log for node R
     <run>/job.log                    a queued job's runner (tasks/schedule.py)
@@ -28,6 +30,7 @@ from pathlib import Path
 
 PLAN = "plan.json"
 MODEL = "model.json"
+SPEC = "runspec.json"
 TORCHRUN_LOG = "torchrun.log"
 JOB_LOG = "job.log"
 TELEMETRY = "telemetry"
@@ -49,6 +52,10 @@ def plan_path(run_dir: str | Path) -> Path:
 
 def model_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / MODEL
+
+
+def spec_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SPEC
 
 
 def segment_plan_path(run_dir: str | Path, n: int) -> Path:

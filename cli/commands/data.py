@@ -47,3 +47,39 @@ def prepare(
         f"{o.tokens_per_s:,.0f} tokens/s"
     )
     print(f"train with: meshplan train --plan PLAN --data {out}")
+
+
+@app.command("export-weights")
+def export_weights(
+    run: Annotated[str, typer.Option("--run", help="the training run's id")],
+    out: Annotated[Path, typer.Option("--out", help="the folder to write (must not exist)")],
+    step: Annotated[
+        int | None, typer.Option("--step", min=1, help="the checkpoint's step (default: the latest)")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="hf: Hugging Face safetensors + config.json")] = "hf",
+    tokenizer: Annotated[
+        Path | None, typer.Option("--tokenizer", help="tokenizer.json to copy (default: the run's --data folder's)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Consolidate a run's checkpoint (any layout) into Hugging Face weights that transformers loads."""
+    from cli.app import db_path
+    from planner.errors import MeshplanError
+
+    if fmt != "hf":
+        raise MeshplanError("--format", fmt, "only hf (Hugging Face safetensors) is written")
+    if tokenizer is not None and not tokenizer.is_file():
+        raise MeshplanError("--tokenizer", str(tokenizer), "no such file; pass a tokenizer.json")
+    cfg = load_settings()
+    prefect_env(cfg)
+    from flows.weights import export_weights_flow
+
+    o = export_weights_flow(str(db_path(cfg)), run, str(out), step, str(tokenizer) if tokenizer else None)
+    if as_json:
+        print(json.dumps(o.model_dump(mode="json")))
+        return
+    print(
+        f"exported run {o.run_id} step {o.step} as {o.architecture} ({o.num_params:,} parameters) to {o.out_dir}"
+        + (" with its tokenizer" if o.tokenizer else "")
+    )
+    print(f"load with: transformers.AutoModelForCausalLM.from_pretrained({o.out_dir!r})")

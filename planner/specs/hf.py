@@ -16,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import Field
+
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec, RopeScaling
+from planner.specs.runspec import ArgvModel
 
 SUPPORTED = {
     "llama": "LlamaForCausalLM",
@@ -324,3 +327,21 @@ def hf_shapes(spec: ModelSpec, kind: str) -> dict[str, tuple[int, ...]]:
     if not spec.tied:
         out["lm_head.weight"] = (v, h)
     return out
+
+
+def hf_kind(spec: ModelSpec) -> str:
+    """The architecture a trained model is exported as: GPT-2 for the gpt family, Qwen2 for a Llama with
+    q/k/v biases, else Llama (a Mistral trained within its window is a Llama)."""
+    if spec.family == "gpt":
+        return "gpt2"
+    return "qwen2" if spec.has_qkv_bias else "llama"
+
+
+class ExportSpec(ArgvModel):
+    """What `python -m worker.export_hf` is told (`meshplan export-weights`): one run's checkpoint to
+    Hugging Face safetensors, config.json and tokenizer in `out` (staged, renamed whole)."""
+
+    checkpoint: str = Field(description="a published DCP checkpoint folder of the run")
+    model_json: str = Field(description="the run's ModelSpec JSON (its model.json)")
+    out: str = Field(description="the folder to write; must not exist")
+    tokenizer: str = Field(default="", description="tokenizer.json to copy beside the weights; empty = none")

@@ -29,6 +29,7 @@ VOCAB, SEQ, BATCH = 384, 32, 4
 # fp32 on CPU: meshplan's blocks and transformers' run the same arithmetic in another order
 # (interleaved vs half-split RoPE rows, fused vs split GPT-2 projections): ~1e-6 apart.
 LOSS_ATOL = 1e-4
+LOGITS_ATOL = 1e-4
 
 
 def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -166,10 +167,11 @@ def dataset(assets, tmp_path_factory) -> Path:
             [4], 2,
         )),
         ("gpt2", ([{"layer_start": 0, "layer_end": 2, "device_ids": [0, 1], "dp": 2}], [2, 2], 2)),
+        ("llama", ([{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1], "tp": 2}], [4], 2)),
     ],
-    ids=["llama-pp2", "gpt2-dp2"],
+    ids=["llama-pp2", "gpt2-dp2", "llama-tp2"],
 )  # fmt: skip
-def test_hf_weights_train_on_prepared_data_first_loss_equals_transformers(
+def test_hf_weights_train_on_prepared_data_and_export_back(
     arch, plan_args, assets, dataset, tmp_path, monkeypatch, capsys
 ):
     folder = assets["dir"] / arch
@@ -197,6 +199,29 @@ def test_hf_weights_train_on_prepared_data_first_loss_equals_transformers(
     assert evals["step"].to_list() == [10, 20] and evals["num_batches"].to_list() == [2, 2]
     assert all(np.isfinite(evals["val_loss"].to_list()))
     assert "val_loss" in out
+
+    # weights out: the run's final checkpoint, saved in this layout, as a folder transformers loads
+    exported = tmp_path / "exported"
+    rc, out, err = _main(
+        monkeypatch, capsys, "--state-dir", str(state), "export-weights", "--run", run_id, "--out", str(exported)
+    )
+    assert rc == 0, out + err
+    assert (exported / "tokenizer.json").read_bytes() == (dataset / "tokenizer.json").read_bytes()
+    from planner.specs.model import ModelSpec
+    from worker.checkpoint import load_full_model_state
+    from worker.model import Decoder
+
+    spec = ModelSpec.model_validate_json((state / "runs" / run_id / "model.json").read_text())
+    ours = Decoder(spec).eval()
+    ours.load_state_dict(load_full_model_state(state / "runs" / run_id / "checkpoints" / "step_00000020", spec))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    x, _ = batch_rows(str(dataset), 3, range(BATCH), BATCH, SEQ, VOCAB, split="val")
+    with torch.no_grad():
+        diff = (theirs(input_ids=x).logits - ours(x)[..., :VOCAB]).abs().max().item()
+    assert diff < LOGITS_ATOL, diff
+    trained = {k: v for k, v in theirs.state_dict().items()}
+    initial = transformers.AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained if k in initial)  # it is the trained model
 
 
 def test_bad_hf_inputs_are_one_line_and_write_nothing(assets, dataset, tmp_path, monkeypatch, capsys):
