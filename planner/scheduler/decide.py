@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import MeshplanError
+from planner.scheduler.baselines import BASELINES, decide_crius, decide_sia
 from planner.scheduler.speed import Price, SpeedSource
+from planner.scheduler.srtf import decide_srtf
 from planner.scheduler.types import (
     POLICIES,
     Action,
@@ -124,6 +126,15 @@ def decide(
     now_s: float = 0.0,
 ) -> Decision:
     """The round's actions (inputs are not mutated); jobs that nothing can ever run are rejected with why."""
+    if policy.name == "srtf":
+        q0 = speed.queries
+        d = decide_srtf(cluster, queue, running, policy, speed, now_s)
+        return Decision(d.policy, d.actions, d.rejections, d.waiting, speed.queries - q0)
+    if policy.name in BASELINES:
+        q0 = speed.queries
+        fn = decide_crius if policy.name == "crius" else decide_sia
+        d = fn(cluster, queue, running, policy, speed, now_s)
+        return Decision(d.policy, d.actions, d.rejections, d.waiting, speed.queries - q0)
     q0 = speed.queries
     cl = cluster.copy()
     run_by_id = {r.job.job_id: r for r in running}

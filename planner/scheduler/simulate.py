@@ -104,8 +104,10 @@ def simulate(
     *,
     round_s: float = 300.0,
     max_rounds: int = 1_000_000,
+    until_s: float | None = None,
 ) -> SimResult:
-    """Replay `jobs` (by submit time) on a copy of `cluster` until every job finished or was rejected."""
+    """Replay `jobs` (by submit time) on a copy of `cluster` until every job finished or was rejected
+    (or, with `until_s`, until the round that reaches that time: a cut, later jobs left unfinished)."""
     if round_s <= 0:
         raise MeshplanError("round_s", round_s, "must be positive")
     ids = [j.job_id for j in jobs]
@@ -123,6 +125,8 @@ def simulate(
     t0 = t = pending[0].submit_s if pending else 0.0  # rounds start at the first arrival, every round_s
     changed, nxt = True, 0
     for _ in range(max_rounds):
+        if until_s is not None and t >= until_s:
+            break
         while nxt < len(pending) and pending[nxt].submit_s <= t:
             queue.append(pending[nxt])
             nxt, changed = nxt + 1, True

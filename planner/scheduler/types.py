@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec
 
-POLICIES = ("jct", "throughput", "deadline", "fairness", "fcfs", "gavel")
+POLICIES = ("srtf", "jct", "throughput", "deadline", "fairness", "fcfs", "gavel", "crius", "sia")
+DEFAULT_POLICY = "srtf"  # what `schedule-cluster`, `simulate` and bench/scheduler.py run unless told
 
 
 def kind_alias(device: str) -> str:
