@@ -76,7 +76,9 @@ def at_cut(r: SimResult, jobs: list[Job], cut_s: float) -> tuple[float, int, int
     return avg_sys, len(jcts), arrived, avg_jct, resizes
 
 
-def run(jobs, cl, rows, name: str, scenario: str, cuts: list[tuple[str, float]], until: float) -> tuple[SimResult, list[Row]]:
+def run(
+    jobs, cl, rows, name: str, scenario: str, cuts: list[tuple[str, float]], until: float
+) -> tuple[SimResult, list[Row]]:
     speed = TableSpeed(rows)
     c0 = time.process_time()
     r = simulate(jobs, cl, Policy(name), speed, until_s=jobs[0].submit_s + until)
@@ -114,8 +116,10 @@ def diagnose(jobs, cl, rows, name: str, cut_s: float) -> None:
     for pol in (name, "crius"):
         r = simulate(jobs, cl, Policy(pol), speed, until_s=end)
         waiting = [o for o in r.jobs if o.submit_s <= end and (o.start_s is None or o.start_s > end)]
-        print(f"\n[{pol}] at +{cut_s / H:.1f} h: {len(waiting)} waiting, waits (h) "
-              f"{sorted(round((end - o.submit_s) / H, 1) for o in waiting)[-12:]}")
+        print(
+            f"\n[{pol}] at +{cut_s / H:.1f} h: {len(waiting)} waiting, waits (h) "
+            f"{sorted(round((end - o.submit_s) / H, 1) for o in waiting)[-12:]}"
+        )
         waits = [(o.start_s - o.submit_s) / H for o in r.jobs if o.start_s is not None and o.start_s <= end]
         print(f"  started {len(waits)}, mean wait {statistics.mean(waits):.2f} h, max {max(waits):.2f} h")
         by_id = {j.job_id: j for j in jobs}
@@ -176,8 +180,11 @@ def main() -> None:
         for name in names:
             _, out = run(jobs, cl, rows, name, scenario, cuts, CUT_S)
             table += out
-            print(f"  {scenario} {name}: {out[-1].avg_sys_h:.2f} h at {out[-1].cut}, "
-                  f"{out[0].avg_sys_h:.2f} h at 24h ({out[0].cpu_s:.0f} s CPU)", flush=True)
+            print(
+                f"  {scenario} {name}: {out[-1].avg_sys_h:.2f} h at {out[-1].cut}, "
+                f"{out[0].avg_sys_h:.2f} h at 24h ({out[0].cpu_s:.0f} s CPU)",
+                flush=True,
+            )
     table.sort(key=lambda r: (r.cut == "24h", [w for w, _ in workloads].index(r.scenario)))
     print()
     print_table(table)
@@ -186,7 +193,9 @@ def main() -> None:
     if args.out:
         with args.out.open("w") as f:
             f.write(f"bench/scheduler.py, {dt.date.today()}, {len(first)}-job windows of {d}\n")
-            f.write("time in system: arrival to finish, or to the cut if unfinished; finished: by the cut / arrived\n\n")
+            f.write(
+                "time in system: arrival to finish, or to the cut if unfinished; finished: by the cut / arrived\n\n"
+            )
             print_table(table, file=f)
             _verdict(table, file=f)
     if args.scaling:

@@ -61,6 +61,7 @@ class _State:
             self.cur[r.job.job_id] = (Price(r.placement.alloc, r.iter_time_s, r.plan), r.placement)
             self.jobs[r.job.job_id] = r.job
         self.started: set[str] = set()
+        self.admitted: dict[str, Allocation] = {}  # a started job's first allocation, before growth
         self.upgrades: dict[str, int] = {}
 
     def options(self, jid: str) -> list[Price]:
@@ -95,7 +96,8 @@ class _State:
         actions = []
         for jid, (p, place) in self.cur.items():
             if jid in self.started:
-                actions.append(Action(jid, "start", place, p.iter_time_s, p.plan, f"{name}: {p.alloc}", p.alloc))
+                base = self.admitted.get(jid, p.alloc)
+                actions.append(Action(jid, "start", place, p.iter_time_s, p.plan, f"{name}: {p.alloc}", base))
                 continue
             r = self.run[jid]
             old = r.placement.alloc
@@ -149,6 +151,7 @@ def decide_crius(
             p = _smallest_start(st, jid, _thr)
         if p is not None and st.move(jid, p):
             st.started.add(jid)
+            st.admitted[jid] = p.alloc
     _crius_upgrade(st, policy)
     return st.decision("crius", queue, rejections)
 
@@ -167,11 +170,7 @@ def _crius_shrink_one(st: _State, policy, job: Job) -> bool:
     for jid, (p, _) in st.cur.items():
         if jid in st.started or p.alloc.count < 2:
             continue
-        half = [
-            o
-            for o in st.options(jid)
-            if o.alloc.kind == p.alloc.kind and o.alloc.count == p.alloc.count // 2
-        ]
+        half = [o for o in st.options(jid) if o.alloc.kind == p.alloc.kind and o.alloc.count == p.alloc.count // 2]
         if not half:
             continue
         o = max(half, key=_thr)
@@ -244,6 +243,7 @@ def decide_sia(
         p = _smallest_start(st, job.job_id, per_gpu(job.job_id))
         if p is not None and st.move(job.job_id, p):
             st.started.add(job.job_id)
+            st.admitted[job.job_id] = p.alloc
     while st.cl.free_total() > 0:
         best: tuple[float, str, Price] | None = None
         for jid, (p, _) in st.cur.items():

@@ -26,6 +26,7 @@ from planner.scheduler.baselines import BASELINES, decide_crius, decide_sia
 from planner.scheduler.speed import Price, SpeedSource
 from planner.scheduler.srtf import decide_srtf
 from planner.scheduler.types import (
+    DEFAULT_POLICY,
     POLICIES,
     Action,
     Allocation,
@@ -42,7 +43,7 @@ CO_DESIGNED = ("jct", "throughput", "deadline", "fairness")
 
 @dataclass(frozen=True)
 class Policy:
-    name: str = "jct"
+    name: str = DEFAULT_POLICY
     relaunch_s: float = 60.0  # process start, rendezvous, data loader and first-step warm-up
     checkpoint_bytes_per_s: float = 2e9  # resharded save + load through shared storage
     min_gain_s: float = 600.0  # two 300 s rounds: smaller gains are noise against the switch risk

@@ -50,6 +50,7 @@ class SimResult:
     busy: dict[str, list[int]] = field(default_factory=dict)  # GPUs held per kind, per round
     samples_per_s: list[float] = field(default_factory=list)  # cluster throughput, per round
     decide_calls: list[tuple[int, int, float]] = field(default_factory=list)  # (queued, running, wall_s)
+    decide_cpu_s: list[float] = field(default_factory=list)  # each call's CPU time (a loaded machine inflates wall)
     wall_s: float = 0.0
 
     def _jcts(self) -> list[float]:
@@ -139,9 +140,10 @@ def simulate(
             continue
         resized = False
         if changed and (queue or running):
-            w0 = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.process_time()
             d = decide(cl, queue, list(running.values()), policy, speed, t)
             res.decide_calls.append((len(queue), len(running), time.perf_counter() - w0))
+            res.decide_cpu_s.append(time.process_time() - c0)
             _apply(d, cl, queue, running, out, policy, t)
             resized = any(a.kind != "start" for a in d.actions) or bool(d.rejections)
         res.times_s.append(t)
