@@ -14,8 +14,9 @@ Every policy runs in meshplan's simulator (planner/scheduler/simulate.py) with m
 
     .venv/bin/python bench/scheduler.py [--quick] [--policies a,b] [--diagnose POLICY] [--scaling]
 
-`--quick`: 1× and 3× only, and five policies. `--diagnose P`: at 3×, which jobs were still waiting
-or running on slow allocations at the post-burst cut, under P and crius.
+`--quick`: 1× and 3× only, and five policies. `--diagnose P,Q`: at 3×, at both cuts, how much of
+each policy's time in system beyond the bound is waiting and how much running slow, by job length,
+and the jobs that lost the most (their allocations over time).
 """
 
 from __future__ import annotations
@@ -165,34 +166,41 @@ def print_table(rows: list[Row], file=None) -> None:
         )
 
 
-def diagnose(jobs, cl, rows, name: str, cut_s: float) -> None:
-    """Who waits and who runs slow at the cut: the jobs that cost `name` the most time in system."""
-    speed = TableSpeed(rows)
+def diagnose(jobs, cl, rows, names: list[str], cut_s: float) -> None:
+    """Where each policy's time in system goes beyond the bound, at the cut: waiting (queued) or running
+    slower than the job's fastest allocation, by job length; and the jobs that lost the most."""
     end = jobs[0].submit_s + cut_s
-    for pol in (name, "crius"):
+    by_id = {j.job_id: j for j in jobs}
+    for pol in names:
+        speed = TableSpeed(rows)
         r = simulate(jobs, cl, Policy(pol), speed, until_s=end)
-        waiting = [o for o in r.jobs if o.submit_s <= end and (o.start_s is None or o.start_s > end)]
-        print(
-            f"\n[{pol}] at +{cut_s / H:.1f} h: {len(waiting)} waiting, waits (h) "
-            f"{sorted(round((end - o.submit_s) / H, 1) for o in waiting)[-12:]}"
-        )
-        waits = [(o.start_s - o.submit_s) / H for o in r.jobs if o.start_s is not None and o.start_s <= end]
-        print(f"  started {len(waits)}, mean wait {statistics.mean(waits):.2f} h, max {max(waits):.2f} h")
-        by_id = {j.job_id: j for j in jobs}
-        slow = []
+        n, wait, slow, buckets, worst = 0, 0.0, 0.0, {}, []
         for o in r.jobs:
-            if o.start_s is None or o.start_s > end or (o.finish_s is not None and o.finish_s <= end):
+            if o.submit_s > end:
                 continue
-            seg = [s for s in o.segments if s[0] <= end][-1]
-            j = by_id[o.job_id]
+            j, n = by_id[o.job_id], n + 1
             opts = speed.options(j, cl)
-            best = min(p.iter_time_s for p in opts)
-            cur = next((p.iter_time_s for p in opts if p.alloc.kind == seg[2] and p.alloc.count == seg[3]), best)
-            slow.append((cur / best, o.job_id, f"{seg[3]}x{seg[2]}", round(j.iterations * best / H, 1)))
-        slow.sort(reverse=True)
-        print(f"  running at the cut: {len(slow)}; slowest vs their fastest allocation: {slow[:8]}")
-        busy = {k: r.busy[k][-1] if r.busy[k] else 0 for k in r.kinds}
-        print(f"  GPUs busy at the cut: {busy} of {r.kind_totals}")
+            best = min(p.iter_time_s for p in opts) * j.iterations + 60.0
+            lb = min(end - o.submit_s, best)
+            fin = o.finish_s if o.finish_s is not None and o.finish_s <= end else end
+            start = o.start_s if o.start_s is not None and o.start_s <= end else end
+            ex = fin - o.submit_s - lb
+            w = min(start - o.submit_s, ex)
+            wait, slow = wait + w, slow + ex - w
+            b = "<1h" if best < H else "1-6h" if best < 6 * H else ">6h"
+            x = buckets.setdefault(b, [0, 0.0, 0.0])
+            x[0], x[1], x[2] = x[0] + 1, x[1] + w, x[2] + ex - w
+            segs = [f"{c}x{k}@{(s0 - jobs[0].submit_s) / H:.1f}h" for s0, _, k, c in o.segments if s0 <= end]
+            worst.append((ex / H, o.job_id, f"best {best / H:.1f} h", " ".join(segs)))
+        print(
+            f"\n[{pol}] at +{cut_s / H:.1f} h, per arrived job: {wait / n / H:.2f} h waiting, {slow / n / H:.2f} h slow, above the bound"
+        )
+        for b, (k, w, sl) in sorted(buckets.items()):
+            print(
+                f"  jobs {b:>5} on their fastest allocation: {k:>3}, waiting {w / n / H:.2f} h, slow {sl / n / H:.2f} h"
+            )
+        for ex, jid, best, segs in sorted(worst, reverse=True)[:5]:
+            print(f"  {jid} lost {ex:.1f} h ({best}): {segs}")
 
 
 def main() -> None:
@@ -202,7 +210,7 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="1× and 3× only, five policies")
     ap.add_argument("--policies", default="", help="comma-separated (default: all, crius and sia)")
-    ap.add_argument("--diagnose", default="", help="a policy to diagnose at 3× against crius")
+    ap.add_argument("--diagnose", default="", help="comma-separated policies: where their time goes at 3×")
     ap.add_argument("--scaling", action="store_true", help="also: one decision's wall time by queue and cluster size")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     args = ap.parse_args()
@@ -212,7 +220,8 @@ def main() -> None:
     rows = parse_lookup((d / "sim_lookup.csv").read_text())
     first = alljobs[:WINDOW]
     if args.diagnose:
-        diagnose(scaled(first, 3), cl, rows, args.diagnose, 12.5 * H)
+        for cut in (12.5 * H, CUT_S):
+            diagnose(scaled(first, 3), cl, rows, args.diagnose.split(","), cut)
         return
     scen = [("1x", 1.0), ("2x", 2.0), ("3x", 3.0), ("4x", 4.0)]
     if args.quick:
