@@ -259,8 +259,12 @@ def main() -> None:
     if args.out:
         with args.out.open("w") as f:
             f.write(f"bench/scheduler.py, {dt.date.today()}, {len(first)}-job windows of {d}\n")
+            f.write("time in system: arrival to finish, or to the cut if unfinished; finished: by the cut / arrived\n")
             f.write(
-                "time in system: arrival to finish, or to the cut if unfinished; finished: by the cut / arrived\n\n"
+                "(bound): every job on its fastest allocation from arrival, nobody in its way (no policy beats it)\n"
+            )
+            f.write(
+                "decide: mean/max over the rounds that decided; wall on a shared 2-core machine, CPU = process time\n\n"
             )
             print_table(table, file=f)
             _verdict(table, file=f)
