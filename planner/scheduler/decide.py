@@ -1,6 +1,10 @@
 """One scheduling round: which queued jobs start where, with which plan, and which running jobs resize.
 
-`decide(cluster, queue, running, policy, speed)` prices every (job, allocation) through a
+`decide(cluster, queue, running, policy, speed, now_s)` is the one entry point of the simulator and
+the real scheduler's rounds. The default policy, `srtf`, is planner/scheduler/srtf.py; `crius` and
+`sia`, the published baselines, are planner/scheduler/baselines.py; the rest are here.
+
+It prices every (job, allocation) through a
 `SpeedSource` (the planner's search or a measured table, cached) and chooses allocation and plan
 together. Co-designed policies (`jct`, `throughput`, `deadline`, `fairness`) differ in the order
 they serve jobs; each job gets the fastest placeable allocation whose GPU-seconds
