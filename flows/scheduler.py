@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
-from planner.scheduler import PlannerSpeed, Policy, TableSpeed
+from planner.scheduler import DEFAULT_POLICY, PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S
@@ -41,7 +41,7 @@ def _read(path: str, what: str) -> str:
 def scheduler_flow(
     db_path: str,
     cluster_path: str,
-    policy: str = "jct",
+    policy: str = DEFAULT_POLICY,
     time_budget_s: float = SEARCH_BUDGET_S,
     speed_table: str | None = None,
     policy_options: dict[str, float] | None = None,

@@ -15,6 +15,7 @@ made and be refused, or start a second runner).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,13 @@ from storage.jobs import job_model, list_jobs, set_job_run, transition
 
 def job_from_row(row: dict) -> Job:
     kinds = tuple(k for k in (row["gpu_kinds"] or "").split(";") if k)
+    submitted = row.get("submitted_at")  # the policy ages waiting jobs from it (decide_round's now_s: time.time())
     return Job(
         row["job_id"],
         row["model"],
         row["global_batch"],
         row["iterations"],
-        0.0,
+        submitted.timestamp() if submitted is not None else 0.0,
         row["seq"],
         row["priority"],
         row["deadline_s"],
@@ -91,7 +93,7 @@ def read_state(db_path: str, spec: ClusterSpec, speed: SpeedSource) -> tuple[Clu
 def decide_round(
     cl: ClusterState, queue: list[Job], running: list[RunningJob], policy: Policy, speed: SpeedSource
 ) -> Decision:
-    return decide(cl, queue, running, policy, speed)
+    return decide(cl, queue, running, policy, speed, time.time())
 
 
 def request_resize(db_path: str, job_id: str, run_dir: str | None, alloc: str, reason: str) -> None:

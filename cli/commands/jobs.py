@@ -164,7 +164,10 @@ def cancel(job_id: Annotated[str, typer.Argument(help="the job to cancel")]) -> 
 def schedule_cluster(
     cluster: Annotated[Path, typer.Option("--cluster", help="the cluster TOML the jobs share")],
     every: Annotated[str, typer.Option("--every", help="interval: 30s, 5m, 2h, 1d")] = "5m",
-    policy: Annotated[str, typer.Option("--policy", help="jct, throughput, deadline, fairness, fcfs or gavel")] = "jct",
+    policy: Annotated[
+        str,
+        typer.Option("--policy", help="srtf (default), jct, throughput, deadline, fairness, fcfs, gavel, crius, sia"),
+    ] = "srtf",
     speed: Annotated[
         Path | None, typer.Option("--speed", help="measured iteration times (sim_lookup.csv format)")
     ] = None,

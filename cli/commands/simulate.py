@@ -32,8 +32,11 @@ def simulate(
     trace: Annotated[Path, typer.Option("--trace", help="jobs CSV (Arena/Philly or meshplan format)")],
     cluster: Annotated[Path, typer.Option("--cluster", help="cluster TOML (or the trace's cluster.csv)")],
     policy: Annotated[
-        str, typer.Option("--policy", help="jct, throughput, deadline, fairness, fcfs, gavel or all")
-    ] = "jct",
+        str,
+        typer.Option(
+            "--policy", help="srtf (default), jct, throughput, deadline, fairness, fcfs, gavel, crius, sia or all"
+        ),
+    ] = "srtf",
     speed: Annotated[
         Path | None, typer.Option("--speed", help="measured iteration times (sim_lookup.csv format)")
     ] = None,

@@ -3,6 +3,7 @@
 from planner.scheduler.decide import CO_DESIGNED, Policy, decide
 from planner.scheduler.speed import PlannerSpeed, Price, SpeedSource, TableSpeed
 from planner.scheduler.types import (
+    DEFAULT_POLICY,
     POLICIES,
     Action,
     Allocation,
@@ -17,6 +18,7 @@ from planner.scheduler.types import (
 
 __all__ = [
     "CO_DESIGNED",
+    "DEFAULT_POLICY",
     "POLICIES",
     "Action",
     "Allocation",

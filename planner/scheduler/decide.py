@@ -1,6 +1,10 @@
 """One scheduling round: which queued jobs start where, with which plan, and which running jobs resize.
 
-`decide(cluster, queue, running, policy, speed)` prices every (job, allocation) through a
+`decide(cluster, queue, running, policy, speed, now_s)` is the one entry point of the simulator and
+the real scheduler's rounds. The default policy, `srtf`, is planner/scheduler/srtf.py; `crius` and
+`sia`, the published baselines, are planner/scheduler/baselines.py; the rest are here.
+
+It prices every (job, allocation) through a
 `SpeedSource` (the planner's search or a measured table, cached) and chooses allocation and plan
 together. Co-designed policies (`jct`, `throughput`, `deadline`, `fairness`) differ in the order
 they serve jobs; each job gets the fastest placeable allocation whose GPU-seconds
@@ -22,8 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import MeshplanError
+from planner.scheduler.baselines import BASELINES, decide_crius, decide_sia
 from planner.scheduler.speed import Price, SpeedSource
+from planner.scheduler.srtf import decide_srtf
 from planner.scheduler.types import (
+    DEFAULT_POLICY,
     POLICIES,
     Action,
     Allocation,
@@ -40,7 +47,7 @@ CO_DESIGNED = ("jct", "throughput", "deadline", "fairness")
 
 @dataclass(frozen=True)
 class Policy:
-    name: str = "jct"
+    name: str = DEFAULT_POLICY
     relaunch_s: float = 60.0  # process start, rendezvous, data loader and first-step warm-up
     checkpoint_bytes_per_s: float = 2e9  # resharded save + load through shared storage
     min_gain_s: float = 600.0  # two 300 s rounds: smaller gains are noise against the switch risk
@@ -124,6 +131,15 @@ def decide(
     now_s: float = 0.0,
 ) -> Decision:
     """The round's actions (inputs are not mutated); jobs that nothing can ever run are rejected with why."""
+    if policy.name == "srtf":
+        q0 = speed.queries
+        d = decide_srtf(cluster, queue, running, policy, speed, now_s)
+        return Decision(d.policy, d.actions, d.rejections, d.waiting, speed.queries - q0)
+    if policy.name in BASELINES:
+        q0 = speed.queries
+        fn = decide_crius if policy.name == "crius" else decide_sia
+        d = fn(cluster, queue, running, policy, speed, now_s)
+        return Decision(d.policy, d.actions, d.rejections, d.waiting, speed.queries - q0)
     q0 = speed.queries
     cl = cluster.copy()
     run_by_id = {r.job.job_id: r for r in running}

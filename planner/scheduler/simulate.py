@@ -50,6 +50,7 @@ class SimResult:
     busy: dict[str, list[int]] = field(default_factory=dict)  # GPUs held per kind, per round
     samples_per_s: list[float] = field(default_factory=list)  # cluster throughput, per round
     decide_calls: list[tuple[int, int, float]] = field(default_factory=list)  # (queued, running, wall_s)
+    decide_cpu_s: list[float] = field(default_factory=list)  # each call's CPU time (a loaded machine inflates wall)
     wall_s: float = 0.0
 
     def _jcts(self) -> list[float]:
@@ -104,8 +105,10 @@ def simulate(
     *,
     round_s: float = 300.0,
     max_rounds: int = 1_000_000,
+    until_s: float | None = None,
 ) -> SimResult:
-    """Replay `jobs` (by submit time) on a copy of `cluster` until every job finished or was rejected."""
+    """Replay `jobs` (by submit time) on a copy of `cluster` until every job finished or was rejected
+    (or, with `until_s`, until the round that reaches that time: a cut, later jobs left unfinished)."""
     if round_s <= 0:
         raise MeshplanError("round_s", round_s, "must be positive")
     ids = [j.job_id for j in jobs]
@@ -123,6 +126,8 @@ def simulate(
     t0 = t = pending[0].submit_s if pending else 0.0  # rounds start at the first arrival, every round_s
     changed, nxt = True, 0
     for _ in range(max_rounds):
+        if until_s is not None and t >= until_s:
+            break
         while nxt < len(pending) and pending[nxt].submit_s <= t:
             queue.append(pending[nxt])
             nxt, changed = nxt + 1, True
@@ -135,9 +140,10 @@ def simulate(
             continue
         resized = False
         if changed and (queue or running):
-            w0 = time.perf_counter()
+            w0, c0 = time.perf_counter(), time.process_time()
             d = decide(cl, queue, list(running.values()), policy, speed, t)
             res.decide_calls.append((len(queue), len(running), time.perf_counter() - w0))
+            res.decide_cpu_s.append(time.process_time() - c0)
             _apply(d, cl, queue, running, out, policy, t)
             resized = any(a.kind != "start" for a in d.actions) or bool(d.rejections)
         res.times_s.append(t)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from planner.errors import MeshplanError
 from planner.specs.model import ModelSpec
 
-POLICIES = ("jct", "throughput", "deadline", "fairness", "fcfs", "gavel")
+POLICIES = ("srtf", "jct", "throughput", "deadline", "fairness", "fcfs", "gavel", "crius", "sia")
+DEFAULT_POLICY = "srtf"  # what `schedule-cluster`, `simulate` and bench/scheduler.py run unless told
 
 
 def kind_alias(device: str) -> str:
@@ -162,6 +163,9 @@ class ClusterState:
         self._total = {k: sum(v) for k, v in per_kind.items()}
         self._max_per_node = {k: max(v) for k, v in per_kind.items()}
         self.shape = tuple(sorted((k, self._total[k], self._max_per_node[k]) for k in per_kind))
+        self._nodes: dict[str, list[int]] = {}  # kind → its node indices: a query scans one kind's nodes
+        for i, k in enumerate(self.node_kind):
+            self._nodes.setdefault(k, []).append(i)
         self._avail: dict[tuple[str, int], int] = {}
         self._free_total: int | None = None
 
@@ -180,7 +184,8 @@ class ClusterState:
         return self._max_per_node.get(kind, 0)
 
     def free(self, kind: str) -> int:
-        return sum(t - b for k, t, b in zip(self.node_kind, self.node_total, self.node_busy, strict=True) if k == kind)
+        t, b = self.node_total, self.node_busy
+        return sum(t[i] - b[i] for i in self._nodes.get(kind, ()))
 
     def busy(self, kind: str) -> int:
         return self.total(kind) - self.free(kind)
@@ -193,19 +198,21 @@ class ClusterState:
     def copy(self) -> ClusterState:
         return ClusterState(list(self.node_kind), list(self.node_total), list(self.node_busy), dict(self.device_names))
 
-    def invalidate(self) -> None:
-        self._avail.clear()
+    def invalidate(self, kinds: set[str] | None = None) -> None:
+        """Forget cached answers (about `kinds` only, when given): call after changing `node_busy`."""
+        if kinds is None:
+            self._avail.clear()
+        else:
+            for key in [key for key in self._avail if key[0] in kinds]:
+                del self._avail[key]
         self._free_total = None
 
     def can_place(self, alloc: Allocation) -> bool:
         key = (alloc.kind, alloc.per_node)
         n = self._avail.get(key)
         if n is None:
-            n = sum(
-                1
-                for k, t, b in zip(self.node_kind, self.node_total, self.node_busy, strict=True)
-                if k == alloc.kind and t - b >= alloc.per_node
-            )
+            t, b, need = self.node_total, self.node_busy, alloc.per_node
+            n = sum(1 for i in self._nodes.get(alloc.kind, ()) if t[i] - b[i] >= need)
             self._avail[key] = n
         return n >= alloc.num_nodes
 
@@ -214,11 +221,8 @@ class ClusterState:
         if not self.can_place(alloc):
             return None
         need = alloc.per_node
-        cands = [
-            (t - b, i)
-            for i, (k, t, b) in enumerate(zip(self.node_kind, self.node_total, self.node_busy, strict=True))
-            if k == alloc.kind and t - b >= need
-        ]
+        t, b = self.node_total, self.node_busy
+        cands = [(t[i] - b[i], i) for i in self._nodes[alloc.kind] if t[i] - b[i] >= need]
         cands.sort()
         return Placement(alloc, tuple((i, need) for _, i in cands[: alloc.num_nodes]))
 
@@ -226,13 +230,13 @@ class ClusterState:
         for i, n in p.nodes:
             assert self.node_busy[i] + n <= self.node_total[i], "placement over a node's capacity"
             self.node_busy[i] += n
-        self.invalidate()
+        self.invalidate({self.node_kind[i] for i, _ in p.nodes})
 
     def release(self, p: Placement) -> None:
         for i, n in p.nodes:
             assert self.node_busy[i] >= n, "releasing devices that are not busy"
             self.node_busy[i] -= n
-        self.invalidate()
+        self.invalidate({self.node_kind[i] for i, _ in p.nodes})
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,7 @@ def test_schedule_cluster_needs_a_server_and_a_known_policy(tmp_path) -> None:
     assert p.returncode == 1 and "run `meshplan ui` first" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--policy", "sjf")
-    assert p.returncode == 1 and "choose one of jct" in p.stderr
+    assert p.returncode == 1 and "choose one of srtf, jct" in p.stderr
     p = meshplan(tmp_path, "schedule-cluster", "--cluster", cluster, "--every", "never")
     assert p.returncode == 1 and "--every" in p.stderr
 

@@ -7,7 +7,7 @@ from prefect.artifacts import Artifact
 
 from flows.scheduler import scheduler_flow
 from planner.errors import MeshplanError
-from storage.jobs import job_events, list_jobs, submit_job
+from storage.jobs import get_job, job_events, list_jobs, submit_job
 
 MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
 
@@ -52,6 +52,23 @@ def test_admitted_allocation_survives_in_the_queue_so_a_later_arrival_shrinks_th
     assert "so that 1 waiting job(s) start" in job_events(db, "a")["reason"].to_list()[-1]
     third = scheduler_flow(db, CPU4, "jct", **kw)  # a's switch is under way: it holds its 2, nothing to do
     assert third.actions == [] and third.waiting == []
+
+
+def test_the_flow_decides_with_the_default_policy_the_simulator_runs(tmp_path) -> None:
+    """No --policy: the round is srtf's (planner/scheduler/srtf.py, what bench/scheduler.py measures):
+    a is admitted on its smallest allocation and grown while nobody waits; b, shorter, arrives and
+    starts at once on what a's growth left or a gives back."""
+    db, table = str(tmp_path / "m.duckdb"), tmp_path / "speed.csv"
+    table.write_text(TABLE)
+    kw = {"speed_table": str(table), "policy_options": {"relaunch_s": 5.0, "min_gain_s": 0.5}, "launch": False}
+    submit_job(db, "tiny", 8, 1200, job_id="a", seq=32)
+    first = scheduler_flow(db, CPU4, **kw)
+    assert [(j, k) for j, k, _ in first.actions] == [("a", "start")]
+    assert get_job(db, "a")["base_allocation"] == "1xcpu/1" and first.actions[0][2] != "1xcpu/1"
+    assert job_events(db, "a")["reason"].to_list()[-1].startswith("srtf: ")
+    submit_job(db, "tiny", 8, 40, job_id="b", seq=32)
+    second = scheduler_flow(db, CPU4, **kw)
+    assert ("b", "start") in [(j, k) for j, k, _ in second.actions] and second.waiting == []
 
 
 def test_a_missing_speed_table_is_a_user_error(tmp_path) -> None:

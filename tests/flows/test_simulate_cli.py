@@ -1,5 +1,6 @@
 """`meshplan simulate`: a real CLI process replays a small trace, prints the summary and saves the plot."""
 
+from planner.scheduler import POLICIES
 from tests.support.cli import meshplan
 
 TRACE = """job_id,submit_s,model,global_batch,iterations,req_num_gpu,req_gpu_type
@@ -19,7 +20,7 @@ def test_simulate_prices_with_the_planner_and_saves_a_plot(tmp_path) -> None:
     )
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if "avg JCT" in ln]
-    assert [ln.split()[0] for ln in lines] == ["jct", "throughput", "deadline", "fairness", "fcfs", "gavel"]
+    assert [ln.split()[0] for ln in lines] == list(POLICIES)  # srtf (the default) first, then crius and sia last
     assert all("finished 3" in ln for ln in lines)
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
 
