@@ -17,6 +17,9 @@ the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` pri
 - `microbatch_s`: a fixed, serialised cost per micro-batch slot (schedule bookkeeping, loss
   `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted.
 
+Every runtime's figures are data: planner/specs/data/runtimes.toml, one [[runtime]] row each with a
+source per figure (planner.cost.runtime_table loads and validates it once).
+
 `Figures` are the few numbers calibrated per (device kind, runtime) from measured runs
 (`meshplan calibrate`, bench/published.py): `kernel_scale` multiplies the GEMM and attention
 fractions of peak (the stack's kernel quality against the catalog's prior) and `microbatch_s`
@@ -32,7 +35,8 @@ from dataclasses import dataclass, replace
 from planner.cost.compute import KernelEfficiency
 from planner.cost.estimate import estimate
 from planner.cost.fitted import DEFAULT_KERNELS
-from planner.cost.overlap import FSDP_COMPOSER, MEGATRON, MEGATRON_SC21, MESHPLAN, Runtime
+from planner.cost.overlap import RUNTIMES, Runtime
+from planner.cost.runtime_table import RUNTIME_ROWS
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -56,41 +60,40 @@ class RuntimeProfile:
     source: str
 
 
-MESHPLAN_RT = RuntimeProfile(
-    "meshplan", MESHPLAN, "sdpa", "torch", False, False, False, 10e-6, 16, 0.0,
-    "worker/train.py: torch SDPA, F.cross_entropy on fp32 logits, no dropout, DTensor TP, FSDP2",
-)  # fmt: skip
-TORCHTITAN_RT = RuntimeProfile(
-    "torchtitan", replace(MESHPLAN, name="torchtitan", reduce_scatter_overlap=1.0, grad_sync_overlap=1.0),
-    "sdpa", "torch", False, False, True, 10e-6, 16, 0.0,
-    "torchtitan 2024-08: FSDP2 (reduce-scatter in the backward), SDPA, torch loss, TP with sequence parallel",
-)  # fmt: skip
-MEGATRON_RT = RuntimeProfile(
-    "megatron", MEGATRON, "flash", "fused", False, True, True, 7e-6, 12, 0.0,
-    "Megatron-core + Transformer Engine: TE fused attention, fused vocab-parallel loss, fp8 linears, SP",
-)  # fmt: skip
-DEEPSPEED_RT = RuntimeProfile(
-    "deepspeed", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 10e-6, 24, 0.0,
-    "DeepSpeed + Megatron-LM v1.x: eager fused-softmax attention, dropout 0.1, vocab-parallel fp32 loss, "
-    "gradient all-reduce after the schedule, blocking p2p",
-)  # fmt: skip
-COMPOSER_RT = RuntimeProfile(
-    "composer", FSDP_COMPOSER, "flash", "fused", False, False, False, 10e-6, 14, 0.0,
-    "llm-foundry on Composer + torch FSDP1: flash attention, fused cross entropy, no dropout, no TP",
-)  # fmt: skip
-# Megatron-LM as of SC'21 (the published Table 1 rows): fused softmax, dropout, unfused loss; not a choice
-MEGATRON_SC21_RT = RuntimeProfile(
-    "megatron-sc21", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 7e-6, 20, 0.0,
-    "Megatron-LM v2 (SC'21): fused softmax, dropout 0.1, vocab-parallel loss on fp32, no SP",
-)  # fmt: skip
+def _profile(row: dict) -> RuntimeProfile:
+    """A RuntimeProfile from its [[runtime]] row of data/runtimes.toml (planner.cost.runtime_table)."""
+    return RuntimeProfile(
+        name=row["name"],
+        overlap=RUNTIMES[row["overlap"]],
+        attention=row["attention"],
+        loss=row["loss"],
+        dropout=row["dropout"],
+        fp8=row["fp8"],
+        sequence_parallel=row["sequence_parallel"],
+        launch_s=float(row["launch_s"]),
+        kernels_per_block=row["kernels_per_block"],
+        microbatch_s=float(row["microbatch_s"]),
+        source=row["source"],
+    )
 
-PROFILES = {p.name: p for p in (MESHPLAN_RT, TORCHTITAN_RT, MEGATRON_RT, DEEPSPEED_RT, COMPOSER_RT)}
+
+# Every runtime's figures are data: planner/specs/data/runtimes.toml, one [[runtime]] row each, every
+# figure with its source. megatron-sc21 (the published SC'21 rows) is priced but not a user's choice.
+_ALL = {name: _profile(row) for name, row in RUNTIME_ROWS.items()}
+MESHPLAN_RT = _ALL["meshplan"]
+TORCHTITAN_RT = _ALL["torchtitan"]
+MEGATRON_RT = _ALL["megatron"]
+DEEPSPEED_RT = _ALL["deepspeed"]
+COMPOSER_RT = _ALL["composer"]
+MEGATRON_SC21_RT = _ALL["megatron-sc21"]
+
+PROFILES = {name: p for name, p in _ALL.items() if RUNTIME_ROWS[name]["choice"]}
 RUNTIME_NAMES = tuple(PROFILES)
 
 
 def profile_named(name: str) -> RuntimeProfile:
     """The runtime called `name`; MeshplanError naming the choices otherwise."""
-    p = PROFILES.get(name) or (MEGATRON_SC21_RT if name == MEGATRON_SC21_RT.name else None)
+    p = PROFILES.get(name) or _ALL.get(name)
     if p is None:
         raise MeshplanError("runtime", name, f"one of {', '.join(RUNTIME_NAMES)}")
     return p
