@@ -347,6 +347,7 @@ def summary(results: list[Result]) -> dict[str, float]:
         "ran_called_oom": sum(not r.cost.feasible for r in ran),
         "failed": len(failed),
         "failed_not_called_oom": sum(r.cost.feasible for r in failed),
+        "failed_called_oom": sum(not r.cost.feasible for r in failed),
         "max_peak_over_capacity": max((r.peak_over_capacity for r in ran), default=0.0),
     }
 
@@ -371,9 +372,9 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple
     blob: dict = {"kernels": kernels.source, "seed": SEED, "families": {}}
     lines = [
         f"runtime figures per family; kernels {kernels.source}",
-        "cell = MAPE% / bias% / ran-called-OOM (failed-OOM-trials-not-called-OOM / failed trials)",
+        "cell = MAPE% / bias% / ran-called-OOM / failed-OOM-trials-called-OOM of failed trials",
     ]
-    head = f"{'family':15} {'n':>4} {'prior':>26} {'fit all':>26} {'leave-family-out':>26} {'3-shot':>26}"
+    head = f"{'family':15} {'n':>4} {'prior':>27} {'fit all':>27} {'leave-family-out':>27} {'3-shot':>27}"
     lines += [head, "-" * len(head)]
     for fam in fams:
         mine = [c for c in cases if c.family == fam]
@@ -390,11 +391,11 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple
         }
         sums = {k: summary(v) for k, v in cols.items()}
         cells = [
-            f"{s['mape_pct']:6.1f} /{s['bias_pct']:+6.1f} / {s['ran_called_oom']:>2} ({s['failed_not_called_oom']}/{s['failed']})"
+            f"{s['mape_pct']:6.1f} /{s['bias_pct']:+6.1f} / {s['ran_called_oom']:>2} / {s['failed_called_oom']} of {s['failed']}"
             for s in sums.values()
         ]
         n = sum(c.measured_s is not None for c in mine)
-        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>26}" for c in cells))
+        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>27}" for c in cells))
         blob["families"][fam] = {
             "summaries": sums,
             "figures": {"fit_all": repr(own), "leave_family_out": repr(lofo), "three_shot": repr(shot_fig)},
