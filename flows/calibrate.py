@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.cost.runtimes import (
-    MIN_RUNS_FOR_MICROBATCH,
+    MIN_RUNS_JOINT,
     PRIOR_FIGURES,
+    REG,
     Figures,
-    fit_figures,
+    fit_terms,
     golden,
     price_under,
     profile_named,
@@ -195,7 +196,8 @@ def _mape(pairs: list[tuple[float, float]]) -> float:
 
 def fit_runs(cases: list[tuple[str, Any, Any, Any, float]], runtime: str, gpu: bool) -> tuple[Any, float, float]:
     """Figures fitted on cases (run_id, plan, model, pricing inputs, measured s) for one device kind:
-    kernel_scale on GPUs (their compute is shape-based), the per-micro-batch cost alone on CPU ranks
+    kernel_scale and the per-micro-batch cost jointly on GPUs (their compute is shape-based; from 3
+    runs, regularised toward the runtime's priors), the per-micro-batch cost alone on CPU ranks
     (their compute is measured: only fixed costs are left), never below 0 (a cost); returns
     (figures, MAPE before, after)."""
     prof = profile_named(runtime)
@@ -209,7 +211,13 @@ def fit_runs(cases: list[tuple[str, Any, Any, Any, float]], runtime: str, gpu: b
     before = _mape([(p, m) for p, _, m in priced(PRIOR_FIGURES)])
     n = len(cases)
     if gpu:
-        scale, mb = fit_figures(lambda sc: priced(Figures(sc, 0.0)), fit_microbatch=n >= MIN_RUNS_FOR_MICROBATCH)
+        # kernel_scale and the per-micro-batch cost jointly, regularised toward the runtime's priors
+        scale, mb, _ = fit_terms(
+            lambda sc: priced(Figures(sc, 0.0)),
+            fit_microbatch=n >= MIN_RUNS_JOINT,
+            prior=(prof.microbatch_s, 0.0),
+            reg=REG,
+        )
     else:
         base = priced(Figures(1.0, 0.0))
 

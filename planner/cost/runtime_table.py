@@ -32,8 +32,9 @@ OVERLAP_FLAGS = (
 )
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")
+KERNEL_KINDS = ("gemm", "attention")
 RUNTIME_COSTS = ("launch_s", "microbatch_s")  # seconds, ≥ 0
-RUNTIME_COUNTS = ("kernels_per_block",)  # positive integers
+RUNTIME_COUNTS = ("kernels_per_block", "step_kernels")  # positive integers
 FILE = "data/runtimes.toml"
 
 
@@ -56,8 +57,11 @@ def _bad(kind: str, name: str, key: str, value: object, want: str) -> ValueError
     return ValueError(f"{FILE} [[{kind}]] {name}: {key} = {value!r}, {want}")
 
 
-def parse_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """([[overlap]] rows, [[runtime]] rows) by name from the TOML `text`; ValueError naming the row
+Rows = dict[str, dict[str, Any]]
+
+
+def parse_table(text: str) -> tuple[Rows, Rows, Rows]:
+    """([[overlap]] rows, [[runtime]] rows, [[kernel]] rows) by name from the TOML `text`; ValueError naming the row
     and the key of the first bad figure."""
     doc = tomllib.loads(text)
     overlaps: dict[str, dict[str, Any]] = {}
@@ -73,10 +77,28 @@ def parse_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[st
         if name in overlaps:
             raise ValueError(f"{FILE}: [[overlap]] {name} twice")
         overlaps[name] = row
+    kernels: dict[str, dict[str, Any]] = {}
+    for row in doc.get("kernel", []):
+        figs = tuple(k for k in row if k not in ("name", "kind", "source") and not k.endswith("_source"))
+        name = _check_row("kernel", row, figs, ("name", "kind", "source"))
+        if row["kind"] not in KERNEL_KINDS:
+            raise _bad("kernel", name, "kind", row["kind"], f"one of {', '.join(KERNEL_KINDS)}")
+        if "other" not in figs:
+            raise _bad("kernel", name, "other", None, "give the fraction for architectures not listed")
+        for f in figs:
+            v = row[f]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 < v <= 1.0:
+                raise _bad("kernel", name, f, v, "a fraction of the peak in (0, 1]")
+        if name in kernels:
+            raise ValueError(f"{FILE}: [[kernel]] {name} twice")
+        kernels[name] = row
     runtimes: dict[str, dict[str, Any]] = {}
-    figures = (*RUNTIME_WORDS, *RUNTIME_FLAGS, *RUNTIME_COSTS, *RUNTIME_COUNTS)
+    figures = (*RUNTIME_WORDS, *RUNTIME_FLAGS, *RUNTIME_COSTS, *RUNTIME_COUNTS, "attention_kernel")
     for row in doc.get("runtime", []):
         name = _check_row("runtime", row, figures, ("name", "source", "choice", "overlap"))
+        ak = row["attention_kernel"]
+        if kernels.get(ak, {}).get("kind") != "attention":
+            raise _bad("runtime", name, "attention_kernel", ak, "an attention [[kernel]] name")
         if row["overlap"] not in overlaps:
             raise _bad("runtime", name, "overlap", row["overlap"], f"one of {', '.join(overlaps)}")
         for f, words in RUNTIME_WORDS.items():
@@ -95,19 +117,30 @@ def parse_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, dict[st
         if name in runtimes:
             raise ValueError(f"{FILE}: [[runtime]] {name} twice")
         runtimes[name] = row
-    if not overlaps or not runtimes:
-        raise ValueError(f"{FILE}: needs [[overlap]] and [[runtime]] rows")
-    return overlaps, runtimes
+    if not overlaps or not runtimes or not any(k["kind"] == "gemm" for k in kernels.values()):
+        raise ValueError(f"{FILE}: needs [[overlap]], [[runtime]] and a gemm [[kernel]] row")
+    return overlaps, runtimes, kernels
 
 
-def _load() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+def _load() -> tuple[Rows, Rows, Rows]:
     return parse_table(resources.files("planner.specs").joinpath(FILE).read_text(encoding="utf-8"))
 
 
-OVERLAP_ROWS, RUNTIME_ROWS = _load()
+OVERLAP_ROWS, RUNTIME_ROWS, KERNEL_ROWS = _load()
+
+
+def kernel_fractions(name: str) -> tuple[tuple[tuple[str, float], ...], float]:
+    """((architecture, fraction) pairs, the fraction for other architectures) of [[kernel]] `name`."""
+    row = KERNEL_ROWS[name]
+    pairs = tuple(
+        (k, float(v))
+        for k, v in row.items()
+        if k not in ("name", "kind", "source", "other") and not k.endswith("_source")
+    )
+    return pairs, float(row["other"])
 
 
 def figure_source(kind: str, name: str, figure: str) -> str:
     """Where the figure `figure` of row `name` ([[overlap]] or [[runtime]]) comes from."""
-    rows = OVERLAP_ROWS if kind == "overlap" else RUNTIME_ROWS
+    rows = {"overlap": OVERLAP_ROWS, "runtime": RUNTIME_ROWS, "kernel": KERNEL_ROWS}[kind]
     return rows[name][f"{figure}_source"]

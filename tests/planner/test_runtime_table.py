@@ -27,6 +27,10 @@ def test_every_figure_has_a_source_and_the_priced_values_are_the_tables():
     # the user's choices, and the published-rows-only runtime priced but not offered
     assert set(runtimes.PROFILES) == {n for n, r in RUNTIME_ROWS.items() if r["choice"]}
     assert runtimes.profile_named("megatron-sc21").name == "megatron-sc21"
+    # derived kernels: the runtime's attention family, the cuBLAS GEMM fraction, none fitted
+    assert runtimes.profile_named("composer").kernels.flash_fraction("Hopper") == 0.19
+    assert runtimes.profile_named("megatron").kernels.flash_fraction("Ampere") == 0.6
+    assert runtimes.profile_named("meshplan").kernels.gemm_fraction("Hopper") == 0.8
 
 
 @pytest.mark.parametrize(
@@ -38,6 +42,8 @@ def test_every_figure_has_a_source_and_the_priced_values_are_the_tables():
             r"\[\[runtime\]\] meshplan: missing \['launch_s_source'\], unknown \['launch_x'\]",
         ),
         ("gather_overlap = 1.0", "gather_overlap = 1.5", r"\[\[overlap\]\] meshplan: gather_overlap = 1.5, a fraction"),
+        ("Hopper = 0.75", "Hopper = 1.5", r"\[\[kernel\]\] fa3: Hopper = 1.5, a fraction of the peak"),
+        ('attention_kernel = "triton-flash"', 'attention_kernel = "cublas"', r"composer: attention_kernel = 'cublas'"),
         ('overlap = "fsdp-composer"', 'overlap = "fsdp"', r"\[\[runtime\]\] composer: overlap = 'fsdp', one of"),
         ("microbatch_s = 0.0", "microbatch_s = -0.01", r"\[\[runtime\]\] meshplan: microbatch_s = -0.01, seconds"),
         (
