@@ -101,6 +101,8 @@ class Runtime:
     source: str
     # context parallelism: fraction of the K/V exchange (formulas.cp_kv_exchange_s) hidden behind attention
     cp_overlap: float = 0.0
+    # fp8 weights cast once a step and cached across micro-batches (memory.Stack.fp8_weight_cached)
+    fp8_weight_cached: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""

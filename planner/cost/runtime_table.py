@@ -29,6 +29,7 @@ OVERLAP_FLAGS = (
     "grad_buckets_packed",
     "bucketed_grad_sync",
     "overlaps_on_cpu",
+    "fp8_weight_cached",
 )
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")

@@ -165,3 +165,31 @@ def test_three_runs_fit_scale_and_microbatch_jointly_pulled_toward_the_prior_nev
     assert free[0] == pytest.approx(0.6, rel=0.02) and free[1] == pytest.approx(0.02, rel=0.1)
     assert 0.0 <= pulled[1] < free[1] and pulled[2] == 0.0  # toward the prior (0), the step cost not fitted
     assert fit(-0.005, 0.0)[1] == 0.0 and fit(-0.005, REG)[1] == 0.0  # a cost is never negative
+
+
+def test_transformer_engine_caches_the_fp8_weight_once_a_step_torchao_keeps_one_per_microbatch():
+    from dataclasses import replace
+
+    from planner.cost.estimate import estimate
+    from planner.cost.memory import Stack, block_kept_bytes, fp8_cached_weight_bytes, linear_weight_params
+
+    lwp = linear_weight_params(MODEL, 2)  # 1 byte per linear parameter of a block on a tp rank
+    assert lwp == (2048 * 3 * 2048 + 2048 * 2048 + 2 * 2048 * 8192) / 2
+    cached, plain = Stack(fp8=True, fp8_weight_cached=True), Stack(fp8=True)
+    kept = [block_kept_bytes(MODEL, 1, 4096, 2, "bf16", st, 1e9) for st in (plain, cached)]
+    assert kept[0] - kept[1] == pytest.approx(lwp)
+    assert fp8_cached_weight_bytes(MODEL, 2, cached) == lwp and fp8_cached_weight_bytes(MODEL, 2, plain) == 0.0
+    # end to end on H100s, pp 2 (stage 0 holds 2 micro-batches in flight under 1F1B, 4 blocks):
+    # caching saves (2 − 1) × 4 × lwp on stage 0, × (1 + 0.10) for the allocator's fragmentation
+    # (formulas.FRAGMENTATION_FRACTION)
+    node = NODE.model_copy(update={"device": "H100-SXM5-80GB"})
+    cluster = ClusterSpec(name="c", nodes=(node,))
+    stages = (
+        StagePlan(layer_start=0, layer_end=4, device_ids=(0, 1), dp=1, tp=2),
+        StagePlan(layer_start=4, layer_end=8, device_ids=(2, 3), dp=1, tp=2),
+    )
+    p = plan(1).model_copy(update={"stages": stages, "batch_shares": (32,), "fp8": True})
+    meg = profile_named("megatron")
+    te = estimate(p, MODEL, cluster, runtime=meg.overlap)
+    ao = estimate(p, MODEL, cluster, runtime=replace(meg.overlap, fp8_weight_cached=False))
+    assert ao.peak_memory_bytes[0] - te.peak_memory_bytes[0] == pytest.approx(1.1 * 4 * lwp, rel=1e-6)
