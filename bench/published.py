@@ -20,7 +20,9 @@ The last table is the issue's: per family, MAPE / bias / runs-that-ran-called-OO
 not called OOM / failed trials) for the unfitted prior, the runtime figures fitted on all the
 family's rows, leave-that-family-out (figures fitted on the other families), and 3-shot (figures
 fitted on 3 rows of the family chosen by random.Random(SEED), scored on the rest); see family_tables.
-The tables above it price with the catalog's prior and planner.cost.fitted's kernel fractions.
+The tables above it price with each runtime's derived kernel fractions (RuntimeProfile.kernels: the
+sourced [[kernel]] rows of planner/specs/data/runtimes.toml, nothing fitted), and, for comparison,
+with planner.cost.fitted's MPT-fitted fractions (a calibration, not a default).
 
 What is compared: predicted `step_time_s` with the measured time of one optimizer step. MFU
 definitions differ between the sources (MPT counts 3 passes of model FLOPs incl. attention, Megatron's
@@ -46,20 +48,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from planner.cost.compute import PRIOR, KernelEfficiency  # noqa: E402
-from planner.cost.fitted import DEFAULT_KERNELS  # noqa: E402
+from planner.cost.compute import KernelEfficiency  # noqa: E402
+from planner.cost.fitted import FITTED  # noqa: E402
 from planner.cost.runtimes import (  # noqa: E402
     COMPOSER_RT,
     DEEPSPEED_RT,
     MEGATRON_RT,
     MEGATRON_SC21_RT,
-    MIN_RUNS_FOR_MICROBATCH,
+    MIN_RUNS_JOINT,
     PRIOR_FIGURES,
+    REG,
     RUNTIME_NAMES,
     TORCHTITAN_RT,
     Figures,
     RuntimeProfile,
-    fit_figures,
+    fit_terms,
     price_under,
     profile_named,
     slots,
@@ -328,7 +331,10 @@ def fit(cases: list[Case], kernels: KernelEfficiency | None = None, label: str =
         rs, _ = price(ran, Figures(scale, 0.0), kernels)
         return [(r.cost.step_time_s, slots(r.case.plan), r.case.measured_s) for r in rs]  # type: ignore[misc]
 
-    scale, mb = fit_figures(rows, fit_microbatch=len(ran) >= MIN_RUNS_FOR_MICROBATCH)
+    # as `meshplan calibrate` fits: kernel_scale and the per-micro-batch cost jointly from 3 runs,
+    # regularised toward the runtimes' priors (planner.cost.runtimes.fit_terms)
+    prior_mb = statistics.median(c.profile.microbatch_s for c in ran)
+    scale, mb, _ = fit_terms(rows, fit_microbatch=len(ran) >= MIN_RUNS_JOINT, prior=(prior_mb, 0.0), reg=REG)
     return Figures(scale, mb, len(ran), f"fitted on {len(ran)} rows{': ' + label if label else ''}")
 
 
@@ -347,6 +353,7 @@ def summary(results: list[Result]) -> dict[str, float]:
         "ran_called_oom": sum(not r.cost.feasible for r in ran),
         "failed": len(failed),
         "failed_not_called_oom": sum(r.cost.feasible for r in failed),
+        "failed_called_oom": sum(not r.cost.feasible for r in failed),
         "max_peak_over_capacity": max((r.peak_over_capacity for r in ran), default=0.0),
     }
 
@@ -358,22 +365,26 @@ def three_shot(cases: list[Case]) -> tuple[list[Case], list[Case]]:
     return [c for c in ran if c.run_id in pick], [c for c in cases if c.run_id not in pick]
 
 
-def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple[str, dict]:
-    """Per family, four columns, all on the unfitted kernel prior (`kernels`) so that only the
+def family_tables(cases: list[Case], kernels: KernelEfficiency | None = None) -> tuple[str, dict]:
+    """Per family, four columns, all on the derived, unfitted kernels (each runtime's own:
+    RuntimeProfile.kernels, the [[kernel]] rows of data/runtimes.toml; or `kernels`) so that only the
     runtime figures (planner.cost.runtimes.Figures) are fitted:
     - prior: no figures fitted;
     - fit all: the family's runtime figures fitted on all its development rows (in-sample: the ceiling);
     - leave-family-out: one set of figures fitted on every other family's rows (what a runtime with no
       measured run of its own gets from the others);
-    - 3-shot: kernel_scale fitted on 3 of the family's rows (random.Random(SEED)), scored on the rest
-      (what `meshplan calibrate` does with 3 runs)."""
+    - 3-shot: kernel_scale and the per-micro-batch cost fitted jointly (regularised toward the
+      priors) on 3 of the family's rows (random.Random(SEED)), scored on the rest (what `meshplan
+      calibrate` fits from 3 runs; calibrate also refuses a fit whose leave-one-out error does not
+      beat the prior's, which this column does not)."""
     fams = sorted({c.family for c in cases})
-    blob: dict = {"kernels": kernels.source, "seed": SEED, "families": {}}
+    ksrc = kernels.source if kernels is not None else "derived per runtime (RuntimeProfile.kernels, data/runtimes.toml)"
+    blob: dict = {"kernels": ksrc, "seed": SEED, "families": {}}
     lines = [
-        f"runtime figures per family; kernels {kernels.source}",
-        "cell = MAPE% / bias% / ran-called-OOM (failed-OOM-trials-not-called-OOM / failed trials)",
+        f"runtime figures per family; kernels {ksrc}",
+        "cell = MAPE% / bias% / ran-called-OOM / failed-OOM-trials-called-OOM of failed trials",
     ]
-    head = f"{'family':15} {'n':>4} {'prior':>26} {'fit all':>26} {'leave-family-out':>26} {'3-shot':>26}"
+    head = f"{'family':15} {'n':>4} {'prior':>27} {'fit all':>27} {'leave-family-out':>27} {'3-shot':>27}"
     lines += [head, "-" * len(head)]
     for fam in fams:
         mine = [c for c in cases if c.family == fam]
@@ -390,11 +401,11 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency = PRIOR) -> tuple
         }
         sums = {k: summary(v) for k, v in cols.items()}
         cells = [
-            f"{s['mape_pct']:6.1f} /{s['bias_pct']:+6.1f} / {s['ran_called_oom']:>2} ({s['failed_not_called_oom']}/{s['failed']})"
+            f"{s['mape_pct']:6.1f} /{s['bias_pct']:+6.1f} / {s['ran_called_oom']:>2} / {s['failed_called_oom']} of {s['failed']}"
             for s in sums.values()
         ]
         n = sum(c.measured_s is not None for c in mine)
-        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>26}" for c in cells))
+        lines.append(f"{fam:15} {n:>4} " + " ".join(f"{c:>27}" for c in cells))
         blob["families"][fam] = {
             "summaries": sums,
             "figures": {"fit_all": repr(own), "leave_family_out": repr(lofo), "three_shot": repr(shot_fig)},
@@ -469,13 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{data}: {len(results)} runs priced, {sum(map(len, skipped.values()))} not expressible")
     print(f"compared: predicted step_time_s vs measured seconds per optimizer step; note: {ASSUMED_LINKS}")
     print(
-        f"runtime: {args.runtime} (row = each family's profile); stack: {args.stack}; kernels: {DEFAULT_KERNELS.source}"
+        f"runtime: {args.runtime} (row = each family's profile); stack: {args.stack}; kernels: derived per runtime"
+        " (RuntimeProfile.kernels: the [[kernel]] rows of data/runtimes.toml, nothing fitted)"
     )
-    if DEFAULT_KERNELS != PRIOR:
-        print(f"kernel efficiencies UNFITTED ({PRIOR.source}):")
-        print(table(price(cases, PRIOR_FIGURES, PRIOR)[0]))
-        print("kernel efficiencies FITTED (planner.cost.fitted), runtime figures prior:")
     print(table(results))
+    print(f"for comparison, a calibration: kernel efficiencies FITTED on MPT rows ({FITTED.source}):")
+    print(table(price(cases, PRIOR_FIGURES, FITTED)[0]))
     for reason, ids in sorted(skipped.items()):
         print(f"not expressible ({len(ids)}): {reason}: {', '.join(ids)}")
     if args.rows:

@@ -5,7 +5,9 @@
 columns (planner.measure.runs_file), fits kernel_scale (and with 6+ runs the per-micro-batch cost)
 per GPU kind for the runtime, and stores them with their provenance (storage.calibrations). Without
 `--runs` it fits on meshplan's own completed runs, from their telemetry, priced as `estimate` prices
-them (storage.pricing); flows/calibrate.py does the fitting. `--show` lists what is in force.
+them (storage.pricing); flows/calibrate.py does the fitting, and stores a fit only when it helps
+(at least 3 distinct runs, a leave-one-out error below the prior's; otherwise one line says why and
+nothing is stored). `--show` lists what is in force.
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ def calibrate(
     for o in out:
         typer.echo(
             f"calibrated: {o['runs']} runs, {o['device_kind']}/{o['runtime']}: kernel_scale {o['kernel_scale']:.3f},"
-            f" per micro-batch {1e3 * (o['microbatch_s'] or 0):.2f} ms; MAPE {o['mape_before']:.1f}% ->"
-            f" {o['mape_after']:.1f}% ({o['source']})"
+            f" per micro-batch {1e3 * (o['microbatch_s'] or 0):.2f} ms; MAPE prior {o['mape_before']:.1f}% ->"
+            f" fitted {o['mape_after']:.1f}% (leave-one-out {o['mape_cv']:.1f}%) ({o['source']})"
         )
+    for note in dict.fromkeys(n for o in out for n in o["notes"]):
+        typer.echo(f"note: {note}")
 
 
 # flows.queries' runtime pricing, for the command modules: imported when called, so `meshplan --help`

@@ -11,8 +11,10 @@ Backward: two GEMMs per forward GEMM (input and weight gradients, each its own s
 backward 2.5× its forward FLOPs (5 matmuls to the forward's 2, Dao, FlashAttention-2, 2023 §3.1.2),
 element-wise kernels twice the forward's bytes (read the saved input and the gradient, write one).
 
-Nothing here is fitted on measured runs; measured profiles, where present, win
-(planner.cost.completion).
+Nothing here is fitted on measured runs: every fraction is a sourced [[kernel]] row of
+planner/specs/data/runtimes.toml, per architecture, and a runtime's attention runs at its kernel
+family's (attention_kernels); measured profiles, where present, win (planner.cost.completion), and
+fitted figures enter only as a calibration (planner.cost.runtimes.Figures.kernel_scale).
 """
 
 from __future__ import annotations
@@ -21,23 +23,26 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from planner.cost.memory import Stack
+from planner.cost.runtime_table import KERNEL_ROWS, kernel_fractions
 from planner.measure.profiles import MEMORY_EFFICIENCY, LayerProfile, ProfileKey
 from planner.specs import flops
 from planner.specs.flops import DTYPE_BYTES
 from planner.specs.model import ModelSpec
 
-# Large bf16/fp16 GEMMs in cuBLAS reach about 80% of the dense tensor-core peak (NVIDIA, "Matrix
-# Multiplication Background User's Guide", deep-learning performance docs: A100 ≈ 250 of 312 TFLOP/s
-# at large sizes). An assumption from that source, not fitted.
-GEMM_PEAK_FRACTION = 0.8
+# The kernels' attained fractions of the dense peak are data: planner/specs/data/runtimes.toml
+# [[kernel]] rows, each with its source (planner.cost.runtime_table), never fitted on training runs.
+# Large bf16/fp16 GEMMs in cuBLAS: about 80% of the dense tensor-core peak (NVIDIA, "Matrix
+# Multiplication Background User's Guide": A100 ≈ 250 of 312 TFLOP/s at large sizes).
+_GEMM_PAIRS, GEMM_PEAK_FRACTION = kernel_fractions("cublas")
 # Output tile of one thread block (cuBLAS's large bf16 tiles are 128×128 to 256×128): a GEMM runs in
 # ⌈tiles / SMs⌉ waves, and a partial last wave or a partial edge tile idles the rest.
 GEMM_TILE = 128
 # FlashAttention-2 forward+backward on A100: 50–73% of peak (Dao 2023, abstract and Fig. 4-6);
 # on H100 it reaches only ~35% (Shah et al., FlashAttention-3, 2024, abstract: FA2 does not use
-# Hopper's WGMMA/TMA). Other architectures: the A100 figure's lower end.
-FLASH_ATTENTION_FRACTION = {"Ampere": 0.6, "Hopper": 0.35}
-FLASH_ATTENTION_FRACTION_OTHER = 0.5
+# Hopper's WGMMA/TMA). Other architectures: the A100 figure's lower end. Other kernel families
+# (FA3, FlashAttention in Triton) are [[kernel]] rows a runtime names (`attention_kernels`).
+_FA2_PAIRS, FLASH_ATTENTION_FRACTION_OTHER = kernel_fractions("fa2")
+FLASH_ATTENTION_FRACTION = dict(_FA2_PAIRS)
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 
 
@@ -63,7 +68,7 @@ class KernelEfficiency:
     gemm_other: float = GEMM_PEAK_FRACTION
     flash: tuple[tuple[str, float], ...] = tuple(FLASH_ATTENTION_FRACTION.items())
     flash_other: float = FLASH_ATTENTION_FRACTION_OTHER
-    source: str = "prior: GEMM_PEAK_FRACTION and FLASH_ATTENTION_FRACTION as sourced in planner.cost.compute"
+    source: str = "prior: [[kernel]] cublas and fa2 of planner/specs/data/runtimes.toml (sourced, not fitted)"
 
     def gemm_fraction(self, architecture: str | None) -> float:
         return dict(self.gemm).get(architecture or "", self.gemm_other)
@@ -72,7 +77,18 @@ class KernelEfficiency:
         return dict(self.flash).get(architecture or "", self.flash_other)
 
 
-PRIOR = KernelEfficiency()
+PRIOR = KernelEfficiency(gemm=_GEMM_PAIRS)
+
+
+def attention_kernels(name: str, base: KernelEfficiency = PRIOR) -> KernelEfficiency:
+    """`base` with the flash fractions of the attention [[kernel]] row `name` (data/runtimes.toml):
+    the derived, uncalibrated kernels of a runtime whose attention runs that kernel family."""
+    if name == "fa2":
+        return base
+    pairs, other = kernel_fractions(name)
+    return replace(
+        base, flash=pairs, flash_other=other, source=f"{base.source}; attention {name}: {KERNEL_ROWS[name]['source']}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

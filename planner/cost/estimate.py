@@ -12,6 +12,7 @@ planner.measure.calibrate); the stretch is booked as compute and optimizer time.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from planner.cost import formulas as F
@@ -164,7 +165,7 @@ def _stage_context(
         next_link=None if nxt is None else idx.link(place.devs[0], place.b0),
         next_tp=nxt.tp if nxt is not None else s.tp,
         calib=calibration,
-        stack=stage_stack(plan, s),
+        stack=replace(stage_stack(plan, s), fp8_weight_cached=plan.fp8 and rt.fp8_weight_cached),
         device=gpu_device(spec, plan.dtype, kernels),
         next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,
         runtime=rt,

@@ -1,8 +1,12 @@
-"""Kernel efficiencies fitted on published measured runs, stored with how they were fitted.
+"""Kernel efficiencies fitted on published measured runs, stored with how they were fitted: a
+calibration, not a default.
 
 `DEFAULT_KERNELS` is what shape-based GPU estimates use when no profile was measured
-(planner.cost.completion; measured profiles always win). bench/published.py prints the unfitted
-(planner.cost.compute.PRIOR, sourced assumptions) table beside the fitted one, every time.
+(planner.cost.completion; measured profiles always win): since issue #42 the derived prior
+(planner.cost.compute.PRIOR, the sourced [[kernel]] rows of planner/specs/data/runtimes.toml), per
+runtime its attention family (planner.cost.runtimes, RuntimeProfile.kernels). FITTED below was fitted
+on the MPT development rows, so it is no default: bench/published.py prints it as one calibration
+beside the derived table.
 
 How FITTED was fitted (bench/fit_kernels.py, 2026-12-04): four figures only — the large-GEMM and the
 flash-attention fractions of dense peak on Ampere and Hopper — by coordinate descent (golden-section
@@ -41,4 +45,4 @@ FITTED = KernelEfficiency(
     flash_other=PRIOR.flash_other,
     source=f"fitted on {FIT_ROWS} MPT rows of published_dev.csv by bench/fit_kernels.py (planner.cost.fitted)",
 )
-DEFAULT_KERNELS: KernelEfficiency = FITTED
+DEFAULT_KERNELS: KernelEfficiency = PRIOR

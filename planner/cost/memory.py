@@ -36,6 +36,9 @@ class Stack:
     recompute_every: int = 1
     fp8: bool = False
     cp: int = 1  # context parallelism (StagePlan.cp): each rank holds seq / cp tokens
+    # fp8 weights cast once a step and cached across micro-batches (Transformer Engine under
+    # Megatron-core: is_first_microbatch), not kept per micro-batch in flight (torchao)
+    fp8_weight_cached: bool = False
 
 
 RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
@@ -101,7 +104,19 @@ def block_kept_bytes(
         out -= replicated_bytes(m, batch, seq, dtype, stack.dropout) * (1 - 1 / tp)
     if stack.fp8:
         out += fp8_linear_kept_delta_bytes(m, batch, seq, tp, dtype, stack.sequence_parallel)
+        if stack.fp8_weight_cached:
+            out -= linear_weight_params(m, tp)  # held once per block instead: fp8_cached_weight_bytes
     return out
+
+
+def fp8_cached_weight_bytes(m: ModelSpec, tp: int, stack: Stack) -> float:
+    """Per block, the fp8 weight copy a weight-caching runtime holds once for the whole step (1 byte
+    per linear parameter, linear_weight_params): Megatron-core passes `is_first_microbatch` to
+    Transformer Engine's linears, which cast the weight to fp8 on the first micro-batch and reuse
+    the cached copy (and its transpose for dgrad is the same tensor's fp8 transpose, cached alike)
+    for every later micro-batch (transformer_engine/pytorch/module/linear.py, `fp8 weight caching`).
+    0 unless `stack.fp8` and `stack.fp8_weight_cached`."""
+    return linear_weight_params(m, tp) if stack.fp8 and stack.fp8_weight_cached else 0.0
 
 
 def cp_gathered_kv_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str) -> float:
@@ -145,7 +160,9 @@ def fp8_linear_kept_delta_bytes(
     gather again in backward), the output projection's input (b·s·h/t) and the down projection's
     input (b·s·f/t: GELU's output, or SwiGLU's product; the activations' backward reads their
     inputs). Each forward also keeps its fp8 weight copy, 1 byte per linear parameter
-    (linear_weight_params), with every micro-batch in flight.
+    (linear_weight_params), with every micro-batch in flight (torchao); a runtime that caches the
+    fp8 weight across micro-batches (Transformer Engine, `Stack.fp8_weight_cached`) holds it once
+    per block instead (block_kept_bytes, fp8_cached_weight_bytes).
     """
     e = DTYPE_BYTES[dtype]
     b, s, h = batch, seq, m.hidden

@@ -4,6 +4,9 @@ A `Runtime` states, for each communication term of a stage, how much of it runs 
 which compute; `dp_terms` turns that into the exposed seconds `stage.stage_coeffs` books (its
 zero3_a/b, e0/e1 and g0/g1 coefficients, all linear in the stage's block count n). The runtimes:
 
+The figures of every runtime below live in planner/specs/data/runtimes.toml ([[overlap]] rows, each
+figure with its source), loaded once by planner.cost.runtime_table; this docstring derives them.
+
 - `MESHPLAN`, meshplan's own torch runtime (worker/train.py, worker/parallel.py, worker/stages.py):
   * dp gradient sync, sharding none: `GradSumSync` all-reduces after `schedule.step` returned, in
     line, and packs small gradients through a bucket buffer: nothing hidden, the copies exposed.
@@ -22,6 +25,8 @@ zero3_a/b, e0/e1 and g0/g1 coefficients, all linear in the stage's block count n
     other ranks (planner.measure.calibrate measures overlap 0 there; a calibration wins).
   * TP all-reduces (DTensor `parallelize_module`) wait before the next op uses them; pipeline
     p2p is waited before the compute that needs it (torch.distributed.pipelining): not hidden.
+- `TORCHTITAN`, as `MESHPLAN` but FSDP2's reduce-scatter (and DDP's all-reduce) issued in the
+  backward's post-hooks, hidden behind the remaining backward.
 - `MEGATRON`, Megatron-core as exported plans run it (`--overlap-grad-reduce --overlap-param-gather`,
   DistributedDataParallelConfig; megatron/core/distributed/param_and_grad_buffer.py): gradients
   live in one contiguous buffer (no packing copies), reduced bucket by bucket (bucket_size =
@@ -73,6 +78,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from planner.cost.runtime_table import OVERLAP_FLAGS, OVERLAP_FRACTIONS, OVERLAP_ROWS
 from planner.errors import MeshplanError
 
 
@@ -95,6 +101,8 @@ class Runtime:
     source: str
     # context parallelism: fraction of the K/V exchange (formulas.cp_kv_exchange_s) hidden behind attention
     cp_overlap: float = 0.0
+    # fp8 weights cast once a step and cached across micro-batches (memory.Stack.fp8_weight_cached)
+    fp8_weight_cached: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -118,67 +126,23 @@ class Runtime:
         )
 
 
-MESHPLAN = Runtime(
-    name="meshplan",
-    grad_sync_overlap=0.0,
-    reduce_scatter_overlap=0.0,
-    gather_overlap=1.0,
-    param_gather_overlap=1.0,
-    tp_overlap=0.0,
-    p2p_overlap=0.0,
-    p2p_overlap_interleaved_only=False,
-    reduce_scatter_every_microbatch=False,
-    grad_buckets_packed=True,
-    bucketed_grad_sync=False,
-    overlaps_on_cpu=False,
-    source="worker/parallel.py: GradSumSync and FSDP2 reduce-scatters after the schedule; FSDP2 prefetch (GPU)",
-)
-MEGATRON = Runtime(
-    name="megatron",
-    grad_sync_overlap=1.0,
-    reduce_scatter_overlap=1.0,
-    gather_overlap=1.0,
-    param_gather_overlap=1.0,
-    tp_overlap=0.0,
-    p2p_overlap=1.0,
-    p2p_overlap_interleaved_only=True,
-    reduce_scatter_every_microbatch=False,
-    grad_buckets_packed=False,
-    bucketed_grad_sync=True,
-    overlaps_on_cpu=False,
-    source="Megatron-core --overlap-grad-reduce --overlap-param-gather, overlap_p2p_comm (interleaved)",
-)
-MEGATRON_SC21 = Runtime(
-    name="megatron-sc21",
-    grad_sync_overlap=0.0,
-    reduce_scatter_overlap=0.0,
-    gather_overlap=0.0,
-    param_gather_overlap=0.0,
-    tp_overlap=0.0,
-    p2p_overlap=0.0,
-    p2p_overlap_interleaved_only=False,
-    reduce_scatter_every_microbatch=False,
-    grad_buckets_packed=False,
-    bucketed_grad_sync=False,
-    overlaps_on_cpu=False,
-    source="Megatron-LM v2 (SC'21): --DDP-impl local all-reduces after the schedule, blocking p2p",
-)
-FSDP_COMPOSER = Runtime(
-    name="fsdp-composer",
-    grad_sync_overlap=1.0,
-    reduce_scatter_overlap=1.0,
-    gather_overlap=1.0,
-    param_gather_overlap=1.0,
-    tp_overlap=0.0,
-    p2p_overlap=0.0,
-    p2p_overlap_interleaved_only=False,
-    reduce_scatter_every_microbatch=True,
-    grad_buckets_packed=False,
-    bucketed_grad_sync=False,
-    overlaps_on_cpu=False,
-    source="Composer + torch FSDP1: reduce-scatter every micro-batch, AG/RS on one communicator, prefetch",
-)
-RUNTIMES = {rt.name: rt for rt in (MESHPLAN, MEGATRON, MEGATRON_SC21, FSDP_COMPOSER)}
+def _from_row(row: dict) -> Runtime:
+    """A Runtime from its [[overlap]] row of data/runtimes.toml (validated by planner.cost.runtime_table)."""
+    return Runtime(
+        name=row["name"],
+        source=row["source"],
+        **{f: float(row[f]) for f in OVERLAP_FRACTIONS},
+        **{f: row[f] for f in OVERLAP_FLAGS},
+    )
+
+
+# The runtimes' figures are data (planner/specs/data/runtimes.toml, each with its source).
+RUNTIMES = {name: _from_row(row) for name, row in OVERLAP_ROWS.items()}
+MESHPLAN = RUNTIMES["meshplan"]
+TORCHTITAN = RUNTIMES["torchtitan"]
+MEGATRON = RUNTIMES["megatron"]
+MEGATRON_SC21 = RUNTIMES["megatron-sc21"]
+FSDP_COMPOSER = RUNTIMES["fsdp-composer"]
 # No runtime hides more communication than the whole backward it runs under: what the search's
 # dominance rule may assume (planner.search.bounds.recompute_dominated).
 MAX_HIDE_FRACTION = 1.0

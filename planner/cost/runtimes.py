@@ -15,12 +15,21 @@ the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` pri
   forward's kernels). A stage's micro-batch cannot run faster than its host issues it, so
   max(0, host − GPU) is exposed per micro-batch (small shapes on small GPUs; nothing at large ones);
 - `microbatch_s`: a fixed, serialised cost per micro-batch slot (schedule bookkeeping, loss
-  `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted.
+  `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted;
+- `step_kernels`: kernels and syncs the host issues once a step (zero_grad, gradient clipping, loss
+  scaling, the loss sync): a per-step fixed cost, prior launch_s × step_kernels on GPUs;
+- `kernels`: the derived (uncalibrated) kernel fractions: cuBLAS GEMMs and the runtime's attention
+  kernel family (FA2, FA3, FlashAttention in Triton), [[kernel]] rows of data/runtimes.toml.
+
+Every runtime's figures are data: planner/specs/data/runtimes.toml, one [[runtime]] row each with a
+source per figure (planner.cost.runtime_table loads and validates it once).
 
 `Figures` are the few numbers calibrated per (device kind, runtime) from measured runs
 (`meshplan calibrate`, bench/published.py): `kernel_scale` multiplies the GEMM and attention
 fractions of peak (the stack's kernel quality against the catalog's prior) and `microbatch_s`
-replaces the profile's fixed per-micro-batch cost. Each says on which runs it was fitted.
+replaces the profile's fixed per-micro-batch cost (`step_s` the per-step one). Each says on which
+runs it was fitted. From 3 runs kernel_scale and the per-micro-batch cost are fitted jointly,
+regularised toward the runtime's priors and never below 0 (fit_terms).
 Measured layer profiles still win over the shape-based compute that kernel_scale moves.
 """
 
@@ -29,10 +38,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.cost.compute import KernelEfficiency
+from planner.cost.compute import PRIOR, KernelEfficiency, attention_kernels
 from planner.cost.estimate import estimate
-from planner.cost.fitted import DEFAULT_KERNELS
-from planner.cost.overlap import FSDP_COMPOSER, MEGATRON, MEGATRON_SC21, MESHPLAN, Runtime
+from planner.cost.overlap import RUNTIMES, Runtime
+from planner.cost.runtime_table import RUNTIME_ROWS
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -54,46 +63,54 @@ class RuntimeProfile:
     kernels_per_block: int  # forward kernels of one transformer block (backward issues twice as many)
     microbatch_s: float  # fixed serialised cost per micro-batch slot (prior)
     source: str
+    step_kernels: int = 0  # host-issued kernels once a step (prior per-step cost: launch_s × step_kernels)
+    kernels: KernelEfficiency = PRIOR  # derived (uncalibrated) kernel fractions: its attention kernel family
 
 
-MESHPLAN_RT = RuntimeProfile(
-    "meshplan", MESHPLAN, "sdpa", "torch", False, False, False, 10e-6, 16, 0.0,
-    "worker/train.py: torch SDPA, F.cross_entropy on fp32 logits, no dropout, DTensor TP, FSDP2",
-)  # fmt: skip
-TORCHTITAN_RT = RuntimeProfile(
-    "torchtitan", replace(MESHPLAN, name="torchtitan", reduce_scatter_overlap=1.0, grad_sync_overlap=1.0),
-    "sdpa", "torch", False, False, True, 10e-6, 16, 0.0,
-    "torchtitan 2024-08: FSDP2 (reduce-scatter in the backward), SDPA, torch loss, TP with sequence parallel",
-)  # fmt: skip
-MEGATRON_RT = RuntimeProfile(
-    "megatron", MEGATRON, "flash", "fused", False, True, True, 7e-6, 12, 0.0,
-    "Megatron-core + Transformer Engine: TE fused attention, fused vocab-parallel loss, fp8 linears, SP",
-)  # fmt: skip
-DEEPSPEED_RT = RuntimeProfile(
-    "deepspeed", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 10e-6, 24, 0.0,
-    "DeepSpeed + Megatron-LM v1.x: eager fused-softmax attention, dropout 0.1, vocab-parallel fp32 loss, "
-    "gradient all-reduce after the schedule, blocking p2p",
-)  # fmt: skip
-COMPOSER_RT = RuntimeProfile(
-    "composer", FSDP_COMPOSER, "flash", "fused", False, False, False, 10e-6, 14, 0.0,
-    "llm-foundry on Composer + torch FSDP1: flash attention, fused cross entropy, no dropout, no TP",
-)  # fmt: skip
-# Megatron-LM as of SC'21 (the published Table 1 rows): fused softmax, dropout, unfused loss; not a choice
-MEGATRON_SC21_RT = RuntimeProfile(
-    "megatron-sc21", MEGATRON_SC21, "eager", "vocab-parallel", True, False, False, 7e-6, 20, 0.0,
-    "Megatron-LM v2 (SC'21): fused softmax, dropout 0.1, vocab-parallel loss on fp32, no SP",
-)  # fmt: skip
+def _profile(row: dict) -> RuntimeProfile:
+    """A RuntimeProfile from its [[runtime]] row of data/runtimes.toml (planner.cost.runtime_table)."""
+    return RuntimeProfile(
+        name=row["name"],
+        overlap=RUNTIMES[row["overlap"]],
+        attention=row["attention"],
+        loss=row["loss"],
+        dropout=row["dropout"],
+        fp8=row["fp8"],
+        sequence_parallel=row["sequence_parallel"],
+        launch_s=float(row["launch_s"]),
+        kernels_per_block=row["kernels_per_block"],
+        microbatch_s=float(row["microbatch_s"]),
+        source=row["source"],
+        kernels=attention_kernels(row["attention_kernel"]),
+        step_kernels=row["step_kernels"],
+    )
 
-PROFILES = {p.name: p for p in (MESHPLAN_RT, TORCHTITAN_RT, MEGATRON_RT, DEEPSPEED_RT, COMPOSER_RT)}
+
+# Every runtime's figures are data: planner/specs/data/runtimes.toml, one [[runtime]] row each, every
+# figure with its source. megatron-sc21 (the published SC'21 rows) is priced but not a user's choice.
+_ALL = {name: _profile(row) for name, row in RUNTIME_ROWS.items()}
+MESHPLAN_RT = _ALL["meshplan"]
+TORCHTITAN_RT = _ALL["torchtitan"]
+MEGATRON_RT = _ALL["megatron"]
+DEEPSPEED_RT = _ALL["deepspeed"]
+COMPOSER_RT = _ALL["composer"]
+MEGATRON_SC21_RT = _ALL["megatron-sc21"]
+
+PROFILES = {name: p for name, p in _ALL.items() if RUNTIME_ROWS[name]["choice"]}
 RUNTIME_NAMES = tuple(PROFILES)
 
 
 def profile_named(name: str) -> RuntimeProfile:
     """The runtime called `name`; MeshplanError naming the choices otherwise."""
-    p = PROFILES.get(name) or (MEGATRON_SC21_RT if name == MEGATRON_SC21_RT.name else None)
+    p = PROFILES.get(name) or _ALL.get(name)
     if p is None:
         raise MeshplanError("runtime", name, f"one of {', '.join(RUNTIME_NAMES)}")
     return p
+
+
+def step_prior_s(profile: RuntimeProfile) -> float:
+    """The per-step fixed cost's prior: launch_s × step_kernels (data/runtimes.toml)."""
+    return profile.launch_s * profile.step_kernels
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,7 @@ class Figures:
     microbatch_s: float | None = None  # None: the profile's prior
     runs: int = 0
     source: str = "prior"
+    step_s: float | None = None  # fixed cost once a step; None: the profile's prior (step_prior_s)
 
     def label(self, device_kind: str, runtime: str) -> str:
         if not self.runs:
@@ -160,13 +178,15 @@ def fixed_overheads_s(
 ) -> float:
     """Seconds of fixed overheads a step adds (module docstring): per slot, the host's kernel issue
     time beyond the GPU time of one micro-batch on the busiest stage (GPUs only: on CPU ranks the
-    host's time is the measured compute), plus the per-micro-batch cost."""
+    host's time is the measured compute), plus the per-micro-batch cost; and once a step the per-step
+    fixed cost (prior launch_s × step_kernels on GPUs; on CPU ranks 0 unless calibrated)."""
     m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
     blocks = max(s.num_layers for s in plan.stages) * plan.virtual_stages
     host = profile.launch_s * profile.kernels_per_block * 3 * blocks if gpu else 0.0
-    gpu = cost.compute_s / max(1, m)
+    device = cost.compute_s / max(1, m)
     per = figures.microbatch_s if figures.microbatch_s is not None else profile.microbatch_s
-    return slots(plan) * (max(0.0, host - gpu) + per)
+    step = figures.step_s if figures.step_s is not None else (step_prior_s(profile) if gpu else 0.0)
+    return slots(plan) * (max(0.0, host - device) + per) + step
 
 
 def with_overheads(
@@ -197,9 +217,11 @@ def price_under(
     restack: bool = True,
     **kw,
 ) -> CostBreakdown:
-    """`estimate` of `plan` as `profile` runs it (its stack when `restack`, its overlap, its kernels
-    scaled by the calibrated figures, its fixed overheads); `kw` passes profiles / calibration / index."""
-    kernels = scaled_kernels(kw.pop("kernels", None) or DEFAULT_KERNELS, figures.kernel_scale)
+    """`estimate` of `plan` as `profile` runs it (its stack when `restack`, its overlap, its derived
+    kernels (profile.kernels: the [[kernel]] rows of its GEMMs and attention family) scaled by the
+    calibrated figures, its fixed overheads); `kw` passes profiles / calibration / index, or other
+    `kernels`."""
+    kernels = scaled_kernels(kw.pop("kernels", None) or profile.kernels, figures.kernel_scale)
     p = apply_stack(plan, profile) if restack else plan
     cost = estimate(p, model, cluster, kernels=kernels, runtime=profile.overlap, **kw)
     gpu = any(n.device != "cpu" for n in cluster.nodes)
@@ -207,38 +229,80 @@ def price_under(
 
 
 # Fewer measured runs than this fit kernel_scale alone (microbatch_s stays the prior): with 3 runs of
-# similar micro-batch counts the two figures trade off and the per-micro-batch cost runs away.
+# similar micro-batch counts the two figures trade off and the per-micro-batch cost runs away. A
+# regularised fit (fit_terms with reg > 0, as `meshplan calibrate` and bench/published.py run it)
+# fits them jointly from MIN_RUNS_JOINT runs instead, pulled toward the runtime's priors.
 MIN_RUNS_FOR_MICROBATCH = 6
+MIN_RUNS_JOINT = 3
+# The priors' spreads for the regularised fit: a per-micro-batch cost MB_SIGMA_S or a per-step cost
+# STEP_SIGMA_S away from its prior costs as much as REG in the sum of squared log errors (0.01: one
+# run 10 % off). Stated, not fitted: tens of ms per micro-batch is the scale the issue measured on
+# Megatron-DeepSpeed stacks, and a per-step cost beyond 100 ms is beyond any launch-bound prior.
+MB_SIGMA_S = 0.010
+STEP_SIGMA_S = 0.100
+REG = 0.01
 
 
 def fit_figures(
     price, scale_bounds: tuple[float, float] = (0.15, 4.0), max_mb_s: float = 5.0, fit_microbatch: bool = True
 ) -> tuple[float, float]:
-    """(kernel_scale, microbatch_s) minimising the mean squared log(predicted / measured) over runs.
+    """(kernel_scale, microbatch_s) minimising the mean squared log(predicted / measured) over runs
+    (fit_terms without the per-step cost or a prior)."""
+    scale, mb, _ = fit_terms(price, scale_bounds, max_mb_s, fit_microbatch)
+    return scale, mb
 
-    `price(scale)` returns, per run, (predicted step at microbatch_s = 0, its slot count, measured):
-    the per-micro-batch cost adds slots × microbatch_s, so for each scale (golden-section search in
-    log space) the best microbatch_s ≥ 0 is a cheap 1-D search without pricing again. Pure: the
+
+def fit_terms(
+    price,
+    scale_bounds: tuple[float, float] = (0.15, 4.0),
+    max_mb_s: float = 5.0,
+    fit_microbatch: bool = True,
+    fit_step: bool = False,
+    prior: tuple[float, float] = (0.0, 0.0),
+    reg: float = 0.0,
+    max_step_s: float = 60.0,
+) -> tuple[float, float, float]:
+    """(kernel_scale, microbatch_s, step_s) minimising the mean squared log(predicted / measured)
+    over runs plus, when `reg` > 0, reg × ((microbatch_s − prior[0]) / MB_SIGMA_S)² + ((step_s −
+    prior[1]) / STEP_SIGMA_S)², over n (a prior worth `reg` of squared log error); both costs ≥ 0.
+
+    `price(scale)` returns, per run, (predicted step at microbatch_s = step_s = 0, its slot count,
+    measured): the costs add slots × microbatch_s + step_s, so for each scale (golden-section search
+    in log space) the best costs are a cheap coordinate search without pricing again. Pure: the
     caller prices."""
 
-    def best_mb(rows: list[tuple[float, int, float]]) -> tuple[float, float]:
-        def loss(mb: float) -> float:
-            return sum(math.log((p + k * mb) / m) ** 2 for p, k, m in rows) / max(1, len(rows))
+    def best_costs(rows: list[tuple[float, int, float]]) -> tuple[float, float, float]:
+        n = max(1, len(rows))
 
-        if not fit_microbatch:
-            return loss(0.0), 0.0
-        mb = golden(loss, 0.0, max_mb_s, iters=30)
-        return (loss(mb), mb) if loss(mb) < loss(0.0) else (loss(0.0), 0.0)
+        def loss(mb: float, st: float) -> float:
+            fit = sum(math.log((p + k * mb + st) / m) ** 2 for p, k, m in rows)
+            pen = ((mb - prior[0]) / MB_SIGMA_S) ** 2 * fit_microbatch + (
+                (st - prior[1]) / STEP_SIGMA_S
+            ) ** 2 * fit_step
+            return (fit + reg * pen) / n
 
-    memo: dict[float, tuple[float, float]] = {}
+        mb = prior[0] if fit_microbatch and reg > 0 else 0.0
+        st = prior[1] if fit_step and reg > 0 else 0.0
+        if not fit_microbatch and not fit_step:
+            return loss(0.0, 0.0), 0.0, 0.0
+        for _ in range(3 if fit_microbatch and fit_step else 1):
+            if fit_microbatch:
+                cand = golden(lambda x, st=st: loss(x, st), 0.0, max_mb_s, iters=30)
+                mb = cand if loss(cand, st) < loss(0.0, st) else 0.0
+            if fit_step:
+                cand = golden(lambda x, mb=mb: loss(mb, x), 0.0, max_step_s, iters=30)
+                st = cand if loss(mb, cand) < loss(mb, 0.0) else 0.0
+        return loss(mb, st), mb, st
+
+    memo: dict[float, tuple[float, float, float]] = {}
 
     def at(x: float) -> float:
-        memo[x] = best_mb(price(math.exp(x)))
+        memo[x] = best_costs(price(math.exp(x)))
         return memo[x][0]
 
     x = golden(at, math.log(scale_bounds[0]), math.log(scale_bounds[1]), iters=12)
     at(x)
-    return math.exp(x), memo[x][1]
+    return math.exp(x), memo[x][1], memo[x][2]
 
 
 GOLD = (math.sqrt(5) - 1) / 2

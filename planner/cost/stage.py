@@ -446,12 +446,13 @@ def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
     return F.adam_step_s(params[0] / shard, bw, adam_b), F.adam_step_s(params[1] / shard, bw, adam_b)
 
 
-def _state_bytes(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
+def _state_bytes(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[float, float]:
     """(per block, fixed) bytes of weights, gradients and optimizer states under the stage's ZeRO
-    sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes)."""
+    sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes), plus the fp8 weight copy a
+    weight-caching runtime holds once a step (memory.fp8_cached_weight_bytes)."""
     d = _grad_ranks(ctx)
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
-    state_a = lt.num_params_per_block * bpp
+    state_a = lt.num_params_per_block * bpp + M.fp8_cached_weight_bytes(model, ctx.tp, ctx.stack)
     state_b = lt.num_params_fixed * bpp
     if ctx.sharding == "zero3" and d > 1:
         largest = max([lt.num_params_per_block] + [float(p) for p in lt.const_params])
@@ -482,7 +483,7 @@ def stage_coeffs(
         p2p_b *= 1 - rt.p2p_overlap
     dpt = _dp_terms(ctx, lt, rt)
     o1, o0 = _optimizer_s(ctx, lt)
-    state_a, state_b = _state_bytes(ctx, lt)
+    state_a, state_b = _state_bytes(ctx, lt, model)
     act_a, act_b = lt.activation_bytes_per_block, lt.activation_bytes_fixed
     return StageCoeffs(
         compute_s_per_block=lt.compute_s_per_block,

@@ -5,8 +5,15 @@
 vocab), global_batch, micro_batch, tp, pp, dp, gpu (a catalog name), num_gpus, gpus_per_node, and
 the measured step: iteration_time_s, or tokens_per_sec (step = global_batch × seq_len / tokens/s).
 Optional: ffn_hidden (4·hidden), kv_heads, cp, vpp, sharding, recompute, precision, interconnect
-(a link preset name; default: the GPU's NVLink generation or PCIe inside a node, ib-hdr between),
-run_id. A file with any bad row is rejected whole, the error naming the row and the field.
+(a link preset name between nodes; default ib-hdr), run_id. Inside a node the link is the catalog's:
+the part's fabric where it joins every GPU of the node (NVLink on SXM, HGX and GH200 parts, Infinity
+Fabric), else PCIe of the part's generation (a 2-GPU bridge does not join a node); never guessed
+from the name.
+
+A row with neither a time nor a throughput (a failed trial, a derived-only row) is skipped and named
+in `RunsFile.skipped`; a row whose measured step is physically impossible (model FLOPs over the
+step beyond the GPUs' dense peak: MFU > 1, as `tokens_per_sec=1e300` would give) is a bad row. A
+file with any bad row is rejected whole, the error naming the row and the field.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.errors import MeshplanError
-from planner.specs.catalog import is_known, lookup
-from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec
+from planner.specs.catalog import GpuSpec, is_known, lookup
+from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec
+from planner.specs.flops import model_flops_per_step
 from planner.specs.model import ModelSpec
 from planner.specs.plan import Plan, StagePlan
 
@@ -37,6 +46,7 @@ REQUIRED = (
     "gpus_per_node",
 )
 NVLINK = {"Volta": "nvlink2", "Ampere": "nvlink3", "Hopper": "nvlink4", "Blackwell": "nvlink5"}
+TIME_COLUMNS = ("iteration_time_s", "tokens_per_sec")
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ def measured_seconds(r: dict[str, str], i: int) -> float:
             v = float(raw)
         except ValueError:
             raise _bad(i, key, raw, "must be a positive number") from None
-        if not v > 0:
+        if not v > 0 or v == float("inf"):
             raise _bad(i, key, raw, "must be positive (a measured time or throughput)")
         if key == "iteration_time_s":
             return v
@@ -86,8 +96,45 @@ def measured_seconds(r: dict[str, str], i: int) -> float:
     raise _bad(i, "iteration_time_s", "", "give iteration_time_s or tokens_per_sec for every run")
 
 
-def parse_runs(text: str) -> list[MeasuredRun]:
-    """Every row of the CSV `text` as a MeasuredRun; MeshplanError naming the first bad row and field."""
+class RunsFile(NamedTuple):
+    """The measured runs of a file, and the rows skipped as (row number, run id, why)."""
+
+    runs: list[MeasuredRun]
+    skipped: list[tuple[int, str, str]]
+
+    def skipped_note(self) -> str:
+        """One line naming the skipped rows ('' when none)."""
+        if not self.skipped:
+            return ""
+        rows = ", ".join(f"{i} ({rid})" for i, rid, _ in self.skipped[:6])
+        more = f" and {len(self.skipped) - 6} more" if len(self.skipped) > 6 else ""
+        return f"skipped {len(self.skipped)} rows without {' or '.join(TIME_COLUMNS)}: {rows}{more}"
+
+
+def intra_node_link(spec: GpuSpec) -> LinkSpec:
+    """The link inside a node of `spec` GPUs, from the catalog (module docstring): the fabric's
+    preset of that bandwidth (or a link of the catalog's bandwidth), NVLink of the architecture's
+    generation where the catalog names NVLink without a figure, PCIe of the part's generation where
+    there is no node-wide fabric."""
+    fabric = spec.fabric or ""
+    if not fabric or "bridge" in fabric.lower():
+        return LINK_PRESETS.get(f"pcie{spec.pcie_gen}", LINK_PRESETS["pcie4"])
+    bw = spec.fabric_bytes_per_s
+    if bw is None:
+        return LINK_PRESETS[NVLINK.get(spec.architecture, "nvlink4")] if "NVLink" in fabric else LINK_PRESETS["pcie4"]
+    for preset in LINK_PRESETS.values():
+        if preset.bandwidth_bytes_per_s == bw and preset.kind.startswith(("nvlink", "xgmi")):
+            return preset
+    return LinkSpec(kind=fabric, bandwidth_bytes_per_s=bw, latency_s=5e-6, source=f"catalog: {spec.name} {fabric}")
+
+
+def has_time(r: dict[str, str]) -> bool:
+    return any((r.get(k) or "").strip() for k in TIME_COLUMNS)
+
+
+def read_runs(text: str) -> RunsFile:
+    """Every row of the CSV `text` with a measured time as a MeasuredRun, the rows without one named
+    as skipped; MeshplanError naming the first bad row and field (nothing half-read)."""
     reader = csv.DictReader(io.StringIO(text))
     cols = set(reader.fieldnames or ())
     missing = [c for c in REQUIRED if c not in cols]
@@ -95,12 +142,24 @@ def parse_runs(text: str) -> list[MeasuredRun]:
         raise MeshplanError(
             "runs file columns", ", ".join(missing), "missing; the development set's columns are the format"
         )
-    if not ({"iteration_time_s", "tokens_per_sec"} & cols):
+    if not (set(TIME_COLUMNS) & cols):
         raise MeshplanError("runs file columns", "iteration_time_s", "missing; give it or tokens_per_sec")
-    out = [_run(r, i) for i, r in enumerate(reader, start=2)]  # row 1 is the header
-    if not out:
+    runs: list[MeasuredRun] = []
+    skipped: list[tuple[int, str, str]] = []
+    for i, r in enumerate(reader, start=2):  # row 1 is the header
+        if has_time(r):
+            runs.append(_run(r, i))
+        else:
+            skipped.append((i, (r.get("run_id") or f"row{i}").strip(), "no measured time"))
+    if not runs and not skipped:
         raise MeshplanError("runs file", "no rows", "give at least one measured run")
-    return out
+    return RunsFile(runs, skipped)
+
+
+def parse_runs(text: str) -> list[MeasuredRun]:
+    """The measured runs of the CSV `text` (rows without a time left out: read_runs names them);
+    MeshplanError naming the first bad row and field."""
+    return read_runs(text).runs
 
 
 def _run(r: dict[str, str], i: int) -> MeasuredRun:
@@ -111,17 +170,20 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
     measured = measured_seconds(r, i)
     hidden = _pos_int(r, i, "hidden")
     kv = (r.get("kv_heads") or "").strip()
+    dims = {
+        "num_layers": _pos_int(r, i, "layers"),
+        "num_heads": _pos_int(r, i, "heads"),
+        "ffn_hidden": _pos_int(r, i, "ffn_hidden", 4 * hidden),
+        "vocab_size": _pos_int(r, i, "vocab"),
+        "seq_len": _pos_int(r, i, "seq_len"),
+    }
     try:
         model = ModelSpec(
             name=(r.get("model_name") or "custom").strip() or "custom",
             family="llama" if kv else "gpt",
-            num_layers=_pos_int(r, i, "layers"),
             hidden=hidden,
-            num_heads=_pos_int(r, i, "heads"),
             num_kv_heads=int(kv) if kv else None,
-            ffn_hidden=_pos_int(r, i, "ffn_hidden", 4 * hidden),
-            vocab_size=_pos_int(r, i, "vocab"),
-            seq_len=_pos_int(r, i, "seq_len"),
+            **dims,
         )
     except (ValueError, MeshplanError) as err:
         raise _bad(i, "model", r.get("model_name"), str(err).splitlines()[0]) from None
@@ -130,7 +192,7 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
         raise _bad(i, "num_gpus", gpus, f"must be whole nodes of gpus_per_node={per_node}")
     link = (r.get("interconnect") or "").strip()
     inter = LINK_PRESETS[link] if link in LINK_PRESETS else LINK_PRESETS["ib-hdr"]
-    intra = LINK_PRESETS[NVLINK.get(spec.architecture, "pcie4")] if "SXM" in gpu else LINK_PRESETS["pcie4"]
+    intra = intra_node_link(spec)
     node = NodeSpec(
         name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
     )
@@ -166,6 +228,13 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
         )  # fmt: skip
     except (ValueError, MeshplanError) as err:
         raise _bad(i, "plan", f"tp={tp} pp={pp} dp={dp}", str(err).splitlines()[0]) from None
+    peak = node.peak_fp8_flop_per_s if plan.fp8 and node.peak_fp8_flop_per_s else node.peak_flop_per_s(plan.dtype)
+    mfu = model_flops_per_step(model, gb, model.seq_len) / (measured * gpus * peak)
+    if mfu > 1.0:
+        key = next(k for k in TIME_COLUMNS if (r.get(k) or "").strip())
+        raise _bad(
+            i, key, r[key].strip(), f"implies MFU {mfu:.3g} > 1 on {gpus} × {gpu}: not a measured step; check the units"
+        )
     return MeasuredRun(r.get("run_id") or f"row{i}", gpu, model, cluster, plan, measured)
 
 
