@@ -25,12 +25,18 @@ SGD = ("--data", "synthetic", "--optimizer", "sgd", "--lr", "0.5")
 
 
 def assert_matches_reference(
-    run_dir: Path, model: str | ModelSpec, steps: int, optimizer: str = "sgd", lr: float = 0.5, atol: float = 2e-5
+    run_dir: Path,
+    model: str | ModelSpec,
+    steps: int,
+    optimizer: str = "sgd",
+    lr: float = 0.5,
+    atol: float = 2e-5,
+    data: str = "synthetic",
 ) -> None:
     """The run's final checkpoint equals the single-process reference's weights (`model`: a preset or dims)."""
     spec = model if isinstance(model, ModelSpec) else get_model(model)
     plan = json.loads((run_dir / "plan.json").read_text())
-    ref, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], steps, "synthetic", 0, lr, optimizer)
+    ref, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], steps, data, 0, lr, optimizer)  # type: ignore[arg-type]
     init, _ = train_reference(spec, plan["global_batch_size"], plan["seq_len"], 0)
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None and checkpoint_step(ckpt) == steps
@@ -174,3 +180,48 @@ def test_killed_rank_is_restarted_and_resumes_from_the_checkpoint(tmp_path, torc
         ("restart", 1, None, None),
         ("resume", 1, 2, ckpt2),
     ]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> str:
+    """The shipped corpus tokenized by `meshplan data prepare`'s code with a 256-id BPE (the tiny preset's vocabulary)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from storage.dataset import prepare
+
+    root = Path(__file__).resolve().parents[2]
+    d = tmp_path_factory.mktemp("prepared")
+    docs = [line for line in (root / "worker/data/corpus.txt").read_text().splitlines() if line.strip()]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=256, special_tokens=["<|endoftext|>"], show_progress=False, initial_alphabet=[]
+    )
+    tok.train_from_iterator(docs, trainer)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "docs.txt").write_text("\n".join(docs))
+    prepare([d / "docs.txt"], d / "tokenizer.json", d / "ds", val_fraction=0.0)
+    return str(d / "ds")
+
+
+def test_prepared_data_killed_and_resumed_then_replanned_reads_the_uninterrupted_runs_tokens(
+    tmp_path, torchrun, make_plan, prepared
+):
+    """A rank SIGKILLed at step 3 of a pp2 run restarts from the step-2 checkpoint; that run's step-4
+    checkpoint then resumes under a dp2 plan (unequal batch shares 2 + 6) to step 6: the weights equal one
+    process trained 6 steps on the same prepared tokens, so every launch read exactly its tokens."""
+    from planner.specs.faults import FaultSpec
+
+    data = ("--data", prepared, "--optimizer", "sgd", "--lr", "0.5")
+    kill = FaultSpec(kill_rank=1, kill_step=3).to_arg()
+    first = tmp_path / "pp2"
+    torchrun(
+        first, make_plan([(0, 2), (2, 4)]), 2, "--steps", "4", "--checkpoint-every", "2", *data, "--faults", kill,
+        launcher_args=("--max-restarts", "1"),
+    )  # fmt: skip
+    assert_matches_reference(first, "tiny", 4, data=prepared)
+    second = tmp_path / "dp2"
+    torchrun(
+        second, make_plan([(0, 4)], dp=2, shares=[2, 6]), 2, "--steps", "6", *data,
+        "--resume", str(first / "checkpoints" / "step_00000004"),
+    )  # fmt: skip
+    assert_matches_reference(second, "tiny", 6, data=prepared)
