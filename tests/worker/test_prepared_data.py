@@ -5,7 +5,6 @@ uninterrupted run reads from step s on (its checkpoint stores the step; worker/d
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
@@ -23,7 +22,9 @@ def dataset(tmp_path):
         t.tofile(tmp_path / f"{split}.bin")
         np.asarray([0], dtype=np.int64).tofile(tmp_path / f"{split}.idx")
     info = {s: SplitInfo(documents=1, tokens=int(t.size), sha256="-") for s, t in tokens.items()}
-    m = Manifest(dtype="uint16", vocab_size=1000, train=info["train"], val=info["val"], sources=("x",), val_fraction=0.05)
+    m = Manifest(
+        dtype="uint16", vocab_size=1000, train=info["train"], val=info["val"], sources=("x",), val_fraction=0.05
+    )
     (tmp_path / "manifest.json").write_text(m.model_dump_json())
     return tmp_path, tokens
 
