@@ -12,14 +12,29 @@ COLUMNS = ("run_id", "request_id", "model", "grp", "phase", "arrival_s", "latenc
 
 
 def record_requests(db_path: str | Path, rows: list[dict]) -> int:
-    """Insert (or replace, by run id and request id) request rows; returns how many."""
+    """Insert (or replace, by run id and request id) request rows; returns how many. One statement
+    for the whole batch (a frame): a row-by-row executemany took minutes for 10,000 rows."""
     if not rows:
         return 0
+    frame = pl.DataFrame(
+        {c: [r.get(c) for r in rows] for c in COLUMNS},
+        schema={
+            "run_id": pl.String,
+            "request_id": pl.Int64,
+            "model": pl.String,
+            "grp": pl.Int32,
+            "phase": pl.String,
+            "arrival_s": pl.Float64,
+            "latency_s": pl.Float64,
+            "status": pl.String,
+            "slo_s": pl.Float64,
+        },
+    )
+    cols = ", ".join(COLUMNS)
     with connect(db_path) as con:
-        con.executemany(
-            f"INSERT OR REPLACE INTO serve_requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-            [[r.get(c) for c in COLUMNS] for r in rows],
-        )
+        con.register("serve_rows", frame)
+        con.execute(f"INSERT OR REPLACE INTO serve_requests ({cols}) SELECT {cols} FROM serve_rows")
+        con.unregister("serve_rows")
     return len(rows)
 
 
