@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
@@ -23,7 +24,7 @@ from planner.serve.workload import parse_trace_csv, parse_workload_toml
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.validation import parse
 from storage.serve import serve_requests
-from tasks.serve import group_stats, measured_stats, plan_placements, run_serving
+from tasks.serve import plan_placements, run_serving
 
 
 def read_file(path: str | Path, what: str) -> str:
@@ -108,7 +109,7 @@ def serve_flow(
     names = [m.name for m in placement.models]
     trace = parse_trace_csv(read_file(replay, "--replay"), names, "--replay") if replay else None
     run = run_serving(placement, cluster, db_path, run_dir, run_id, trace, port, serve_s=serve_s)
-    fields = run.model_dump(mode="json")
+    fields = run.model_dump()  # python mode: a model that served nothing keeps its NaN p50 (JSON would make it None)
     if trace is None:
         return ServeOutcome(**fields)
     rows = serve_requests(db_path, run_id)
@@ -137,4 +138,49 @@ def serve_flow(
             f"{g['dropped']} | {g['p50_s'] * 1e3:.1f} ms | {g['p99_s'] * 1e3:.1f} ms |"
         )
     create_markdown_artifact("\n".join(lines), key="serve-replay", description="measured vs simulated latency")
+    return out
+
+
+def measured_stats(rows, names: list[str], duration_s: float) -> list[dict]:
+    """The simulator's per-model table for measured rows (polars frame of serve_requests)."""
+    from planner.serve.simulate import SimResult as _R
+
+    serve = rows.filter(rows["phase"] == "serve")
+    lat = np.array([np.nan if v is None else v for v in serve["latency_s"].to_list()], dtype=float)
+    model = np.array([names.index(n) for n in serve["model"].to_list()], dtype=np.int64)
+    slo = np.zeros(len(names))
+    for n, s in zip(serve["model"].to_list(), serve["slo_s"].to_list(), strict=True):
+        slo[names.index(n)] = s
+    return _R(lat, model, slo, duration_s, []).per_model(names)
+
+
+def group_stats(rows, pl: Placement) -> list[dict]:
+    """Per group of the placement: its layout, the models it hosts, and what it did with the replay's
+    requests the router sent it (polars frame of serve_requests): served, dropped at its lead (their
+    predicted finish passed the deadline), p50/p99 latency of the served ones."""
+    serve = rows.filter(rows["phase"] == "serve")
+    out = []
+    for gi, g in enumerate(pl.groups):
+        mine = serve.filter(serve["grp"] == gi)
+        lat = np.array(
+            [
+                v
+                for v, st in zip(mine["latency_s"].to_list(), mine["status"].to_list(), strict=True)
+                if st == "ok" and v is not None
+            ],
+            dtype=float,
+        )
+        out.append(
+            {
+                "group": gi,
+                "pp": g.pp,
+                "tp": g.tp,
+                "models": list(g.models),
+                "requests": mine.height,
+                "ok": int(len(lat)),
+                "dropped": int((mine["status"] == "dropped").sum()),
+                "p50_s": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+                "p99_s": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+            }
+        )
     return out

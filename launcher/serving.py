@@ -10,6 +10,12 @@ generation (the router ignores connections of older generations), at most `max_r
 group; past that the group stays down and its models are refused (503) until the run ends.
 `stop` asks every group to finish its pipeline, waits for the ranks to end (they end through
 worker/teardown.exit_now), and stops whatever is left.
+
+`serve_session` is one serving run from the flow process's side: the placement written once into the
+run folder (what every rank reads), the ranks started and up, the router's HTTP front end, warm-up
+requests, then the trace replayed (or serving for a while, or until interrupted), the router's rows
+handed to `record` (the caller's DuckDB writer: the launcher holds no database) every second and at
+the end — whatever ends the session, Ctrl-C included, the ranks are stopped and every row recorded.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import rundir
 from launcher import group as procs
-from launcher.router import Router
+from launcher.router import Router, post, replay
 from planner.serve.placement import Placement
+from planner.serve.workload import Trace
 from planner.specs.servespec import ServeSpec
 
 MAX_RESTARTS = 5  # per group and run
@@ -154,6 +162,89 @@ class Serving:
                 codes.append(None)
             procs.stop(proc)  # nothing of the group outlives the run, whatever its agent did
         return codes
+
+
+@dataclass
+class SessionResult:
+    statuses: list[int]  # the replay's HTTP statuses, in trace order
+    rows: list[dict]  # every request the router logged (with its monotonic times)
+    recorded: int  # rows `record` wrote
+    t0: float  # the router's clock at the trace's time 0
+    codes: list[int | None]  # each group's last generation's exit code
+    events: list[GroupEvent]
+    gave_up: list[bool]
+
+
+def serve_session(
+    pl: Placement,
+    run_dir: str,
+    run_id: str,
+    slo_s: dict[str, float],
+    record: Callable[[list[dict]], int],
+    trace: Trace | None = None,
+    port: int = 0,
+    warmup: int = 3,
+    serve_s: float | None = None,
+    start_timeout_s: float = 300.0,
+) -> SessionResult:
+    """One serving run (module docstring)."""
+    placement = rundir.serve_placement_path(run_dir)
+    placement.parent.mkdir(parents=True, exist_ok=True)
+    placement.write_text(pl.model_dump_json())  # what every rank reads
+    router = Router(pl, slo_s, run_id)
+    ranks = Serving(pl, router, run_dir)
+    names = [m.name for m in pl.models]
+    rows: list[dict] = []
+    statuses: list[int] = []
+    recorded, t0 = 0, 0.0
+    lock = threading.Lock()
+
+    def flush() -> None:
+        nonlocal recorded
+        with lock:
+            batch = router.take_rows()
+            rows.extend(batch)
+            recorded += record(batch)
+
+    try:
+        ranks.start(start_timeout_s)
+        http_port = router.start_http(port)
+        print(f"serving {', '.join(router.served)} on http://127.0.0.1:{http_port}/models/<name>", flush=True)
+        router.phase = "warmup"
+        for name in router.served:
+            for _ in range(warmup):
+                post(http_port, name, 60.0)
+        router.phase = "serve"
+        t0 = time.monotonic()
+        if trace is not None:
+            done = threading.Event()
+
+            def meanwhile() -> None:  # rows reach the database while the replay runs
+                while not done.wait(1.0):
+                    flush()
+
+            writer = threading.Thread(target=meanwhile, daemon=True)
+            writer.start()
+            try:
+                statuses = replay(http_port, trace, names, t0=t0)
+            finally:
+                done.set()
+                writer.join()
+        else:
+            end = t0 + serve_s if serve_s is not None else float("inf")
+            while time.monotonic() < end and ranks.alive():
+                time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+                flush()
+        router.stop_http()
+        codes = ranks.stop()
+    except BaseException:
+        router.stop_http()
+        ranks.stop(0.0)
+        raise
+    finally:
+        router.close()
+        flush()
+    return SessionResult(statuses, rows, recorded, t0, codes, list(ranks.events), list(ranks.gave_up))
 
 
 def _tail(path, num_chars: int = 4000) -> str:
