@@ -6,7 +6,8 @@ connection per request), three phases on the same server:
 
 - `steady`: N clients for --phase-s seconds, nothing killed (the baseline);
 - `rank killed`: the same load; group 0's rank is SIGKILLed after 1 s; the phase runs until a is
-  served again (the group restarted) and --phase-s more seconds;
+  served again (the group restarted) and --phase-s more seconds (clients wait the 503's
+  Retry-After, 1 s, before their next request);
 - `burst`: --burst connections opened at once, one POST each.
 
 Per phase: requests sent, answered (200), refused (an HTTP error reply: 503 while a group is down,
@@ -65,15 +66,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def post(port: int, name: str) -> tuple[str, float]:
-    """(answered | refused | lost, seconds)."""
+def post(port: int, name: str, backoff: bool = False) -> tuple[str, float]:
+    """(answered | refused | lost, seconds); `backoff`: sleep the reply's Retry-After (at most 1 s),
+    as a client should while a group restarts."""
     t = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.request("POST", f"/models/{name}", body=b"{}", headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         r.read()
-        return ("answered" if r.status == 200 else "refused"), time.monotonic() - t
+        took = time.monotonic() - t
+        if backoff and r.getheader("Retry-After"):
+            time.sleep(min(1.0, float(r.getheader("Retry-After"))))
+        return ("answered" if r.status == 200 else "refused"), took
     except (OSError, http.client.HTTPException):
         return "lost", time.monotonic() - t
     finally:
@@ -89,7 +94,7 @@ class Load:
     def client(self, name: str) -> None:
         while not self.stop.is_set():
             t = time.monotonic()
-            outcome, s = post(self.port, name)
+            outcome, s = post(self.port, name, backoff=True)
             with self.lock:
                 self.got.append((t, name, outcome, s))
 

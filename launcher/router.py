@@ -10,7 +10,7 @@ with the next token: the argmax of the last position's logits of the first seque
 stage dropped it because it could not meet its SLO (503 `dropped`), a rank failed on it (500
 `error`, one line from the rank), or the group's ranks died with it in flight (503 `failed`). A model
 whose every group is down (its ranks died and are restarting: launcher/serving.py) is answered 503
-`refused` at once. An unknown model gets 404 with the served models listed. `GET /models` lists them.
+`refused` at once; `refused` and `failed` replies carry `Retry-After: 1`. An unknown model gets 404 with the served models listed. `GET /models` lists them.
 
 Every request a model's route takes becomes a row for `serve_requests` (DuckDB, written by the caller
 from `take_rows`: ranks and HTTP threads never hold the database): answered, dropped, failed, refused
@@ -280,6 +280,8 @@ class Router:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(blob)))
+                if code == 503 and data.get("status") in ("refused", "failed"):
+                    self.send_header("Retry-After", "1")  # a group restarts in seconds
                 self.end_headers()
                 self.wfile.write(blob)
 
