@@ -11,10 +11,10 @@ connection per request), three phases on the same server:
 - `burst`: --burst connections opened at once, one POST each.
 
 Per phase: requests sent, answered (200), refused (an HTTP error reply: 503 while a group is down,
-or any 4xx/5xx), lost (no HTTP reply at all: a reset or refused connection, a timeout), the rows
-`serve_requests` holds for the phase, and p50 / p99 client latency of the answered ones; for the
-kill, the seconds from the kill to the first a answered again. "logged" must equal "sent" minus
-"lost" (a request that got no reply never reached the router: there is nothing to log).
+or any 4xx/5xx), lost (no HTTP reply at all: a reset or refused connection, a timeout), and p50 / p99 client latency of the answered ones; for the
+kill, the seconds from the kill to the first a answered again. Then the rows of `serve_requests`
+against every request that got a reply (a request that got none never reached the router: there is
+nothing to log), the readiness probes and the server's warm-ups included.
 
     PYTHONPATH=. python bench/serve_load.py [--clients 50] [--phase-s 10] [--burst 200]
 """
@@ -203,8 +203,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     con = duckdb.connect(str(tmp / "meshplan.duckdb"), read_only=True)
-    logged = con.execute("SELECT status, count(*) FROM serve_requests WHERE phase = 'serve' GROUP BY ALL").fetchall()
-    total = con.execute("SELECT count(*) FROM serve_requests WHERE phase = 'serve'").fetchall()[0][0]
+    logged = con.execute("SELECT status, count(*) FROM serve_requests GROUP BY ALL ORDER BY 1").fetchall()
+    total = con.execute("SELECT count(*) FROM serve_requests").fetchall()[0][0]
     con.close()
     table = []
     for m in marks:
@@ -221,9 +221,10 @@ def main() -> None:
             f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}  {r['note']}"
         )
     replied = sum(r["answered"] + r["refused"] for r in table)
+    warm = 3 * len(PLACEMENT["models"])  # the server's own warm-up requests (3 per model)
     print(
-        f"serve_requests rows (phase serve): {total} {dict(logged)}; requests that got a reply: {replied} "
-        f"+ {probes} readiness probe(s) = {replied + probes}"
+        f"serve_requests rows: {total} {dict(logged)}; requests that got a reply: {replied} + {probes} readiness "
+        f"probe(s) + {warm} warm-ups = {replied + probes + warm} ({'all logged' if total == replied + probes + warm else 'MISSING'})"
     )
 
 

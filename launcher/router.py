@@ -49,6 +49,13 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = BACKLOG
     daemon_threads = True
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (reset, broken pipe) is not the server's error: no traceback."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
 
 def check_request(body: bytes, seq_len: int, vocab: int) -> list[int] | None:
     """The tokens of a request body (None: the model's default input); ValueError with one line else."""
