@@ -194,3 +194,19 @@ class ExportOutcome(_Outcome):
     architecture: str  # gpt2 | llama | qwen2
     tokenizer: str | None  # the tokenizer.json copied beside the weights
     num_params: int
+
+
+class ServeOutcome(_Outcome):
+    """serve_flow: a placement served on torch ranks behind the router; every request recorded."""
+
+    run_id: str
+    run_dir: str
+    recorded: int  # rows written to serve_requests (answered, dropped, failed, refused alike)
+    statuses: list[int] = []  # HTTP status of each replayed request, in trace order
+    calibration: dict[str, tuple[float, ...]] = {}  # str((model, pp, tp, batch)) -> seconds per stage
+    group_events: list[dict[str, Any]] = []  # a group's ranks died / restarted / given up (launcher/serving.py)
+    measured: list[dict[str, Any]] = []  # replay only: per model, from serve_requests
+    simulated: list[dict[str, Any]] = []  # the simulator's per-model table for the replay, calibrated
+    simulated_nominal: list[dict[str, Any]] = []  # the same on the trace's own arrival times
+    groups: list[dict[str, Any]] = []  # per group: layout, models, served / dropped, p50 / p99
+    arrival_late_s: dict[str, float] | None = None  # how late requests reached the router (p50, max)

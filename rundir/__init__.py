@@ -20,6 +20,14 @@ and the scheduler reads the latest checkpoint's step with the same code the rank
     <run>/.control.lock              held while control.json is read-modified-written
     <run>/exit.json                  rank 0's note of a requested checkpoint-and-exit
     <run>/sbatch.sh                  the batch script of a Slurm launch or discovery (launcher/slurm.py)
+
+A serving run folder (`meshplan serve`, launcher/serving.py):
+
+    <serve>/placement.json           the placement the ranks read (written once by the flow process)
+    <serve>/serve.groupG.log         group G's torchrun agent and ranks, every generation appended
+    <serve>/calib_rankR.json         start-up stage times of tp rank 0 of a stage (global rank R)
+    <serve>/stage_rankR.json         that rank's per-request service log, written as it ends
+    <serve>/router.json              the router's arrival / finish times of a replay
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ CONTROL = "control.json"
 CONTROL_LOCK = ".control.lock"
 EXIT = "exit.json"
 SBATCH = "sbatch.sh"
+SERVE_PLACEMENT = "placement.json"
+ROUTER_LOG = "router.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")  # a published checkpoint's folder name; group 1 is its step
 
 
@@ -148,3 +158,33 @@ def latest_checkpoint_step(run_dir: str | Path | None) -> int:
         return int(json.loads(checkpoint_meta(checkpoints_dir(run_dir) / name).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+def serve_placement_path(run_dir: str | Path) -> Path:
+    """The placement a serving run's ranks read."""
+    return Path(run_dir) / SERVE_PLACEMENT
+
+
+def serve_log(run_dir: str | Path, group: int) -> Path:
+    """A serving group's torchrun log (its ranks' output, every generation appended)."""
+    return Path(run_dir) / f"serve.group{group}.log"
+
+
+def serve_calib_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"calib_rank{rank}.json"
+
+
+def serve_stage_log_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / f"stage_rank{rank}.json"
+
+
+def serve_calib_files(run_dir: str | Path) -> list[Path]:
+    return sorted(Path(run_dir).glob("calib_rank*.json"))
+
+
+def serve_stage_log_files(run_dir: str | Path) -> list[Path]:
+    return sorted(Path(run_dir).glob("stage_rank*.json"))
+
+
+def router_log_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / ROUTER_LOG

@@ -21,6 +21,7 @@ from flows.outcomes import (
     ProfileOutcome,
     ReplanOutcome,
     SchedulerOutcome,
+    ServeOutcome,
     TrainOutcome,
 )
 from flows.plan import plan_flow
@@ -127,6 +128,14 @@ def test_requests_and_outcomes_survive_prefects_serialisers(serializer):
         TrainRequest(plan_id="abc", spec=RunSpec(faults=FaultSpec(kill_rank=1, kill_step=2)), replan=True),
         _TRAINED,
         PlanOutcome(feasible=False, cached=True, reasons=["too big"]),
+        ServeOutcome(
+            run_id="s",
+            run_dir="/tmp/s",
+            recorded=3,
+            statuses=[200, 503],
+            calibration={"('a', 1, 1, 1)": (0.01,)},
+            group_events=[{"group": 0, "generation": 0, "event": "died", "at_s": 1.5, "returncode": -9}],
+        ),
         ReplanOutcome(run_id="r", detected=True, action="keep", reason="x", acted=False, decision_id=4),
         JobOutcome(
             job_id="a",

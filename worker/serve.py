@@ -1,8 +1,10 @@
 """A serving rank: one tp shard of one pipeline stage of every model its group hosts, forward passes only.
 
-`python -m worker.agent --nproc-per-node N -m worker.serve --placement P --router HOST:PORT --out-dir D`
-(tasks/serve.py starts it). Ranks are numbered group by group, stage by stage, tp index by tp index,
-in the placement's order.
+`python -m worker.agent --nproc-per-node N -m worker.serve <ServeSpec flags>`: one torchrun per
+placement group (launcher/serving.py starts it, and starts it again when one of its ranks dies); the
+ranks parse their `ServeSpec` (planner/specs/servespec.py) and nothing else. Within a group ranks are
+numbered stage by stage, tp index by tp index; file names use the global rank (the group's
+`base_rank` + its rank: groups in the placement's order).
 
 Tensor parallelism (a group's tp > 1): each stage is tp ranks built from the same Decoder weights
 (worker/model.py, seeded by name) and split Megatron-style with DTensor (worker/parallel.apply_tp:
@@ -24,8 +26,14 @@ the request done on its own router connection. tp rank 0 of each stage also logs
 service seconds, from taking it to handing it on (`stage_rank<R>.json`), the service times the
 simulator is calibrated with after a replay (the start-up figure is timed with every rank busy at
 once). Stages work on different requests at once: pipelined execution, FCFS. A stop line ends the
-group's pipeline; every rank then meets the others at a barrier before the process group is
-destroyed (gloo's exit abort, STACK.md §1.3).
+group's pipeline; every rank then ends through worker/teardown.exit_now (barrier, destroy the
+process group, os._exit), as every rank entry point does.
+
+The lead checks a request's tokens again before anything is sent to a peer (the router checked them
+against the model already): one it cannot run is answered `error` with one line, and the group goes
+on. A group of one rank answers `error` for a forward that raises, too; in a group of several ranks
+such an exception ends the rank (its peers would wait in a collective for ever), the router fails the
+requests in flight on the group and launcher/serving.py starts the group again.
 
 Devices: gloo on CPU. Where CUDA is present and a group's device kind is not "cpu", its ranks run
 on cuda:LOCAL_RANK with NCCL for the activations and tp collectives (headers and tokens stay on
@@ -34,11 +42,11 @@ gloo, "cpu:gloo,cuda:nccl").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,29 +58,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+import rundir
+from planner.errors import MeshplanError
 from planner.serve.cost import stage_layers
 from planner.serve.placement import Placement
+from planner.specs.servespec import ServeSpec
 from worker.model import Decoder, init_weights
 from worker.parallel import apply_tp
+from worker.teardown import exit_now
 
 RUN, STOP = 1, 0
 CPU = torch.device("cpu")
 
 
-def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--placement", required=True)
-    ap.add_argument("--router", required=True, help="HOST:PORT of the request front end")
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--calib-reps", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout-s", type=float, default=120.0)
-    return ap.parse_args()
-
-
 @dataclass(frozen=True)
 class Place:
-    """Where a rank sits: its group, stage, tp index, and the group's first rank."""
+    """Where a rank sits: its group, stage, tp index, and the group's first rank in this process group."""
 
     group: int
     stage: int
@@ -80,6 +81,7 @@ class Place:
     base: int
     pp: int
     tp: int
+    solo: bool = False  # the process group is this group's ranks alone (one torchrun per group)
 
     def rank(self, stage: int, tp_index: int = 0) -> int:
         """The global rank of (stage, tp index) in this rank's group."""
@@ -90,7 +92,15 @@ class Place:
         return [self.rank(self.stage, t) for t in range(self.tp)]
 
 
-def my_place(pl: Placement, rank: int) -> Place:
+def my_place(pl: Placement, rank: int, group: int | None = None) -> Place:
+    """Rank `rank` of a process group of every group (`group` None: ranks numbered over the whole
+    placement), or of group `group`'s ranks alone (as launcher/serving.py starts them)."""
+    if group is not None:
+        g = pl.groups[group]
+        if not 0 <= rank < g.pp * g.tp:
+            raise SystemExit(f"rank {rank} has no place in group {group} of {g.pp * g.tp} ranks")
+        stage, t = divmod(rank, g.tp)
+        return Place(group, stage, t, 0, g.pp, g.tp, solo=True)
     base = 0
     for gi, g in enumerate(pl.groups):
         if rank < base + g.pp * g.tp:
@@ -100,9 +110,11 @@ def my_place(pl: Placement, rank: int) -> Place:
     raise SystemExit(f"rank {rank} has no group: the placement has {base} devices")
 
 
-def device_of(pl: Placement, gi: int) -> torch.device:
+def device_of(pl: Placement, gi: int, base_rank: int = 0) -> torch.device:
+    """cuda:(base_rank + LOCAL_RANK) for a GPU group where CUDA is present (the placement's ranks in
+    order over this machine's GPUs), else the CPU."""
     if pl.groups[gi].kind != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", base_rank + int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
 
 
@@ -111,6 +123,8 @@ def tp_meshes(pl: Placement, me: Place) -> DeviceMesh | None:
     of tp > 1, in the placement's order (process groups are created by all ranks together)."""
     mine, base = None, 0
     for gi, g in enumerate(pl.groups):
+        if me.solo and gi != me.group:
+            continue  # the process group holds this group's ranks only
         for s in range(g.pp):
             ranks = [base + s * g.tp + t for t in range(g.tp)]
             if g.tp > 1:
@@ -183,9 +197,8 @@ def calibrate(
     return out
 
 
-def _connect(router: str, hello: dict) -> socket.socket:
-    host, port = router.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=60)
+def _connect(router: tuple[str, int], hello: dict) -> socket.socket:
+    s = socket.create_connection(router, timeout=60)
     s.settimeout(None)
     s.sendall((json.dumps(hello) + "\n").encode())
     return s
@@ -196,8 +209,9 @@ def serve(
     me: Place,
     parts: dict[str, Decoder],
     predicted: dict[str, float],
-    router: str,
+    router: tuple[str, int],
     device: torch.device = CPU,
+    generation: int = 0,
 ) -> list[dict]:
     """Run this rank's shard of its stage until the group stops; (request id, model, seconds of this
     stage's service) each."""
@@ -210,8 +224,10 @@ def serve(
     next_rank = me.rank(me.stage + 1, me.tp_index) if not last else -1
     is_lead = first and me.tp_index == 0
     peers = [me.rank(0, t) for t in range(1, me.tp)] if is_lead else []
-    lead = _connect(router, {"group": me.group, "role": "lead"}) if is_lead else None
-    done = _connect(router, {"group": me.group, "role": "done"}) if last and me.tp_index == 0 else None
+    hello = {"group": me.group, "generation": generation}
+    lead = _connect(router, {**hello, "role": "lead"}) if is_lead else None
+    done = _connect(router, {**hello, "role": "done"}) if last and me.tp_index == 0 else None
+    alone = me.pp == 1 and me.tp == 1  # a forward that raises fails only its request
     lines = lead.makefile("r") if lead is not None else None
     header = torch.zeros(4, dtype=torch.long)
     log: list[dict] = []
@@ -236,6 +252,10 @@ def serve(
                     continue
                 sm = specs[name]
                 m = names.index(name)
+                problem = request_problem(msg.get("tokens"), sm.spec.seq_len, sm.spec.vocab_size)
+                if problem:  # before any peer hears of it: the group goes on
+                    lead.sendall((json.dumps({"id": rid, "status": "error", "error": problem}) + "\n").encode())
+                    continue
                 tokens = torch.tensor(msg.get("tokens") or [0] * sm.tokens, dtype=torch.long)
                 header[:] = torch.tensor([RUN, m, rid, tokens.numel()])
                 for r in peers:  # the lead's tp peers run the same request in step with it
@@ -268,8 +288,18 @@ def serve(
                 x = torch.empty(sm.batch, n, sm.spec.hidden, device=device)
                 dist.recv(x, prev_rank)
             t_fwd = time.perf_counter()
-            y = parts[name](x)
-            _sync(device)  # a GPU forward is asynchronous: its time ends when it is done
+            if alone:
+                try:
+                    y = parts[name](x)
+                    _sync(device)
+                except Exception as exc:  # noqa: BLE001 - one request fails, the group serves on
+                    reply = {"id": rid, "status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    assert done is not None
+                    done.sendall((json.dumps(reply) + "\n").encode())
+                    continue
+            else:
+                y = parts[name](x)
+                _sync(device)  # a GPU forward is asynchronous: its time ends when it is done
             t_send = time.perf_counter()
             if last:
                 if done is not None:
@@ -295,40 +325,54 @@ def serve(
     return log
 
 
-def main() -> None:
-    args = _args()
+def request_problem(tokens, seq_len: int, vocab: int) -> str | None:
+    """Why the lead cannot run these tokens (None: it can; None tokens: the model's default input)."""
+    if tokens is None:
+        return None
+    if not isinstance(tokens, list) or not 0 < len(tokens) <= seq_len:
+        return f"tokens must be a list of 1..{seq_len} ints"
+    if not all(type(t) is int and 0 <= t < vocab for t in tokens):
+        return f"tokens must be ints in 0..{vocab - 1}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        spec = ServeSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    except MeshplanError as exc:
+        print(f"worker.serve: {exc}", file=sys.stderr, flush=True)
+        exit_now(2)
     torch.set_num_threads(1)
-    pl = Placement.model_validate_json(Path(args.placement).read_text())
+    pl = Placement.model_validate_json(Path(spec.placement).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = timedelta(seconds=args.timeout_s)
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
-    me = my_place(pl, rank)
-    device = device_of(pl, me.group)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=spec.timeout_s))
+    me = my_place(pl, rank, spec.group)
+    device = device_of(pl, me.group, spec.base_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     mesh = tp_meshes(pl, me)
-    parts = build(pl, me.group, me.stage, args.seed, mesh, device)
+    parts = build(pl, me.group, me.stage, spec.seed, mesh, device)
     dist.barrier()
-    mine = calibrate(pl, parts, me.stage, args.calib_reps, device)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    mine = calibrate(pl, parts, me.stage, spec.calib_reps, device)
+    name = spec.base_rank + rank  # the global rank names the files
     record = me.tp_index == 0  # one file per stage: its tp ranks time the same collective forward
     if record:
-        (out / f"calib_rank{rank}.json").write_text(json.dumps({"group": me.group, "stage": me.stage, "stage_s": mine}))
+        path = rundir.serve_calib_path(spec.run_dir, name)
+        path.write_text(json.dumps({"group": me.group, "stage": me.stage, "stage_s": mine}))
     # the lead predicts a request's latency from every stage's calibrated time (tp rank 0's each)
     gathered: list[dict | None] = [None] * world
     dist.all_gather_object(gathered, {"group": me.group, "stage": me.stage, "tp_index": me.tp_index, "stage_s": mine})
     predicted: dict[str, float] = {}
     for item in gathered:
         if item is not None and item["group"] == me.group and item["tp_index"] == 0:
-            for name, t in item["stage_s"].items():
-                predicted[name] = predicted.get(name, 0.0) + t
-    log = serve(pl, me, parts, predicted, args.router, device)
+            for model, t in item["stage_s"].items():
+                predicted[model] = predicted.get(model, 0.0) + t
+    log = serve(pl, me, parts, predicted, spec.router_address, device, spec.generation)
     if record:
-        (out / f"stage_rank{rank}.json").write_text(json.dumps({"group": me.group, "stage": me.stage, "requests": log}))
-    dist.barrier()
-    dist.destroy_process_group()
+        path = rundir.serve_stage_log_path(spec.run_dir, name)
+        path.write_text(json.dumps({"group": me.group, "stage": me.stage, "requests": log}))
+    exit_now(0)  # barrier, destroy the process group, no interpreter teardown (worker/teardown.py)
 
 
 if __name__ == "__main__":

@@ -65,18 +65,17 @@ def serve_simulate(
     plot: Annotated[Path | None, typer.Option("--plot", help="attainment vs rate and CV, group utilisation")] = None,
 ) -> None:
     """Per-model SLO attainment, p50/p99 latency and goodput of a placement in the simulator."""
-    from flows.serve import load_cluster, read_file
+    from flows.serve import load_cluster, load_placement, read_file
     from planner.errors import MeshplanError
     from planner.serve.cost import ServeCost
-    from planner.serve.placement import check_placement, simulate_placement
+    from planner.serve.placement import simulate_placement
     from planner.serve.workload import Workload, make_trace, parse_trace_csv
 
     if not duration_s > 0:
         raise MeshplanError("--duration-s", duration_s, "must be > 0 seconds")
-    pl = _load_placement(placement, read_file)
     spec = load_cluster(str(cluster))
+    pl = load_placement(placement, spec)
     cost = ServeCost(spec, pl.dtype)
-    check_placement(pl, cost)
     names = [m.name for m in pl.models]
     w = Workload(name="sim", models=pl.models, duration_s=duration_s, max_batch=pl.max_batch, dtype=pl.dtype)
     tr = parse_trace_csv(read_file(trace, "--trace"), names, str(trace)) if trace else make_trace(w)
@@ -94,24 +93,6 @@ def serve_simulate(
     if plot:
         _plot(pl, cost, w, r, tr.duration_s, plot)
         typer.echo(f"plot: {plot}")
-
-
-def _load_placement(path: Path, read_file):
-    import json
-
-    from planner.serve.placement import Placement
-    from planner.validation import parse
-
-    text = read_file(path, "--placement")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        from planner.errors import MeshplanError
-
-        raise MeshplanError(
-            "--placement", str(path), f"not valid JSON ({exc}); write it with serve-plan --out"
-        ) from None
-    return parse(Placement, data, str(path))
 
 
 def _plot(pl, cost, w, r, duration_s: float, path: Path) -> None:
@@ -162,46 +143,43 @@ def serve(
     """Serve a placement on torch ranks: HTTP POST /models/<name> on 127.0.0.1, latencies into DuckDB."""
     import time
 
-    from flows.serve import read_file
+    from flows.serve import load_cluster, load_placement
+    from flows.server import check_port_free
     from planner.errors import MeshplanError
 
     if not 0 <= port < 65536:
         raise MeshplanError("--port", port, "must be in 0..65535")
     if serve_s is not None and not serve_s > 0:
         raise MeshplanError("--serve-s", serve_s, "must be > 0 seconds")
-    _load_placement(placement, read_file)  # one line for a malformed file, before any rank starts
+    if port:
+        check_port_free("127.0.0.1", port)  # one line naming --port, before any rank starts
+    spec = load_cluster(str(cluster))
+    pl = load_placement(placement, spec)  # parsed once; one line for a bad file, before any rank starts
     cfg = load_settings()
     prefect_env(cfg)
     from flows.serve import serve_flow
 
     run_id = f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.state.dir) / "runs" / run_id
-    out = serve_flow(
-        str(placement),
-        str(cluster),
-        str(db_path(cfg)),
-        str(run_dir),
-        run_id,
-        str(replay) if replay else None,
-        port,
-        serve_s,
-    )
-    typer.echo(f"run {run_id}: {out['recorded']} requests recorded in {db_path(cfg)} (table serve_requests)")
+    out = serve_flow(pl, spec, str(db_path(cfg)), str(run_dir), run_id, str(replay) if replay else None, port, serve_s)
+    typer.echo(f"run {run_id}: {out.recorded} requests recorded in {db_path(cfg)} (table serve_requests)")
+    for e in out.group_events:  # a group whose ranks died under load, and what was done
+        typer.echo(f"group {e['group']} generation {e['generation']}: {e['event']} at {e['at_s']:.1f}s")
     if replay:
         typer.echo(
             f"{'model':<12} {'p50 meas':>9} {'p50 sim':>9} {'p99 meas':>9} {'p99 sim':>9} {'attain':>7} {'dropped':>7}"
         )
-        for m, s in zip(out["measured"], out["simulated"], strict=True):
+        for m, s in zip(out.measured, out.simulated, strict=True):
             typer.echo(
                 f"{m['model']:<12} {_ms(m['p50_s']):>9} {_ms(s['p50_s']):>9} {_ms(m['p99_s']):>9} "
                 f"{_ms(s['p99_s']):>9} {100 * m['attainment']:>6.1f}% {m['dropped']:>7}"
             )
-        for g in out["groups"]:  # what each group did with the requests routed to it
+        for g in out.groups:  # what each group did with the requests routed to it
             typer.echo(
                 f"group {g['group']} ({g['pp']} × {g['tp']}: {', '.join(g['models'])}): requests {g['requests']} "
                 f"served {g['ok']} dropped {g['dropped']} p50 {_ms(g['p50_s'])} p99 {_ms(g['p99_s'])}"
             )
-        nominal, late = out["simulated_nominal"][-1], out.get("arrival_late_s")
+        nominal, late = out.simulated_nominal[-1], out.arrival_late_s
         typer.echo(
             f"simulated on the trace's own times: p50 {1e3 * nominal['p50_s']:.1f}ms p99 {1e3 * nominal['p99_s']:.1f}ms"
             + (f" (requests reached the server up to {1e3 * late['max']:.0f} ms late)" if late else "")

@@ -118,6 +118,12 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
         assert code == 400 and "tokens" in body["error"]
         code, _ = _post(base + "/models/a", b'{"tokens": [1, 99999]}')
         assert code == 400
+        # checked against the model before a rank sees it (seq_len 128; a bool is not a token id);
+        # the replay below is answered by the same server
+        code, body = _post(base + "/models/a", json.dumps({"tokens": [1] * 129}).encode())
+        assert code == 400 and "seq_len is 128" in body["error"], body
+        code, body = _post(base + "/models/a", b'{"tokens": [true]}')
+        assert code == 400 and "tokens[0]" in body["error"], body
         outside = socket.gethostbyname(socket.gethostname())
         if not outside.startswith("127."):
             with socket.socket() as s:
@@ -349,3 +355,30 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
     c_served = [e["compute_s"] for e in logs["stage_rank1.json"]["requests"]]
     assert calib[("c", 1, 2, 1)] == (pytest.approx(sum(c_served) / len(c_served)),)
     assert calib[("b", 1, 2, 1)] == (json.loads((run / "calib_rank1.json").read_text())["stage_s"]["b"],)
+
+
+def test_serve_refuses_a_port_in_use_and_a_placement_made_for_another_cluster_in_one_line(tmp_path) -> None:
+    (tmp_path / "cpu.toml").write_text(CPU2)
+    placement = {
+        "method": "manual",
+        "cluster": "mixed",
+        "dtype": "fp32",
+        "models": _models(),
+        "groups": [{"devices": [0, 1], "kind": "a100-40gb", "pp": 2, "tp": 1, "models": ["a", "b"]}],
+    }
+    (tmp_path / "placement.json").write_text(json.dumps(placement))
+    args = ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
+    for cmd in (["serve-simulate", *args], ["serve", *args, "--port", "0"]):
+        p = meshplan(tmp_path, *cmd)
+        assert p.returncode == 1 and "groups[0].kind" in p.stderr and "serve-plan" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    placement["groups"][0]["kind"] = "cpu"
+    (tmp_path / "placement.json").write_text(json.dumps(placement))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = meshplan(tmp_path, "serve", *args, "--port", str(port))
+    assert p.returncode == 1 and "--port" in p.stderr and str(port) in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
