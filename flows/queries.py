@@ -11,9 +11,7 @@ DuckDB.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import MeshplanError
 from planner.search import NoFeasiblePlan, SearchResult
@@ -21,6 +19,9 @@ from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import ModelSpec
 from storage import pricing as _pricing
 from storage.pricing import PricingInputs
+
+if TYPE_CHECKING:  # the frames' type only: `meshplan plan` and `estimate` need no polars
+    import polars as pl
 
 # ---- pricing: the inputs and runtime figures the search and `estimate` price with
 
