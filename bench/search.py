@@ -137,6 +137,11 @@ def cli_startup(repeat: int) -> list[tuple[str, float, float, float]]:
             ("meshplan --help", cli + ["--help"], 0.3),
             ("meshplan plan (1,024 GPUs, 3 kinds, batch 1024)",
              cli + ["plan", "--model", "llama3-70b", "--cluster", str(cfile), "--global-batch", "1024"], 1.0),
+            # the budget is wall time: on a loaded machine it cuts the search above early; this one does
+            # the whole search whatever the load, so its CPU s compares across runs
+            ("  the same, complete search (--budget 1000)",
+             cli + ["plan", "--model", "llama3-70b", "--cluster", str(cfile), "--global-batch", "1024",
+                    "--budget", "1000"], 1.0),
         ]  # fmt: skip
         out = []
         for name, cmd, target in cases:
