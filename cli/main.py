@@ -2,29 +2,62 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
+from typing import Any
 
-from cli.app import app
+# each module registers its commands on cli.app.app when imported; none imports anything heavy at top
+# level. A process imports only the module of the command it runs (`meshplan plan` does not build
+# `train`'s generated flags); `meshplan --help`, an unknown command, or `from cli.main import app`
+# import them all. tests/test_cli_commands.py checks this table against what the modules register.
+COMMANDS: dict[str, str] = {
+    "calibrate": "calibrate",
+    "compare": "compare",
+    "data": "data",
+    "export-weights": "data",
+    "discover": "discover",
+    "export": "export",
+    "gpus": "inspect",
+    "models": "inspect",
+    "db": "inspect",
+    "submit": "jobs",
+    "jobs": "jobs",
+    "cancel": "jobs",
+    "schedule-cluster": "jobs",
+    "plan": "plan",
+    "estimate": "plan",
+    "profile": "profile",
+    "replan": "replan",
+    "replan-every": "replan",
+    "schedule": "replan",
+    "run": "run",
+    "serve-plan": "serve",
+    "serve-simulate": "serve",
+    "serve": "serve",
+    "simulate": "simulate",
+    "train": "train",
+    "ui": "ui",
+}
 
-# each module registers its commands on `app` when imported; none imports anything heavy at top level
-from cli.commands import (  # noqa: F401
-    calibrate,
-    compare,
-    data,
-    discover,
-    export,
-    inspect,
-    jobs,
-    plan,
-    profile,
-    replan,
-    run,
-    serve,
-    simulate,
-    train,
-    ui,
-)
+
+def load_commands(argv: list[str] | None = None) -> Any:
+    """Register the commands `argv` may run on cli.app.app (all of them when `argv` is None or names
+    none of them) and return the app. Every word of `argv` that is a command name loads its module,
+    so an option value that happens to be one (`--config plan`) only loads one more module."""
+    mods = sorted({COMMANDS[a] for a in argv if a in COMMANDS}) if argv is not None else []
+    for mod in mods or sorted(set(COMMANDS.values())):
+        importlib.import_module(f"cli.commands.{mod}")
+    from cli.app import app
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """`from cli.main import app`: the app with every command registered (tests, typer's CliRunner)."""
+    if name == "app":
+        return load_commands()
+    raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,9 +73,9 @@ def run_cli(argv: list[str]) -> int:
     """The CLI on `argv`, in this process; returns the exit code (the fuzz tests call it directly)."""
     from typer.main import get_command
 
-    command = get_command(app)
     if not argv:  # `meshplan` alone: the overview, not an error
         argv = ["--help"]
+    command = get_command(load_commands(argv))
     try:
         rc = command.main(args=argv, prog_name="meshplan", standalone_mode=False)
     except Exception as exc:
@@ -102,8 +135,7 @@ def _typed_value(flag: str, argv: list[str]) -> str | None:
 
 def _help(argv: list[str]) -> str:
     """`meshplan CMD --help` for the command the user typed (or `meshplan --help`)."""
-    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands if c.callback}
-    cmd = next((a for a in argv if a in names), None)
+    cmd = next((a for a in argv if a in COMMANDS), None)
     return f"`meshplan {cmd} --help`" if cmd else "`meshplan --help`"
 
 

@@ -11,16 +11,18 @@ DuckDB.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import MeshplanError
-from planner.search import NoFeasiblePlan, SearchResult
 from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import ModelSpec
 from storage import pricing as _pricing
 from storage.pricing import PricingInputs
+
+if TYPE_CHECKING:  # types only: `estimate` and `compare` need neither the search (numpy) nor polars
+    import polars as pl
+
+    from planner.search import NoFeasiblePlan, SearchResult
 
 # ---- pricing: the inputs and runtime figures the search and `estimate` price with
 

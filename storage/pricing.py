@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration, cpu_calibration, pipeline_overhead_from
@@ -27,9 +27,10 @@ from planner.measure.targets import is_gpu
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from storage.files import read_cluster_file
-from storage.hardware import HardwareSnapshot, resolve_snapshot
-from storage.plans import load_profiles_or_empty
-from storage.profiles import load_optimizer_profile
+
+if TYPE_CHECKING:  # DuckDB and polars are imported only by the reads that use them: a cluster file with
+    # no state folder yet prices without either (`meshplan plan --cluster F` on a fresh machine)
+    from storage.hardware import HardwareSnapshot
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ def snapshot_calibration(db_path: str | Path, model: ModelSpec, snap: HardwareSn
     Contention and lockstep come from discovery's concurrency bench (one rank alone, the ranks
     together, in lockstep; snapshots without it: contention 1, as the ranks were only probed together);
     the node's core count prices ranks that share cores (processor sharing in `estimate`)."""
+    from storage.profiles import load_optimizer_profile
+
     rates = [r for r in snap.devices["measured_flop_per_s"].to_list() if r]
     if set(snap.devices["kind"].to_list()) != {"cpu"} or not rates or snap.fits.height == 0:
         return None
@@ -78,6 +81,8 @@ def snapshot_calibration(db_path: str | Path, model: ModelSpec, snap: HardwareSn
 
 def load_calibration(db_path: str | Path, model: ModelSpec, snapshot: str | None = None) -> Calibration | None:
     """The calibration of discovered snapshot `snapshot` (default: the newest probe); see snapshot_calibration."""
+    from storage.hardware import resolve_snapshot
+
     return snapshot_calibration(db_path, model, resolve_snapshot(db_path, snapshot))
 
 
@@ -89,6 +94,9 @@ def pricing_inputs(
     cpu_dtype: str = "fp32",
 ) -> PricingInputs:
     """Cluster, profiles, calibration and dtype for pricing `model` (see the module docstring)."""
+    from storage.hardware import resolve_snapshot
+    from storage.plans import load_profiles_or_empty
+
     if cluster_file:
         cluster, calibration, fingerprint = read_cluster_file(cluster_file), None, None
     else:
@@ -115,16 +123,18 @@ def device_kind_of(cluster: Any) -> str:
     return cluster.nodes[0].device_kind
 
 
-def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
+def price_for_runtime(
+    path: Path, plan: Any, model: Any, inputs: Any, runtime: str, stored: tuple[Any] | None = None
+) -> tuple[Any, str]:
     """(CostBreakdown, label) of `plan` priced as `inputs` says, under `runtime` and the figures stored
-    for (device kind, runtime). meshplan's runtime on CPU ranks with nothing calibrated prices exactly as
-    planner.cost.estimate (its fixed overheads are GPU host costs, and its per-micro-batch prior is 0)."""
+    for (device kind, runtime) (`stored`: those figures, read already, as a 1-tuple). meshplan's runtime on
+    CPU ranks with nothing calibrated prices exactly as planner.cost.estimate (its fixed overheads are GPU
+    host costs, and its per-micro-batch prior is 0)."""
     from planner.cost import estimate
     from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
-    from storage.calibrations import load_figures
 
     kind = device_kind_of(inputs.cluster)
-    figures = load_figures(path, kind, runtime)
+    figures = (stored or _stored_figures(path, kind, runtime))[0]
     label = (figures or PRIOR_FIGURES).label(kind, runtime)
     gpu = any(n.device != "cpu" for n in inputs.cluster.nodes)
     if runtime == "meshplan" and figures is None and not gpu:  # CPU ranks: no fixed overheads to add
@@ -142,6 +152,16 @@ def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: s
     return cost, label
 
 
+def _stored_figures(path: Path, kind: str, runtime: str) -> tuple[Any]:
+    """The figures stored for (kind, runtime), None when none, as a 1-tuple (price_for_runtime's `stored`);
+    no state folder yet: none, read without opening DuckDB."""
+    if not Path(path).exists():
+        return (None,)
+    from storage.calibrations import load_figures
+
+    return (load_figures(path, kind, runtime),)
+
+
 def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
     """The search's plans and baselines re-priced under `runtime` (its kernels, memory, overlap and
     calibrated figures) and re-ranked: fitting plans first, then by step time. The search enumerates
@@ -149,8 +169,10 @@ def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: s
     label says so) for meshplan's runtime with nothing calibrated."""
     import dataclasses
 
+    stored = _stored_figures(path, device_kind_of(inputs.cluster), runtime)  # one read for every plan
+
     def priced(p: Any) -> tuple[Any, str]:
-        c, label = price_for_runtime(path, p.model_copy(update={"predicted": None}), model, inputs, runtime)
+        c, label = price_for_runtime(path, p.model_copy(update={"predicted": None}), model, inputs, runtime, stored)
         return p.model_copy(update={"predicted": c}), label
 
     label = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,8 +90,8 @@ def plan(
         },
     )
     path = db_path(cfg)
-    prefect_env(cfg)  # before anything imports prefect (the flow)
     if flow:
+        prefect_env(cfg)  # before anything imports prefect (the flow); without --flow no Prefect at all
         if given is not None and not preset:
             from planner.errors import MeshplanError
 
@@ -127,11 +128,11 @@ def plan(
         raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
     rt = runtime_name(runtime, cfg)
     res, figures = rerank_for_runtime(path, res, m, inputs, rt)
-    key = store_search(path, res) if store else None
     if out is not None:
         out.write_text(res.best.to_json())
     rows = ranking_rows(res, m)
     if as_json:
+        key = store_search(path, res) if store else None  # the JSON names the stored search
         doc = {
             "feasible": True,
             "search_key": key,
@@ -162,6 +163,9 @@ def plan(
         typer.echo(f"plan {faster[0]['rank']}* is faster but cannot be launched; plan 1 is the fastest that can")
     if out is not None:
         typer.echo(f"best plan written to {out}")
+    if store:  # after the answer: the user reads the ranking while DuckDB writes it
+        sys.stdout.flush()
+        store_search(path, res)
 
 
 @app.command()
