@@ -42,6 +42,7 @@ from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
 from planner.specs.runspec import RunOptions
 from planner.validation import parse
+from rundir import StateDir
 from storage.jobs import get_job, job_model, set_job_run, transition
 from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 from tasks.slurm import slurm_resources
@@ -95,7 +96,7 @@ def job_flow(
     except MeshplanError as exc:
         _fail(db_path, job_id, str(exc))
         raise
-    run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
+    run_dir = StateDir.of_db(db_path, runs_dir).job(job_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
     model = job_model(row)

@@ -23,6 +23,7 @@ from planner.scheduler import PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S
+from rundir import StateDir
 from tasks.scheduler import alloc_text, apply_round, decide_round, read_state, reconcile_runners
 from tasks.slurm import read_slurm_cluster
 
@@ -69,7 +70,7 @@ def scheduler_flow(
     requeued = reconcile_runners(db_path) if launch else []
     cl, queue, running = read_state(db_path, spec, speed)
     d = decide_round(cl, queue, running, pol, speed)
-    runs = runs_dir or str(Path(db_path).resolve().parent / "runs")
+    runs = str(StateDir.of_db(db_path, runs_dir).runs)
     done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, timeout_s, runner_args)
     lines = [
         f"# Scheduler round ({policy})",

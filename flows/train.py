@@ -34,6 +34,7 @@ from planner.errors import MeshplanError
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
+from rundir import StateDir
 from storage.pricing import machine_calibration
 from storage.runs import resume_records
 from tasks.replan import supervise_training
@@ -160,8 +161,7 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
             f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
         )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
-    run_dir = run_dir / run_id
+    run_dir = StateDir.of_db(db_path, r.runs_dir).run(run_id)  # the id checked: it cannot leave runs/
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(plan.to_json())
 

@@ -136,3 +136,10 @@ def latest_checkpoint_step(run_dir: str | Path | None) -> int:
         return int(json.loads(checkpoint_meta(checkpoints_dir(run_dir) / name).read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+
+
+# the state folder's layout (rundir/state.py), re-exported: `rundir.StateDir`
+from rundir.state import StateDir as StateDir  # noqa: E402
+from rundir.state import db_problem as db_problem  # noqa: E402
+from rundir.state import id_problem as id_problem  # noqa: E402
+from rundir.state import inside as inside  # noqa: E402

@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+import rundir
 from planner.errors import MeshplanError
 from planner.specs.model import PRESETS, ModelSpec
 from storage.db import connect, query
@@ -54,6 +55,9 @@ def submit_job(
         raise MeshplanError("global_batch/iterations", (global_batch, iterations), "both must be positive")
     name, model_json = _model_columns(model)
     job_id = job_id or uuid.uuid4().hex[:12]
+    problem = rundir.id_problem(job_id)  # the id names the job's run folder: it must stay inside runs/
+    if problem:
+        raise MeshplanError("job_id", job_id, problem)
     with connect(db_path) as con:
         con.execute("BEGIN TRANSACTION")
         if con.execute("SELECT 1 FROM jobs WHERE job_id = ?", [job_id]).fetchall():

@@ -133,7 +133,7 @@ def start_runner(
     its flow runs show next to the round that started it."""
     from prefect.settings import PREFECT_API_URL
 
-    log = rundir.job_log(Path(runs_dir) / job_id)
+    log = rundir.job_log(rundir.StateDir.of_db(db_path, runs_dir).job(job_id))
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
     cmd = [*runner, paths[0], job_id, paths[1], "--runs-dir", paths[2]]
     cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]

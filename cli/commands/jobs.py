@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings
+from cli.app import app, check_id, db_path, load_settings, state
 from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -23,6 +23,9 @@ from cli.commands.model_options import (
 from cli.commands.run_options import run_option_flags
 from cli.commands.tables import Col, FormatOption, emit, print_table
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEQ, MAX_STEPS
+
+if TYPE_CHECKING:
+    from planner.specs.config import RunConfig
 
 
 @app.command()
@@ -68,6 +71,7 @@ def submit(
         raise MeshplanError("--model", None, "name a preset, `custom` with --layers --hidden --heads, or a model TOML")
     if seq is not None and spec.has_learned_positions and seq > spec.seq_len:
         raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
+    check_id("--job-id", job_id)
     kinds = parse_kinds(gpu_kinds)
     train = job_train_options(run_options or {})
     jid = submit_job(
@@ -202,8 +206,25 @@ def schedule_cluster(
         )
     from flows.scheduler import scheduler_flow
 
-    params = {
-        "db_path": str(db_path(cfg).resolve()),
+    params = scheduler_parameters(cfg, cluster, policy, speed, launch, executor, partition)
+    typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
+    scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)
+
+
+def scheduler_parameters(
+    cfg: RunConfig,
+    cluster: Path,
+    policy: str = "jct",
+    speed: Path | None = None,
+    launch: bool = True,
+    executor: str = "local",
+    partition: str | None = None,
+) -> dict[str, Any]:
+    """scheduler_flow's parameters for a round of `schedule-cluster` (JSON: a deployment stores them)."""
+    paths = state(cfg)
+    return {
+        "db_path": str(paths.db),
+        "runs_dir": str(paths.runs),  # the jobs' run folders: the state folder's, wherever --db is
         "cluster_path": str(cluster.resolve()),
         "policy": policy,
         "speed_table": str(speed.resolve()) if speed else None,
@@ -211,5 +232,3 @@ def schedule_cluster(
         "executor": executor,
         "slurm_partition": partition,
     }
-    typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
-    scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)

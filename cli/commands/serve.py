@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env, state
 
 # the options serve-simulate and serve share
 PlacementOption = Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")]
@@ -175,7 +175,7 @@ def serve(
     from flows.serve import serve_flow
 
     run_id = f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.state.dir) / "runs" / run_id
+    run_dir = state(cfg).run(run_id)
     out = serve_flow(
         str(placement),
         str(cluster),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, check_id, db_path, load_settings, prefect_env, state
 from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -125,6 +125,7 @@ def train(
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
             flags[f"train.{field}"] = "--" + field.replace("_", "-")
+    check_id("--run-id", run_id)
     cfg = load_settings(extra, flags)
     prefect_env(cfg)
 
@@ -169,7 +170,7 @@ def train(
             plan_id=plan_id,
             nnodes=nnodes,
             node_rank=node_rank,
-            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            runs_dir=str(state(cfg).runs),
             replan=nnodes == 1 if replan is None else replan,
             replan_config=cfg.replan,
             cluster_path=str(cluster) if cluster else None,
@@ -229,7 +230,7 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
             plan_id=plan_id,
             steps=steps or 2,  # a few steps prove the layout; train.steps is for training
             run_id=run_id,
-            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            runs_dir=str(state(cfg).runs),
             timeout_s=t.timeout_s,
             collective_timeout_s=t.collective_timeout_s,
             show_progress=not as_json,
@@ -259,7 +260,7 @@ def _model_file(cfg: RunConfig, plan: Path | None, model: str | None, *dims: int
         model_for_plan(parse_plan_json(plan.read_text(), origin=plan.name), spec)
     if PRESETS.get(spec.name) == spec:
         return None
-    path = Path(cfg.state.dir) / "models" / f"{spec.fingerprint()}.json"
+    path = state(cfg).model_file(spec.fingerprint())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(spec.model_dump_json(indent=2))
     return str(path)
