@@ -140,6 +140,7 @@ def latest_checkpoint_step(run_dir: str | Path | None) -> int:
 
 # the state folder's layout (rundir/state.py), re-exported: `rundir.StateDir`
 from rundir.state import StateDir as StateDir  # noqa: E402
+from rundir.state import backups_dir as backups_dir  # noqa: E402
 from rundir.state import db_problem as db_problem  # noqa: E402
 from rundir.state import id_problem as id_problem  # noqa: E402
 from rundir.state import inside as inside  # noqa: E402

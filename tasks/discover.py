@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 import rundir
 from launcher import group
 from launcher.host import identify
-from launcher.slurm import SlurmOptions, batch_script, job_log, run_batch
+from launcher.slurm import batch_script, job_log, run_batch
 from planner.errors import MeshplanError
 from planner.measure.discovery import (
     cluster_from_snapshot,
@@ -30,6 +30,7 @@ from planner.measure.discovery import (
     snapshot_fingerprint,
 )
 from planner.specs.cluster import ClusterSpec
+from planner.specs.slurm import SlurmOptions
 from storage import files
 from storage.hardware import find_snapshot, load_snapshot, save_snapshot
 
