@@ -18,6 +18,7 @@ and the scheduler reads the latest checkpoint's step with the same code the rank
     <run>/.control.lock              held while control.json is read-modified-written
     <run>/exit.json                  rank 0's note of a requested checkpoint-and-exit
     <run>/sbatch.sh                  the batch script of a Slurm launch or discovery (launcher/slurm.py)
+    <run>/snapshot.json              a discovery's hardware snapshot (worker/netbench.py's rank 0)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CONTROL = "control.json"
 CONTROL_LOCK = ".control.lock"
 EXIT = "exit.json"
 SBATCH = "sbatch.sh"
+SNAPSHOT = "snapshot.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")  # a published checkpoint's folder name; group 1 is its step
 
 
@@ -61,6 +63,11 @@ def node_log(run_dir: str | Path, node_rank: int = 0) -> Path:
 
 def sbatch_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / SBATCH
+
+
+def snapshot_path(run_dir: str | Path) -> Path:
+    """A discovery's hardware snapshot, written by the network bench's rank 0 (worker/netbench.py)."""
+    return Path(run_dir) / SNAPSHOT
 
 
 def job_log(run_dir: str | Path) -> Path:

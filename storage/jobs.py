@@ -56,8 +56,10 @@ def submit_job(
     over RunOptions' defaults), validated here once and stored whole; their steps are `iterations`."""
     if global_batch <= 0 or iterations <= 0:
         raise MeshplanError("global_batch/iterations", (global_batch, iterations), "both must be positive")
-    given = train.model_dump() if isinstance(train, RunOptions) else dict(train or {})
-    options = parse(RunOptions, {**given, "steps": iterations}, "job train options")
+    if isinstance(train, RunOptions):  # typed already (the CLI's, merged over [train]): its steps are the job's
+        options = train.model_copy(update={"steps": iterations})
+    else:  # a dict (a test, a script): read over RunOptions' defaults, checked once here
+        options = parse(RunOptions, {**(train or {}), "steps": iterations}, "job train options")
     name, model_json = _model_columns(model)
     job_id = job_id or uuid.uuid4().hex[:12]
     problem = rundir.id_problem(job_id)  # the id names the job's run folder: it must stay inside runs/
