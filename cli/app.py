@@ -16,6 +16,7 @@ import typer
 
 if TYPE_CHECKING:
     from planner.specs.config import RunConfig
+    from rundir import StateDir
 
 app = typer.Typer(
     name="meshplan",
@@ -81,8 +82,32 @@ def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def state(cfg: RunConfig) -> StateDir:
+    """The state folder's paths (rundir/state.py), resolved once from `--state-dir` / `--db` (or the
+    config's `[state]`); a `--db` that is not a DuckDB file (a directory, a CSV) is refused here,
+    before anything is stored."""
+    from planner.errors import MeshplanError
+    from rundir import StateDir, db_problem
+
+    if cfg.state.db:
+        problem = db_problem(cfg.state.db)
+        if problem:
+            raise MeshplanError("--db" if G.db is not None else "state.db", cfg.state.db, problem)
+    return StateDir.of(cfg.state.dir, cfg.state.db or None)
+
+
+def check_id(flag: str, value: str | None) -> None:
+    """A run or job id names a folder in the state folder's runs/: refuse one that could leave it."""
+    from planner.errors import MeshplanError
+    from rundir import id_problem
+
+    problem = None if value is None else id_problem(value)
+    if problem:
+        raise MeshplanError(flag, value, problem)
+
+
 def db_path(cfg: RunConfig) -> Path:
-    return Path(cfg.state.db) if cfg.state.db else Path(cfg.state.dir) / "meshplan.duckdb"
+    return state(cfg).db
 
 
 def prefect_env(cfg: RunConfig) -> None:
@@ -91,9 +116,9 @@ def prefect_env(cfg: RunConfig) -> None:
     Prefect's home (its SQLite DB and result storage, where task caches live) goes inside the state
     folder unless the user already chose one; analytics are off so nothing leaves the machine.
     """
-    home = Path(cfg.state.dir).resolve() / "prefect"
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("PREFECT_HOME", str(home))
+    paths = state(cfg)
+    paths.prefect_home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
     os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(Path(os.environ["PREFECT_HOME"]) / "storage"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -104,7 +129,7 @@ def prefect_env(cfg: RunConfig) -> None:
     if "PREFECT_API_URL" not in os.environ:
         from flows.server import running_api_url
 
-        url = running_api_url(cfg.state.dir)  # a `meshplan ui` server for this state folder
+        url = running_api_url(paths.root)  # a `meshplan ui` server for this state folder
         if url:
             os.environ["PREFECT_API_URL"] = url
 

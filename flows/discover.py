@@ -18,8 +18,8 @@ from typing import Any
 from prefect import flow
 
 from flows.outcomes import DiscoverOutcome
-from launcher.slurm import SlurmOptions
 from planner.errors import MeshplanError
+from planner.specs.slurm import SlurmOptions
 from tasks.discover import (
     ingest_snapshot,
     load_cluster,
@@ -35,14 +35,10 @@ from tasks.discover import (
 DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 
 
-def slurm_discovery(state_dir: str | Path, nodes: int, partition: str | None, nodelist: str | None) -> dict[str, Any]:
-    """discover_flow's Slurm arguments for `meshplan discover --executor slurm`: the nodes, the batch
-    options, and a run folder of its own in the state folder (which the nodes must share)."""
-    from datetime import UTC, datetime
-
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(state_dir).resolve() / "runs" / f"discover-{stamp}"
-    return {"slurm_nodes": nodes, "slurm": SlurmOptions(partition, nodelist=nodelist), "run_dir": str(run_dir)}
+def slurm_discovery(nodes: int, partition: str | None, nodelist: str | None) -> dict[str, Any]:
+    """discover_flow's Slurm arguments for `meshplan discover --executor slurm`: the nodes and the batch
+    options (its run folder, StateDir.discovery, is on storage the nodes share)."""
+    return {"slurm_nodes": nodes, "slurm": SlurmOptions(partition=partition, nodelist=nodelist)}
 
 
 @flow(name="discover", log_prints=True)

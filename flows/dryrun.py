@@ -31,6 +31,7 @@ from planner.specs.dryrun import dry_run_model, dry_run_plan
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.specs.runspec import RunSpec
+from rundir import StateDir
 from storage.runs import step_metrics
 from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
 
@@ -86,7 +87,7 @@ def dry_run_flow(
     check_launchable(dry, dry.num_devices, tiny)  # scaling keeps the layout launchable (planner/specs/dryrun.py)
 
     run_id = run_id or f"dry-{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / run_id
+    run_dir = StateDir.of_db(db_path, runs_dir).run(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(dry.to_json())
     rundir.model_path(run_dir).write_text(tiny.model_dump_json(indent=2))

@@ -31,7 +31,7 @@ from prefect import flow
 
 import rundir
 from flows.outcomes import JobOutcome, JobSegment
-from flows.requests import TrainRequest
+from flows.requests import TrainRequest, request_fields
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
@@ -39,16 +39,13 @@ from launcher.slurm import SlurmPreempted
 from planner.errors import MeshplanError
 from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
-from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
+from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
 from planner.specs.runspec import RunOptions
 from planner.validation import parse
-from storage.jobs import get_job, job_model, set_job_run, transition
+from rundir import StateDir
+from storage.jobs import get_job, job_model, job_options, set_job_run, transition
 from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
 from tasks.slurm import slurm_resources
-
-# train_flow's options a job may set at submission (storage.jobs.submit_job's `train`): the ranks'
-# training options (RunOptions; steps are the job's iterations), and poll_s (its replan_config's poll)
-TRAIN_KEYS = (*(k for k in RunOptions.model_fields if k != "steps"), "poll_s")
 
 
 def read_cluster(cluster_path: str) -> ClusterSpec:
@@ -58,44 +55,30 @@ def read_cluster(cluster_path: str) -> ClusterSpec:
     return parse_cluster_toml(p.read_text(), p.name)
 
 
-def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(train) - set(TRAIN_KEYS))
-    if unknown:
-        raise MeshplanError(f"job {job_id} train options", unknown, f"known options: {', '.join(TRAIN_KEYS)}")
-    parse(TrainRequest, _options(train), f"job {job_id} train options")  # bad values fail the job here, once
-    return train
-
-
-def _options(train: dict[str, Any]) -> dict[str, Any]:
-    """A job's train options as TrainRequest fields (poll_s is its replan_config's, the rest its spec's)."""
-    options: dict[str, Any] = {"spec": {k: v for k, v in train.items() if k != "poll_s"}}
-    if "poll_s" in train:
-        options["replan_config"] = ReplanConfig(poll_s=train["poll_s"])
-    return options
-
-
 @flow(name="job", log_prints=True)
 def job_flow(
     db_path: str,
     job_id: str,
     cluster_path: str,
     runs_dir: str | None = None,
-    timeout_s: float = 900.0,
+    train: TrainConfig | None = None,
     max_failures: int = 1,
     time_budget_s: float = SEARCH_BUDGET_S,
     executor: str = "local",
     slurm_partition: str | None = None,
 ) -> JobOutcome:
     """Run the job to its end; returns its JobOutcome (flows/outcomes.py): one segment per launch.
-    `executor="slurm"`: each launch is an sbatch job on the allocation's kind and node count."""
+    `train`: the scheduler's `[train]` section whole (its launch knobs: timeout, restarts; the job's
+    own training options are the ones stored with it at submission). `executor="slurm"`: each
+    launch is an sbatch job on the allocation's kind and node count."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
     try:
-        train = _train_options(job_id, row["train"])
+        options = job_options(row)  # typed at submission (storage.jobs.submit_job): read, not re-checked
     except MeshplanError as exc:
         _fail(db_path, job_id, str(exc))
         raise
-    run_dir = (Path(runs_dir) if runs_dir else Path(db_path).resolve().parent / "runs") / job_id
+    run_dir = StateDir.of_db(db_path, runs_dir).job(job_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_job_run(db_path, job_id, run_dir=str(run_dir))
     model = job_model(row)
@@ -104,7 +87,8 @@ def job_flow(
     segments: list[JobSegment] = []
     try:
         slurm = (executor, slurm_partition)
-        _run(db_path, job_id, spec, run_dir, train, segments, timeout_s, max_failures, time_budget_s, slurm)
+        launch = train or TrainConfig()
+        _run(db_path, job_id, spec, run_dir, options, launch, segments, max_failures, time_budget_s, slurm)
     except (KeyboardInterrupt, SystemExit):  # the runner was stopped: its ranks are down (run_logged)
         if get_job(db_path, job_id)["state"] in ("running", "resizing"):
             step = checkpoint_step(run_dir)
@@ -119,9 +103,9 @@ def _run(
     job_id: str,
     spec: ClusterSpec,
     run_dir: Path,
-    train: dict[str, Any],
+    options: RunOptions,
+    train: TrainConfig,
     segments: list[JobSegment],
-    timeout_s: float,
     max_failures: int,
     time_budget_s: float,
     slurm: tuple[str, str | None] = ("local", None),
@@ -155,7 +139,7 @@ def _run(
         plan_path.parent.mkdir(exist_ok=True)
         plan_path.write_text(plan.to_json())
         exit_path(run_dir).unlink(missing_ok=True)  # an exit.json after this launch is this launch's
-        request = _request(train, plan_path, parse_alloc(alloc), row, run_dir, timeout_s, seen, *slurm)
+        request = _request(options, train, plan_path, parse_alloc(alloc), row, run_dir, seen, *slurm)
         error, survivors, preempted = None, None, False
         try:
             train_flow(db_path, request, job_id)
@@ -210,17 +194,18 @@ def _surviving(alloc: Allocation, exc: BaseException) -> tuple[str, int] | None:
 
 
 def _request(
-    train: dict[str, Any],
+    options: RunOptions,
+    train: TrainConfig,
     plan_path: Path,
     alloc: Allocation,
     row: dict[str, Any],
     run_dir: Path,
-    timeout_s: float,
     seen: int,
     executor: str = "local",
     partition: str | None = None,
 ) -> TrainRequest:
-    """This launch's TrainRequest: the job's submitted options (checked by _train_options) on this segment's plan.
+    """This launch's TrainRequest: the job's stored options (its ranks' RunSpec) and the scheduler's
+    `[train]` launch knobs (timeout, restarts) on this segment's plan.
 
     Locally, one runner per node of the allocation, its nodes this machine's (a simulated cluster);
     through Slurm, one sbatch job on that many nodes of the kind, never requeued by Slurm itself (a
@@ -229,29 +214,26 @@ def _request(
     if executor == "slurm":
         res = slurm_resources(alloc.kind, alloc.per_node, partition)
         slurm = {"executor": "slurm", "slurm": {"partition": partition, **res, "requeue": False}}
-    options = _options(train)
     spec = {
-        **options.pop("spec"),
-        "steps": int(row["iterations"]),
+        **options.model_dump(),  # every option, steps = the job's iterations (stored so at submission)
         "resume": "auto",
         "model_json": str(rundir.model_path(run_dir)) if row.get("model_json") else None,
     }
     return parse(
         TrainRequest,
-        {
-            **options,
-            "spec": spec,
-            "plan_path": str(plan_path),
+        request_fields(
+            train,
+            spec,
+            plan_path=str(plan_path),
             # one runner per node of the allocation; its nodes are this machine's (a simulated cluster)
-            "nproc_per_node": alloc.per_node,
-            "nnodes": alloc.num_nodes,
-            "local_nodes": alloc.num_nodes > 1 and executor == "local",
-            "runs_dir": str(run_dir.parent),
-            "timeout_s": timeout_s,
-            "control_from_version": seen,
+            nproc_per_node=alloc.per_node,
+            nnodes=alloc.num_nodes,
+            local_nodes=alloc.num_nodes > 1 and executor == "local",
+            runs_dir=str(run_dir.parent),
+            control_from_version=seen,
             **slurm,
-        },
-        f"job {row['job_id']} train options",
+        ),
+        f"job {row['job_id']} launch",
     )
 
 
@@ -266,14 +248,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("job_id")
     p.add_argument("cluster_path")
     p.add_argument("--runs-dir", default=None)
-    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--train", default="{}", help="the scheduler's [train] section as JSON (TrainConfig)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
     p.add_argument("--partition", default=None, help="Slurm partition (executor slurm)")
     args = p.parse_args(argv)
     # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (Prefect otherwise leaves both running)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    train = TrainConfig.model_validate_json(args.train)  # tasks/scheduler.start_runner wrote it from a TrainConfig
     job_flow(
-        args.db_path, args.job_id, args.cluster_path, args.runs_dir, args.timeout_s,
+        args.db_path, args.job_id, args.cluster_path, args.runs_dir, train,
         executor=args.executor, slurm_partition=args.partition,
     )  # fmt: skip
 

@@ -8,8 +8,6 @@ is a cached task — and training runs again, because that is the point.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
@@ -21,6 +19,7 @@ from flows.requests import TrainRequest, request_fields
 from flows.train import train_flow
 from planner.errors import MeshplanError
 from planner.specs.config import RunConfig
+from rundir import StateDir
 
 
 @flow(name="pipeline")
@@ -52,7 +51,7 @@ def pipeline_flow(db_path: str, config: RunConfig, runs_dir: str, show_progress:
         db_path=db_path,
         model_name=config.model,
         profile=config.profile,
-        run_dir=str(Path(runs_dir) / "profile"),
+        run_dir=str(StateDir.of_db(db_path, runs_dir).profiling()),
         show_progress=show_progress,
     )
     _say(f"profile: {prof.measured} measured, {prof.reused} reused, {prof.estimated} estimated")

@@ -20,7 +20,8 @@ from planner.search import NoFeasiblePlan
 from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import get_model
 from storage.pricing import rerank_for_runtime
-from tasks.plan import prepare_search, search_args, search_plans, store_plans
+from tasks.plan import prepare_search, search_plans, store_plans
+from tasks.searching import SearchJob
 
 
 @flow(name="plan", log_prints=True)
@@ -48,9 +49,7 @@ def plan_flow(
     if inputs.calibration is not None:
         say(f"plan: calibrated to {inputs.calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
-        searched = search_plans(
-            *search_args(model, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8), return_state=True
-        )
+        searched = search_plans(SearchJob.of(model, inputs, s), return_state=True)
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -36,6 +35,7 @@ from planner.measure.targets import (
 from planner.specs.config import ProfileConfig
 from planner.specs.flops import LAYER_KINDS
 from planner.specs.model import get_model
+from rundir import StateDir
 from storage.files import read_cluster_file
 from storage.profiles import estimate_rows as estimate_storage_rows
 from storage.profiles import load_optimizer_profile, missing_optimizer_profile, upsert_optimizer_profiles
@@ -73,7 +73,7 @@ def profile_flow(
     here = local_device()
     kinds = sorted(cluster.device_kinds()) if cluster else [here["device_kind"]]
     local_kind = here["device_kind"]
-    run_dir = run_dir or str(Path(db_path).resolve().parent / "profile-runs" / model.fingerprint())
+    run_dir = run_dir or str(StateDir.of_db(db_path).profiling())
 
     measured = reused = runs = optimizer_measured = 0
     failed: list[str] = []

@@ -10,8 +10,9 @@ DuckDB.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from planner.errors import MeshplanError
 from planner.specs.config import ProfileConfig, SearchConfig
@@ -23,6 +24,11 @@ if TYPE_CHECKING:  # types only: `estimate` and `compare` need neither the searc
     import polars as pl
 
     from planner.search import NoFeasiblePlan, SearchResult
+    from planner.specs.plan import CostBreakdown, Plan
+    from planner.specs.runspec import RunOptions
+    from storage.hardware import HardwareSnapshot
+
+T = TypeVar("T")
 
 # ---- pricing: the inputs and runtime figures the search and `estimate` price with
 
@@ -39,12 +45,16 @@ def pricing_inputs(
     return _pricing.pricing_inputs(db, model, cluster_file, snapshot, cpu_dtype)
 
 
-def price_for_runtime(db: Path, plan: Any, model: Any, inputs: PricingInputs, runtime: str) -> tuple[Any, str]:
+def price_for_runtime(
+    db: Path, plan: Plan, model: ModelSpec, inputs: PricingInputs, runtime: str
+) -> tuple[CostBreakdown, str]:
     """A plan's CostBreakdown under `runtime`'s figures (calibrated ones when stored), and their label."""
     return _pricing.price_for_runtime(db, plan, model, inputs, runtime)
 
 
-def rerank_for_runtime(db: Path, res: Any, model: Any, inputs: PricingInputs, runtime: str) -> tuple[Any, str]:
+def rerank_for_runtime(
+    db: Path, res: SearchResult, model: ModelSpec, inputs: PricingInputs, runtime: str
+) -> tuple[SearchResult, str]:
     """A search result re-priced and re-ranked under `runtime`, and the figures' label."""
     return _pricing.rerank_for_runtime(db, res, model, inputs, runtime)
 
@@ -57,10 +67,9 @@ def search_now(
 ) -> SearchResult | NoFeasiblePlan:
     """plan_flow's search function on plan_flow's arguments, called in this process with no Prefect
     task (and no cache): the same config ranks alike either way."""
-    from tasks.searching import run_search, search_args  # no Prefect: tasks.plan imports it
+    from tasks.searching import SearchJob, run_search  # no Prefect: tasks.plan imports it
 
-    s = search or SearchConfig()
-    return run_search(*search_args(model, inputs, s.global_batch, s.seq, s.top_k, s.time_budget_s, s.fp8))
+    return run_search(SearchJob.of(model, inputs, search or SearchConfig()))
 
 
 def store_search(db: str | Path, result: SearchResult) -> str:
@@ -73,7 +82,7 @@ def store_search(db: str | Path, result: SearchResult) -> str:
 # ---- what discovery and profiling stored
 
 
-def hardware_snapshot(db: str | Path, fingerprint: str) -> Any:
+def hardware_snapshot(db: str | Path, fingerprint: str) -> HardwareSnapshot:
     """A stored discovery snapshot (storage.hardware.HardwareSnapshot: cluster, devices, links)."""
     from storage.hardware import load_snapshot
 
@@ -96,11 +105,26 @@ def run_exists(db: str | Path, run_id: str) -> bool:
 # ---- the cluster scheduler's queue
 
 
-def submit_job(db: str | Path, model: str | ModelSpec, global_batch: int, iterations: int, **fields: Any) -> str:
-    """Queue a job for scheduler_flow (storage.jobs.submit_job's keyword fields); returns its id."""
+def submit_job(
+    db: str | Path,
+    model: str | ModelSpec,
+    global_batch: int,
+    iterations: int,
+    *,
+    job_id: str | None = None,
+    seq: int | None = None,
+    priority: int = 0,
+    deadline_s: float | None = None,
+    gpu_kinds: tuple[str, ...] = (),
+    train: RunOptions | None = None,
+) -> str:
+    """Queue a job for scheduler_flow (storage.jobs.submit_job: its training options stored typed); its id."""
     from storage.jobs import submit_job as submit
 
-    return submit(db, model, global_batch, iterations, **fields)
+    return submit(
+        db, model, global_batch, iterations, job_id=job_id, seq=seq, priority=priority,
+        deadline_s=deadline_s, gpu_kinds=gpu_kinds, train=train,
+    )  # fmt: skip
 
 
 def jobs(db: str | Path, state: str | None = None) -> pl.DataFrame:
@@ -166,7 +190,7 @@ def db_restore(db: Path) -> tuple[Path, Path | None]:
     return restore(db)
 
 
-def _sql_errors(sql: str | None, run: Any) -> Any:
+def _sql_errors(sql: str | None, run: Callable[[], T]) -> T:
     import duckdb
 
     try:

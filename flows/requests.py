@@ -16,22 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.specs.config import ReplanConfig, TrainConfig
 from planner.specs.runspec import RunOptions, RunSpec
+from planner.specs.slurm import SlurmOptions
 
 _TRAIN = TrainConfig()
-
-
-class SlurmRequest(BaseModel):
-    """sbatch settings of a launch through Slurm; None = the cluster's default."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    partition: str | None = Field(default=None, description="sbatch --partition")
-    account: str | None = Field(default=None, description="sbatch --account")
-    time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 01:00:00")
-    nodelist: str | None = Field(default=None, description="sbatch --nodelist, e.g. n[1-2]")
-    constraint: str | None = Field(default=None, description="sbatch --constraint: the node kind as a feature")
-    gres: str | None = Field(default=None, description="sbatch --gres, e.g. gpu:a100:8")
-    requeue: bool | None = Field(default=None, description="None: the cluster's default; False: --no-requeue")
 
 
 class TrainRequest(BaseModel):
@@ -62,7 +49,7 @@ class TrainRequest(BaseModel):
     executor: Literal["local", "slurm"] = Field(
         default="local", description="local: torchrun from this process; slurm: one sbatch job (launcher/slurm.py)"
     )
-    slurm: SlurmRequest = Field(default_factory=lambda: SlurmRequest(), description="sbatch settings (executor slurm)")
+    slurm: SlurmOptions = Field(default=SlurmOptions(), description="sbatch settings (executor slurm), whole")
     control_from_version: int | None = Field(
         default=None, description="control.json versions up to this are not this launch's; None = all present"
     )

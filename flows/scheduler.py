@@ -22,7 +22,8 @@ from planner.errors import MeshplanError
 from planner.scheduler import DEFAULT_POLICY, PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
-from planner.specs.config import SEARCH_BUDGET_S
+from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
+from rundir import StateDir
 from tasks.scheduler import alloc_text, apply_round, decide_round, read_state, reconcile_runners
 from tasks.slurm import read_slurm_cluster
 
@@ -47,13 +48,14 @@ def scheduler_flow(
     policy_options: dict[str, float] | None = None,
     launch: bool = True,
     runs_dir: str | None = None,
-    timeout_s: float = 900.0,
+    train: TrainConfig | None = None,
     executor: str = "local",
     slurm_partition: str | None = None,
 ) -> SchedulerOutcome:
     """One round (its SchedulerOutcome: flows/outcomes.py). `speed_table`: measured iteration times (sim_lookup.csv format) instead of the planner's
     prices; `policy_options`: Policy's fields (relaunch_s, min_gain_s, ...); `runs_dir`: where the
-    jobs' run folders go (default: `runs/` next to the database). `executor="slurm"`: the cluster is
+    jobs' run folders go (default: `runs/` next to the database); `train`: the `[train]` section whole,
+    whose launch knobs (timeout, restarts) every job's runner launches with. `executor="slurm"`: the cluster is
     read from Slurm each round (tasks/slurm.py; `cluster_path` gives its kinds' figures and links) and
     each job runs as sbatch jobs in `slurm_partition`."""
     spec = parse_cluster_toml(_read(cluster_path, "--cluster"), cluster_path)
@@ -69,8 +71,8 @@ def scheduler_flow(
     requeued = reconcile_runners(db_path) if launch else []
     cl, queue, running = read_state(db_path, spec, speed)
     d = decide_round(cl, queue, running, pol, speed)
-    runs = runs_dir or str(Path(db_path).resolve().parent / "runs")
-    done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, timeout_s, runner_args)
+    runs = str(StateDir.of_db(db_path, runs_dir).runs)
+    done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, train or TrainConfig(), runner_args)
     lines = [
         f"# Scheduler round ({policy})",
         "",

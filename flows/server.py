@@ -18,10 +18,11 @@ import urllib.request
 from pathlib import Path
 
 from planner.errors import MeshplanError
+from rundir import StateDir
 
 
 def server_file(state_dir: str | Path) -> Path:
-    return Path(state_dir) / "prefect-server.json"
+    return StateDir.of(state_dir).server_file
 
 
 def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
@@ -69,7 +70,7 @@ def start_server(
     env.pop("PREFECT_API_URL", None)
     # the browser UI asks /ui-settings where the API is; without this it says port 4200
     env["PREFECT_UI_API_URL"] = f"http://{host}:{port}/api"
-    log = open(Path(state_dir) / "prefect-server.log", "ab")  # noqa: SIM115 - the server owns it
+    log = open(StateDir.of(state_dir).server_log, "ab")  # noqa: SIM115 - the server owns it
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
         env=env,

@@ -29,13 +29,14 @@ from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
 from launcher.control import read_control
 from launcher.launch import Launch, log_tail
-from launcher.slurm import SlurmOptions, sbatch_script
+from launcher.slurm import sbatch_script
 from planner.errors import MeshplanError
 from planner.specs.dataset import check_fits, is_prepared
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.specs.runspec import RunSpec
 from planner.validation import parse
+from rundir import StateDir
 from storage.dataset import read_manifest
 from storage.hf import check_weights
 from storage.pricing import machine_calibration
@@ -198,8 +199,7 @@ def prepare_launch(
             f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
         )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
-    run_dir = run_dir / run_id
+    run_dir = StateDir.of_db(db_path, r.runs_dir).run(run_id)  # the id checked: it cannot leave runs/
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(plan.to_json())
     if not rundir.model_path(run_dir).exists():  # a job's runner wrote its custom model there already
@@ -232,9 +232,8 @@ def write_batch_script(db_path: str, request: TrainRequest, run_id: str | None =
     """`meshplan train --executor slurm --dry-run`: make the run folder and write the sbatch script a
     submission would use (launcher/slurm.py) into it, submitting nothing; the script's path."""
     _, _, launch = prepare_launch(db_path, request, run_id, check_files=False)
-    o = request.slurm
     script = rundir.sbatch_path(Path(launch.run_dir))
-    script.write_text(sbatch_script(launch, SlurmOptions(o.partition, o.account, o.time_limit, o.nodelist)))
+    script.write_text(sbatch_script(launch, request.slurm))
     return script
 
 
@@ -289,18 +288,7 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
             return_state=True,
         )
     else:
-        slurm = None
-        if r.executor == "slurm":
-            o = r.slurm
-            slurm = SlurmOptions(
-                o.partition,
-                o.account,
-                o.time_limit,
-                o.nodelist,
-                constraint=o.constraint,
-                gres=o.gres,
-                requeue=o.requeue,
-            )
+        slurm = r.slurm if r.executor == "slurm" else None  # whole, to launcher/slurm.py's batch script
         state = launch_training(launch, r.timeout_s, r.show_progress, poll_s, slurm, db_path, return_state=True)
     supervised = state.result(raise_on_failure=False) if r.replan and state.is_completed() else None
     job_failed = supervised is not None and supervised.returncode != 0

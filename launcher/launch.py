@@ -108,8 +108,13 @@ def torchrun_command(
             "--master-port",
             port,
         ]
-    cmd += ["-m", "worker.train", *rank_argv(launch.site(), launch.spec)]
-    return cmd
+    return cmd + rank_command(launch)
+
+
+def rank_command(launch: Launch) -> list[str]:
+    """What torchrun (or a batch script's torchrun) starts on each rank: `-m worker.train` and the
+    launch's site and RunSpec (planner/specs/runspec.py), whole."""
+    return ["-m", "worker.train", *rank_argv(launch.site(), launch.spec)]
 
 
 LOOPBACK = "127.0.0.1"

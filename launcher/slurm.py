@@ -30,29 +30,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import rundir
-from launcher.launch import Launch, torchrun_command
+from launcher.launch import Launch, rank_command
 from planner.errors import MeshplanError
+from planner.specs.slurm import SLURM_DEFAULTS, SlurmOptions
 
 NOT_SHARED_EXIT = 3
 _SLURM_FAILED = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """What sbatch is told beyond the launch: where and as whom the job runs (None = Slurm's default)."""
-
-    partition: str | None = None
-    account: str | None = None
-    time_limit: str | None = None  # sbatch --time, e.g. 01:00:00
-    nodelist: str | None = None  # sbatch --nodelist, e.g. n[1-2]
-    job_name: str | None = None
-    constraint: str | None = None  # sbatch --constraint: the node kind, where nodes carry it as a feature
-    gres: str | None = None  # sbatch --gres, e.g. gpu:a100:8
-    requeue: bool | None = None  # None: the cluster's default; False: --no-requeue (meshplan decides what follows)
 
 
 class SlurmPreempted(RuntimeError):
@@ -63,12 +50,10 @@ class SlurmError(MeshplanError):
     """sbatch refused the job, or a Slurm command is missing."""
 
 
-def sbatch_script(launch: Launch, opts: SlurmOptions = SlurmOptions(), python: str = sys.executable) -> str:
+def sbatch_script(launch: Launch, opts: SlurmOptions = SLURM_DEFAULTS, python: str = sys.executable) -> str:
     """The batch script of a training launch (one task a node; see the module docstring)."""
-    cmd = torchrun_command(replace(launch, nnodes=2, node_rank=0, rdzv_endpoint="h:1"), python)
-    worker = cmd[cmd.index("worker.train") - 1 :]  # `-m worker.train ARGS`, after torchrun's own options
     return batch_script(
-        f"meshplan-{launch.run_id}", launch.nnodes, launch.nproc_per_node, launch.run_dir, worker, opts,
+        f"meshplan-{launch.run_id}", launch.nnodes, launch.nproc_per_node, launch.run_dir, rank_command(launch), opts,
         must_see=launch.plan_path, max_restarts=launch.max_restarts, python=python,
     )  # fmt: skip
 
@@ -79,7 +64,7 @@ def batch_script(
     nproc_per_node: int,
     run_dir: str | Path,
     worker: list[str],
-    opts: SlurmOptions = SlurmOptions(),
+    opts: SlurmOptions = SLURM_DEFAULTS,
     must_see: str | None = None,
     max_restarts: int = 0,
     python: str = sys.executable,

@@ -28,6 +28,7 @@ A serving run folder (`meshplan serve`, launcher/serving.py):
     <serve>/calib_rankR.json         start-up stage times of tp rank 0 of a stage (global rank R)
     <serve>/stage_rankR.json         that rank's per-request service log, written as it ends
     <serve>/router.json              the router's arrival / finish times of a replay
+    <run>/snapshot.json              a discovery's hardware snapshot (worker/netbench.py's rank 0)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ EXIT = "exit.json"
 SBATCH = "sbatch.sh"
 SERVE_PLACEMENT = "placement.json"
 ROUTER_LOG = "router.json"
+SNAPSHOT = "snapshot.json"
 STEP_DIR = re.compile(r"^step_(\d+)$")  # a published checkpoint's folder name; group 1 is its step
 
 
@@ -79,6 +81,11 @@ def node_log(run_dir: str | Path, node_rank: int = 0) -> Path:
 
 def sbatch_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / SBATCH
+
+
+def snapshot_path(run_dir: str | Path) -> Path:
+    """A discovery's hardware snapshot, written by the network bench's rank 0 (worker/netbench.py)."""
+    return Path(run_dir) / SNAPSHOT
 
 
 def job_log(run_dir: str | Path) -> Path:
@@ -188,3 +195,11 @@ def serve_stage_log_files(run_dir: str | Path) -> list[Path]:
 
 def router_log_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / ROUTER_LOG
+
+
+# the state folder's layout (rundir/state.py), re-exported: `rundir.StateDir`
+from rundir.state import StateDir as StateDir  # noqa: E402
+from rundir.state import backups_dir as backups_dir  # noqa: E402
+from rundir.state import db_problem as db_problem  # noqa: E402
+from rundir.state import id_problem as id_problem  # noqa: E402
+from rundir.state import inside as inside  # noqa: E402

@@ -21,6 +21,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+import rundir
+
 LOCK_WAIT_S = 60.0
 KEEP_BACKUPS = 3  # per database file; each is a whole copy
 _migrated: set[str] = set()
@@ -42,7 +44,7 @@ class StoreDamagedError(RuntimeError):
 
 
 def backup_dir(path: Path) -> Path:
-    return Path(path).parent / "backups"
+    return rundir.backups_dir(path)
 
 
 def backups(path: str | Path) -> list[Path]:

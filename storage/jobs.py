@@ -2,8 +2,9 @@
 
 Every state change and its event row are written in one transaction; a transition the state
 machine does not allow raises MeshplanError naming the job, its state and the target. A job also
-carries its training options (`train_json`), its run folder once launched and the allocation it was
-admitted with (`base_allocation`), which the elastic runner (flows/job.py) and the scheduler read.
+carries its training options typed (`options`: a RunOptions as JSON, migration 0019; `job_options`
+reads it), its run folder once launched and the allocation it was admitted with (`base_allocation`),
+which the elastic runner (flows/job.py) and the scheduler read.
 A job's model is a preset name (`model`), or dimensions: a ModelSpec stored whole (`model_json`,
 migration 0012; NULL on a preset's row) and named by its `name` in `model`.
 """
@@ -17,8 +18,11 @@ from typing import Any
 
 import polars as pl
 
+import rundir
 from planner.errors import MeshplanError
 from planner.specs.model import PRESETS, ModelSpec
+from planner.specs.runspec import RunOptions
+from planner.validation import parse
 from storage.db import connect, query
 
 STATES = ("queued", "running", "resizing", "finished", "failed", "cancelled")
@@ -43,17 +47,24 @@ def submit_job(
     priority: int = 0,
     deadline_s: float | None = None,
     gpu_kinds: tuple[str, ...] = (),
-    train: dict[str, Any] | None = None,
+    train: RunOptions | dict[str, Any] | None = None,
 ) -> str:
     """Queue a job; returns its id. Resubmitting an existing id is an error, not a duplicate.
 
     `model`: a preset (or speed-table) name, or a ModelSpec — stored with its dimensions unless it is
-    exactly the preset of its name. `train`: train_flow's options for this job (data, optimizer, lr,
-    seed, checkpoint_every)."""
+    exactly the preset of its name. `train`: the job's training options (RunOptions; a dict is read
+    over RunOptions' defaults), validated here once and stored whole; their steps are `iterations`."""
     if global_batch <= 0 or iterations <= 0:
         raise MeshplanError("global_batch/iterations", (global_batch, iterations), "both must be positive")
+    if isinstance(train, RunOptions):  # typed already (the CLI's, merged over [train]): its steps are the job's
+        options = train.model_copy(update={"steps": iterations})
+    else:  # a dict (a test, a script): read over RunOptions' defaults, checked once here
+        options = parse(RunOptions, {**(train or {}), "steps": iterations}, "job train options")
     name, model_json = _model_columns(model)
     job_id = job_id or uuid.uuid4().hex[:12]
+    problem = rundir.id_problem(job_id)  # the id names the job's run folder: it must stay inside runs/
+    if problem:
+        raise MeshplanError("job_id", job_id, problem)
     with connect(db_path) as con:
         con.execute("BEGIN TRANSACTION")
         if con.execute("SELECT 1 FROM jobs WHERE job_id = ?", [job_id]).fetchall():
@@ -61,7 +72,7 @@ def submit_job(
             raise MeshplanError("job_id", job_id, "already submitted; pick another id or cancel that job")
         con.execute(
             "INSERT INTO jobs (job_id, model, global_batch, iterations, seq, priority, deadline_s, gpu_kinds,"
-            " state, allocation, submitted_at, updated_at, train_json, model_json)"
+            " state, allocation, submitted_at, updated_at, model_json, options)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', NULL, now(), now(), ?, ?)",
             [
                 job_id,
@@ -72,8 +83,8 @@ def submit_job(
                 priority,
                 deadline_s,
                 ";".join(gpu_kinds),
-                json.dumps(train or {}),
                 model_json,
+                options.model_dump_json(),
             ],
         )
         con.execute("INSERT INTO job_events VALUES (?, 0, NULL, 'queued', NULL, 'submitted', now())", [job_id])
@@ -93,6 +104,15 @@ def job_model(row: dict[str, Any]) -> ModelSpec | None:
     (or a speed table's key) by name."""
     text = row.get("model_json")
     return ModelSpec.model_validate_json(text) if text else None
+
+
+def job_options(row: dict[str, Any]) -> RunOptions:
+    """The training options a job row stores (steps: its iterations). A row from before migration
+    0019 has only the flags given at submission (`train_json`), read over RunOptions' defaults."""
+    if row.get("options"):
+        return RunOptions.model_validate_json(row["options"])
+    legacy = {k: v for k, v in json.loads(row.get("train_json") or "{}").items() if k in RunOptions.model_fields}
+    return parse(RunOptions, {**legacy, "steps": row["iterations"]}, f"job {row['job_id']} train options")
 
 
 def transition(
@@ -140,13 +160,11 @@ def set_job_run(
 
 
 def get_job(db_path: str | Path, job_id: str) -> dict[str, Any]:
-    """The job's row, its training options parsed (`train`)."""
+    """The job's row (its training options: `job_options(row)`)."""
     rows = query(db_path, "SELECT * FROM jobs WHERE job_id = ?", [job_id]).to_dicts()
     if not rows:
         raise MeshplanError("job_id", job_id, "no such job; see `meshplan jobs`")
-    row = rows[0]
-    row["train"] = json.loads(row["train_json"] or "{}")
-    return row
+    return rows[0]
 
 
 def cancel_job(db_path: str | Path, job_id: str, reason: str = "cancelled by the user") -> None:

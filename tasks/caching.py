@@ -20,8 +20,8 @@ from prefect.cache_policies import TASK_SOURCE, CacheKeyFnPolicy, CachePolicy
 def _stable(v: Any) -> Any:
     if hasattr(v, "model_dump"):
         return v.model_dump(mode="json")
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return [type(v).__name__, dataclasses.astuple(v)]
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):  # field by field: a field may be a spec
+        return [type(v).__name__, [_stable(getattr(v, f.name)) for f in dataclasses.fields(v)]]
     if hasattr(v, "fingerprint"):
         return v.fingerprint()
     if isinstance(v, list | tuple):

@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 import rundir
 from launcher import group
 from launcher.host import identify
-from launcher.slurm import SlurmOptions, batch_script, job_log, run_batch
+from launcher.slurm import batch_script, job_log, run_batch
 from planner.errors import MeshplanError
 from planner.measure.discovery import (
     cluster_from_snapshot,
@@ -30,6 +30,7 @@ from planner.measure.discovery import (
     snapshot_fingerprint,
 )
 from planner.specs.cluster import ClusterSpec
+from planner.specs.slurm import SlurmOptions
 from storage import files
 from storage.hardware import find_snapshot, load_snapshot, save_snapshot
 
@@ -86,7 +87,7 @@ def run_netbench(
     run_dir: str, num_ranks: int, message_sizes: list[int], repeats: int, matmul_size: int, timeout_s: float
 ) -> str:
     """Launch worker.netbench under torchrun on this node; returns the snapshot JSON path rank 0 wrote."""
-    out = Path(run_dir) / "snapshot.json"
+    out = rundir.snapshot_path(run_dir)
     out.unlink(missing_ok=True)  # a retry must not ingest the failed attempt's file
     cmd = [
         sys.executable,
@@ -125,7 +126,7 @@ def run_netbench_slurm(
 ) -> str:
     """worker.netbench on `nodes` Slurm-allocated nodes as one batch job (launcher/slurm.py): the links
     between them measured too; returns the snapshot rank 0 wrote into the (shared) run folder."""
-    out = Path(run_dir) / "snapshot.json"
+    out = rundir.snapshot_path(run_dir)
     out.unlink(missing_ok=True)
     worker = ["-m", "worker.netbench", "--out", str(out), "--message-sizes", ",".join(map(str, message_sizes))]
     worker += ["--repeats", str(repeats), "--matmul-size", str(matmul_size)]

@@ -11,14 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from planner.measure.calibrate import Calibration
-from planner.measure.profiles import ProfileTable
 from planner.search import NoFeasiblePlan, SearchResult
-from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
 from storage import pricing
 from storage.pricing import PricingInputs, pricing_inputs
 from tasks.caching import stable_inputs
-from tasks.searching import run_search, search_args  # noqa: F401  (search_args: plan_flow's import)
+from tasks.searching import SearchJob, run_search
 
 
 @task(name="prepare-search", cache_policy=NO_CACHE)
@@ -37,21 +35,9 @@ def load_calibration(db_path: str, model: ModelSpec, snapshot: str | None = None
 
 
 @task(name="search-plans", cache_policy=stable_inputs(), persist_result=True)
-def search_plans(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    profiles: ProfileTable,
-    global_batch: int,
-    seq: int,
-    top_k: int,
-    time_budget_s: float,
-    calibration: Calibration | None = None,
-    dtype: str = "bf16",
-    fp8: bool = False,
-) -> SearchResult | NoFeasiblePlan:
-    """tasks.searching.run_search as a cached task (`meshplan plan` calls that function directly).
-    `fp8`: search fp8 linears too (SearchSpace.fp8)."""
-    return run_search(model, cluster, profiles, global_batch, seq, top_k, time_budget_s, calibration, dtype, fp8)
+def search_plans(job: SearchJob) -> SearchResult | NoFeasiblePlan:
+    """tasks.searching.run_search as a cached task (`meshplan plan` calls that function directly)."""
+    return run_search(job)
 
 
 @task(name="store-plans", cache_policy=NO_CACHE)

@@ -41,7 +41,7 @@ from planner.scheduler import (
 from planner.scheduler.trace import cluster_from_spec
 from planner.scheduler.types import alloc_text, parse_alloc
 from planner.specs.cluster import ClusterSpec
-from planner.specs.config import SEARCH_BUDGET_S
+from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
 from planner.specs.plan import Plan
 from storage.jobs import job_model, list_jobs, set_job_run, transition
 
@@ -124,21 +124,22 @@ def start_runner(
     job_id: str,
     cluster_path: str,
     runs_dir: str,
-    timeout_s: float,
+    train: TrainConfig,
     runner_args: list[str] | None = None,
 ) -> int:
     """Start the job's elastic runner in a session of its own; its pid. `runner` is the command that
-    starts one (the flow's: flows/scheduler.py), given `DB JOB CLUSTER --runs-dir D --timeout-s S`.
+    starts one (the flow's: flows/scheduler.py), given `DB JOB CLUSTER --runs-dir D --train JSON` (the
+    `[train]` section whole, off its defaults: the launch knobs every launch of the job uses).
 
     The runner's environment carries `MESHPLAN_RUNNER=<job id>`, which `runner_alive` looks for. It
     reports to this process's Prefect API when there is one (a served scheduler, the test harness), so
     its flow runs show next to the round that started it."""
     from prefect.settings import PREFECT_API_URL
 
-    log = rundir.job_log(Path(runs_dir) / job_id)
+    log = rundir.job_log(rundir.StateDir.of_db(db_path, runs_dir).job(job_id))
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
     cmd = [*runner, paths[0], job_id, paths[1], "--runs-dir", paths[2]]
-    cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]
+    cmd += ["--train", train.model_dump_json(exclude_defaults=True), *(runner_args or [])]
     env = {RUNNER_TAG: job_id}
     api = PREFECT_API_URL.value()
     if api:
@@ -154,7 +155,7 @@ def apply_round(
     cluster_path: str,
     runs_dir: str,
     launch: bool = True,
-    timeout_s: float = 900.0,
+    train: TrainConfig | None = None,
     runner_args: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Record every choice as a transition and act on it; returns what was done, one dict per job.
@@ -170,7 +171,7 @@ def apply_round(
             transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
             set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
             pid = (
-                start_runner(runner, db_path, a.job_id, cluster_path, runs_dir, timeout_s, runner_args)
+                start_runner(runner, db_path, a.job_id, cluster_path, runs_dir, train or TrainConfig(), runner_args)
                 if launch
                 else None
             )

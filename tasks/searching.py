@@ -4,63 +4,63 @@ function as the cached task plan_flow runs, so both rank alike."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search import NoFeasiblePlan, SearchResult, SearchSpace, search
 from planner.specs.cluster import ClusterSpec
+from planner.specs.config import SearchConfig
 from planner.specs.model import ModelSpec
 from storage.pricing import PricingInputs
 
 
-def run_search(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    profiles: ProfileTable,
-    global_batch: int,
-    seq: int,
-    top_k: int,
-    time_budget_s: float,
-    calibration: Calibration | None = None,
-    dtype: str = "bf16",
-    fp8: bool = False,
-) -> SearchResult | NoFeasiblePlan:
-    """planner.search.search with the inputs storage.pricing.pricing_inputs read.
-    `fp8`: search fp8 linears too (SearchSpace.fp8)."""
+@dataclass(frozen=True)
+class SearchJob:
+    """One plan search, whole: the model, what it is priced against (storage.pricing's inputs:
+    cluster, profiles, calibration, dtype) and the `[search]` knobs the search reads. plan_flow's
+    cached task and `meshplan plan` take this one value, so both rank alike (and the task's cache
+    key is its fields')."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    profiles: ProfileTable | None
+    global_batch: int
+    seq: int
+    top_k: int
+    time_budget_s: float
+    calibration: Calibration | None = None
+    dtype: str = "bf16"
+    fp8: bool = False  # search fp8 linears too (SearchSpace.fp8)
+
+    @classmethod
+    def of(cls, model: ModelSpec, inputs: PricingInputs, search: SearchConfig) -> SearchJob:
+        """The search `[search]` asks for on these inputs; seq 0 = the model's."""
+        return cls(
+            model=model,
+            cluster=inputs.cluster,
+            profiles=inputs.profiles,
+            global_batch=search.global_batch,
+            seq=search.seq or model.seq_len,
+            top_k=search.top_k,
+            time_budget_s=search.time_budget_s,
+            calibration=inputs.calibration,
+            dtype=inputs.dtype,
+            fp8=search.fp8,
+        )
+
+
+def run_search(job: SearchJob) -> SearchResult | NoFeasiblePlan:
+    """planner.search.search on one SearchJob."""
     return search(
-        model,
-        cluster,
-        profiles,
-        global_batch=global_batch,
-        seq=seq,
-        dtype=dtype,
-        top_k=top_k,
-        time_budget_s=time_budget_s,
-        calibration=calibration,
-        space=SearchSpace(fp8=True) if fp8 else None,
-    )
-
-
-def search_args(
-    model: ModelSpec,
-    inputs: PricingInputs,
-    global_batch: int,
-    seq: int,
-    top_k: int,
-    time_budget_s: float,
-    fp8: bool = False,
-) -> tuple:
-    """`run_search`' (and the task's) arguments for these inputs: one mapping for plan_flow (which
-    calls the cached task) and `meshplan plan` (which calls the function), so both rank alike; seq 0
-    = the model's."""
-    return (
-        model,
-        inputs.cluster,
-        inputs.profiles,
-        global_batch,
-        seq or model.seq_len,
-        top_k,
-        time_budget_s,
-        inputs.calibration,
-        inputs.dtype,
-        fp8,
+        job.model,
+        job.cluster,
+        job.profiles,
+        global_batch=job.global_batch,
+        seq=job.seq,
+        dtype=job.dtype,
+        top_k=job.top_k,
+        time_budget_s=job.time_budget_s,
+        calibration=job.calibration,
+        space=SearchSpace(fp8=True) if job.fp8 else None,
     )

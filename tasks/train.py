@@ -28,9 +28,10 @@ from launcher.launch import (
     torchrun_command,
 )
 from launcher.progress import StepProgress
-from launcher.slurm import SlurmOptions, SlurmPreempted, job_log, lost_node_rank, run_slurm
+from launcher.slurm import SlurmPreempted, job_log, lost_node_rank, run_slurm
 from planner.errors import MeshplanError
 from planner.specs.plan import Plan
+from planner.specs.slurm import SlurmOptions
 from storage.plans import load_plan
 from storage.runs import (
     events_of,

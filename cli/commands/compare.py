@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.app import app, db_path, load_settings
 from cli.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
-from cli.commands.model_options import (
-    FamilyOpt,
-    FfnOpt,
-    HeadsOpt,
-    HiddenOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    SeqLenOpt,
-    VocabOpt,
-    model_for_plan,
-    resolve_model,
-)
+from cli.commands.model_options import model_for_plan, model_option_flags
+
+if TYPE_CHECKING:
+    from planner.specs.model import ModelSpec
 
 GIB = 2**30
 # (label, CostBreakdown field, seconds?) rows of the table; times print in ms
@@ -43,21 +34,14 @@ _TERMS = (
 
 
 @app.command()
+@model_option_flags()
 def compare(
     plan_a: Annotated[Path, typer.Argument(help="first plan JSON file")],
     plan_b: Annotated[Path, typer.Argument(help="second plan JSON file")],
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
     ] = None,
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    model_spec: ModelSpec | None = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     runtime: RuntimeOpt = None,
 ) -> None:
@@ -66,7 +50,7 @@ def compare(
     from planner.errors import MeshplanError
     from planner.specs.plan import parse_plan_json
 
-    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    given = model_spec
     cfg = load_settings()
     path = db_path(cfg)
     rt = runtime_name(runtime, cfg)

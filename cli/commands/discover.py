@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env, state
 
 
 @app.command()
@@ -52,7 +52,8 @@ def discover(
     from flows.queries import hardware_snapshot
 
     d, path = cfg.discover, db_path(cfg)
-    slurm = slurm_discovery(cfg.state.dir, nodes, partition, nodelist) if executor == "slurm" else {}
+    run_dir = state(cfg).discovery()  # the bench's snapshot and log, kept like any run's (rundir/state.py)
+    slurm = slurm_discovery(nodes, partition, nodelist) if executor == "slurm" else {}
     summary = discover_flow(
         db_path=str(path),
         cluster_file=d.cluster or None,
@@ -62,6 +63,7 @@ def discover(
         repeats=d.repeats,
         matmul_size=d.matmul_size,
         timeout_s=d.timeout_s,
+        run_dir=None if d.cluster else str(run_dir),
         **slurm,
     )
     snap = hardware_snapshot(path, summary.fingerprint)

@@ -7,42 +7,26 @@ as warnings (planner/report/export.py), so a pipe carries only the config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cli.app import app
 from cli.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name
-from cli.commands.model_options import (
-    FamilyOpt,
-    FfnOpt,
-    HeadsOpt,
-    HiddenOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    SeqLenOpt,
-    VocabOpt,
-    model_for_plan,
-    resolve_model,
-)
+from cli.commands.model_options import model_for_plan, model_option_flags
+
+if TYPE_CHECKING:
+    from planner.specs.model import ModelSpec
 
 FORMATS = ("torchtitan", "megatron")
 
 
 @app.command()
+@model_option_flags()
 def export(
     plan_file: Annotated[Path, typer.Argument(help="plan JSON file (e.g. from `meshplan plan --out`)")],
     fmt: Annotated[str, typer.Option("--format", help="torchtitan | megatron")] = "torchtitan",
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    model_spec: ModelSpec | None = None,
     cluster: Annotated[
         Path | None,
         typer.Option("--cluster", help="cluster TOML file to price on (default: this machine, if discovered)"),
@@ -65,7 +49,7 @@ def export(
             "plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
         )
     p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
-    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    given = model_spec
     m, unchecked = None, []
     try:
         m = model_for_plan(p, given)

@@ -4,41 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings
-from cli.commands.model_options import (
-    FamilyOpt,
-    FfnOpt,
-    HeadsOpt,
-    HiddenOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    SeqLenOpt,
-    VocabOpt,
-)
-from cli.commands.run_options import run_option_flags
+from cli.app import app, check_id, db_path, load_settings, state
+from cli.commands.model_options import model_option_flags
+from cli.commands.run_options import run_option_flags, train_overrides
 from cli.commands.tables import Col, FormatOption, emit, print_table
 from planner.limits import MAX_GLOBAL_BATCH, MAX_PRIORITY, MAX_SECONDS, MAX_SEQ, MAX_STEPS
+
+if TYPE_CHECKING:
+    from planner.specs.config import RunConfig
+    from planner.specs.model import ModelSpec
 
 
 @app.command()
 @run_option_flags(exclude=("steps",))  # a job's steps are its --iterations
+@model_option_flags()
 def submit(
     global_batch: Annotated[int, typer.Option("--global-batch", min=1, max=MAX_GLOBAL_BATCH, help="samples per step")],
     iterations: Annotated[int, typer.Option("--iterations", min=1, max=MAX_STEPS, help="steps to run")],
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    model_spec: ModelSpec | None = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="default: a fresh id")] = None,
     seq: Annotated[
         int | None, typer.Option("--seq", min=1, max=MAX_SEQ, help="sequence length (default: the model's)")
@@ -57,21 +44,26 @@ def submit(
     The model is named as for `meshplan plan`: a preset, `custom` with its dimensions, or a model
     TOML; a custom model's dimensions are stored with the job, priced by the scheduler and built by
     the job's ranks."""
-    from cli.commands.model_options import resolve_model
     from flows.queries import submit_job
     from planner.errors import MeshplanError
     from planner.scheduler.types import parse_kinds
+    from planner.specs.runspec import RunOptions
 
     # an unknown preset or bad dimensions fail here, naming the option, not in a later round
-    spec = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    spec = model_spec
     if spec is None:
         raise MeshplanError("--model", None, "name a preset, `custom` with --layers --hidden --heads, or a model TOML")
     if seq is not None and spec.has_learned_positions and seq > spec.seq_len:
         raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
+    check_id("--job-id", job_id)
     kinds = parse_kinds(gpu_kinds)
-    train = job_train_options(run_options or {})
+    # the job's options as `train` takes them: the config's [train], then --set, then these flags
+    # (a bad value is named by the flag typed); stored whole and typed, its steps the --iterations
+    extra, flags = train_overrides(run_options or {})
+    cfg = load_settings(extra, flags)
+    train = RunOptions(**{**cfg.train.options(), "steps": iterations})
     jid = submit_job(
-        db_path(load_settings()),
+        state(cfg).db,
         spec,
         global_batch,
         iterations,
@@ -83,21 +75,6 @@ def submit(
         train=train,
     )
     typer.echo(jid)
-
-
-def job_train_options(given: dict) -> dict:
-    """The options the user set, checked now against train_flow's config types and ranges (a bad --lr
-    fails at submission naming the flag, not rounds later in the job's runner)."""
-    from planner.errors import MeshplanError
-    from planner.specs.config import TrainConfig
-    from planner.validation import parse
-
-    try:
-        checked = parse(TrainConfig, given)
-    except MeshplanError as exc:
-        flag = "--" + str(exc.field).replace("_", "-")
-        raise MeshplanError(flag, exc.value, exc.fix) from None
-    return {k: getattr(checked, k) for k in given}
 
 
 @app.command()
@@ -135,9 +112,9 @@ def _job_doc(row: dict[str, Any]) -> dict[str, Any]:
     """A jobs / job_events row for --json: the allocation as numbers too (`4xcpu/1` is 4 cpu devices on 1 node)."""
     from planner.scheduler.types import parse_alloc
 
-    doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json")}
-    if "train_json" in row:
-        doc["train"] = json.loads(row["train_json"] or "{}")
+    doc = {k: v for k, v in row.items() if k not in ("train_json", "model_json", "options")}
+    if "options" in row:  # the job's RunOptions (an old row's: the flags it was given)
+        doc["train"] = json.loads(row["options"] or row.get("train_json") or "{}")
     if "model_json" in row:  # a custom model's dimensions; null: the preset `model` names
         doc["model_spec"] = json.loads(row["model_json"]) if row["model_json"] else None
     for key in ("allocation", "base_allocation"):
@@ -205,14 +182,30 @@ def schedule_cluster(
         )
     from flows.scheduler import scheduler_flow
 
-    params = {
-        "db_path": str(db_path(cfg).resolve()),
+    params = scheduler_parameters(cfg, cluster, policy, speed, launch, executor, partition)
+    typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
+    scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)
+
+
+def scheduler_parameters(
+    cfg: RunConfig,
+    cluster: Path,
+    policy: str = "jct",
+    speed: Path | None = None,
+    launch: bool = True,
+    executor: str = "local",
+    partition: str | None = None,
+) -> dict[str, Any]:
+    """scheduler_flow's parameters for a round of `schedule-cluster` (JSON: a deployment stores them)."""
+    paths = state(cfg)
+    return {
+        "db_path": str(paths.db),
+        "runs_dir": str(paths.runs),  # the jobs' run folders: the state folder's, wherever --db is
         "cluster_path": str(cluster.resolve()),
         "policy": policy,
         "speed_table": str(speed.resolve()) if speed else None,
         "launch": launch,
         "executor": executor,
         "slurm_partition": partition,
+        "train": cfg.train.model_dump(mode="json"),  # the launch knobs (timeout, restarts) of every job's runner
     }
-    typer.echo(f"serving scheduler/{name} every {every} against {os.environ['PREFECT_API_URL']} — Ctrl-C stops")
-    scheduler_flow.serve(name=name, interval=timedelta(seconds=seconds), parameters=params)

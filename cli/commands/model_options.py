@@ -12,8 +12,11 @@ Like the other command modules this imports only typer at top level (`meshplan -
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,68 +24,77 @@ if TYPE_CHECKING:
     from planner.specs.model import ModelSpec
     from planner.specs.plan import Plan
 
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
+# The one definition of the model options: (parameter, flag, ModelSpec field or None for --model, help).
+# `@model_option_flags()` gives a command all of them and calls it with `model_spec` resolved here.
+MODEL_OPTIONS: tuple[tuple[str, str, str | None, type, str], ...] = (
+    (
+        "model",
         "--model",
-        help="preset name, `custom` (give --layers --hidden --heads ...), a model TOML file, "
+        None,
+        str,
+        "preset name, `custom` (give --layers --hidden --heads ...), a model TOML file, "
         "or hf:DIR (a Hugging Face folder with config.json; --seq-len sets the trained length)",
     ),
-]
-LayersOpt = Annotated[int | None, typer.Option("--layers", help="custom model: transformer blocks")]
-HiddenOpt = Annotated[int | None, typer.Option("--hidden", help="custom model: hidden size")]
-HeadsOpt = Annotated[int | None, typer.Option("--heads", help="custom model: attention heads")]
-KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="custom model: key/value heads (GQA)")]
-FfnOpt = Annotated[int | None, typer.Option("--ffn-hidden", help="custom model: MLP hidden size")]
-VocabOpt = Annotated[int | None, typer.Option("--vocab", help="custom model: vocabulary size (default 50257)")]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="custom model: sequence length (default 2048)")]
-FamilyOpt = Annotated[str | None, typer.Option("--family", help="custom model: gpt | llama (default gpt)")]
-
+    ("layers", "--layers", "num_layers", int, "custom model: transformer blocks"),
+    ("hidden", "--hidden", "hidden", int, "custom model: hidden size"),
+    ("heads", "--heads", "num_heads", int, "custom model: attention heads"),
+    ("kv_heads", "--kv-heads", "num_kv_heads", int, "custom model: key/value heads (GQA)"),
+    ("ffn_hidden", "--ffn-hidden", "ffn_hidden", int, "custom model: MLP hidden size"),
+    ("vocab", "--vocab", "vocab_size", int, "custom model: vocabulary size (default 50257)"),
+    ("seq_len", "--seq-len", "seq_len", int, "custom model: sequence length (default 2048)"),
+    ("family", "--family", "family", str, "custom model: gpt | llama (default gpt)"),
+)
 # ModelSpec field -> the option that sets it, so an error names what the user typed
-OPTION_OF_FIELD = {
-    "num_layers": "--layers",
-    "hidden": "--hidden",
-    "num_heads": "--heads",
-    "num_kv_heads": "--kv-heads",
-    "ffn_hidden": "--ffn-hidden",
-    "vocab_size": "--vocab",
-    "seq_len": "--seq-len",
-    "family": "--family",
-}
+OPTION_OF_FIELD = {field: opt for _, opt, field, _, _ in MODEL_OPTIONS if field}
 CUSTOM_DEFAULTS = {"vocab_size": 50257, "seq_len": 2048, "family": "gpt"}
+PANEL = "Model (a preset, `custom` with its dimensions, or a model TOML)"
 
 
-def resolve_model(
-    model: str | None,
-    layers: int | None = None,
-    hidden: int | None = None,
-    heads: int | None = None,
-    kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    vocab: int | None = None,
-    seq_len: int | None = None,
-    family: str | None = None,
-) -> ModelSpec | None:
-    """The ModelSpec the options name, or None when no --model was given (the config's preset applies)."""
+def model_option_flags() -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The model options (MODEL_OPTIONS) as flags of the command, which is called with
+    `model_spec=` the ModelSpec they name (None: no --model, the config's preset applies)."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        # `model_spec: ModelSpec | None` is the command's own: ModelSpec is imported only for type
+        # checking (`meshplan --help` loads no model code), so it evaluates to a stand-in here
+        sig = inspect.signature(fn, eval_str=True, locals={"ModelSpec": object})
+        own = [p for p in sig.parameters.values() if p.name != "model_spec"]
+        kw = inspect.Parameter.KEYWORD_ONLY
+        generated = [
+            inspect.Parameter(
+                name,
+                kw,
+                default=None,
+                annotation=Annotated[kind | None, typer.Option(opt, help=text, rich_help_panel=PANEL)],
+            )
+            for name, opt, _, kind, text in MODEL_OPTIONS
+        ]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            given = {name: kwargs.pop(name) for name, *_ in MODEL_OPTIONS}
+            return fn(**kwargs, model_spec=resolve_model(given.pop("model"), given))
+
+        command.__signature__ = sig.replace(parameters=[*own, *generated])  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in (*own, *generated)} | {"return": None}
+        return command
+
+    return decorate
+
+
+def resolve_model(model: str | None, dims: dict[str, Any] | None = None) -> ModelSpec | None:
+    """The ModelSpec `--model` and the dimension options (by parameter name) name, or None when no
+    --model was given (the config's preset applies). The one place the model options are read."""
     from planner.errors import MeshplanError
     from planner.specs.model import get_model
 
-    dims = {
-        "num_layers": layers,
-        "hidden": hidden,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "ffn_hidden": ffn_hidden,
-        "vocab_size": vocab,
-        "seq_len": seq_len,
-        "family": family,
-    }
-    given = {k: v for k, v in dims.items() if v is not None}
+    field = {name: f for name, _, f, _, _ in MODEL_OPTIONS if f}
+    given = {field[k]: v for k, v in (dims or {}).items() if v is not None}
     if model is not None and model.startswith("hf:"):
         extra = [OPTION_OF_FIELD[k] for k in given if k != "seq_len"]
         if extra:
             raise MeshplanError("--model", model, f"{' '.join(extra)} come from config.json; pass only --seq-len")
-        return read_hf_model(model, seq_len)
+        return read_hf_model(model, given.get("seq_len"))
     if model != "custom":
         if given:
             opts = " ".join(OPTION_OF_FIELD[k] for k in given)

@@ -6,26 +6,17 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.app import app, db_path, load_settings, prefect_env
 from cli.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
-from cli.commands.model_options import (
-    FamilyOpt,
-    FfnOpt,
-    HeadsOpt,
-    HiddenOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    SeqLenOpt,
-    VocabOpt,
-    model_for_plan,
-    resolve_model,
-)
+from cli.commands.model_options import model_for_plan, model_option_flags
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
+
+if TYPE_CHECKING:
+    from planner.specs.model import ModelSpec
 
 
 def calibration_doc(calibration: Any) -> dict[str, Any] | None:
@@ -38,16 +29,9 @@ def calibration_doc(calibration: Any) -> dict[str, Any] | None:
 
 
 @app.command()
+@model_option_flags()
 def plan(
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    model_spec: ModelSpec | None = None,
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
     ] = None,
@@ -73,7 +57,7 @@ def plan(
     """Search parallel plans; rank them by predicted step time against two baselines."""
     from planner.specs.model import PRESETS
 
-    given = resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    given = model_spec
     preset = given is not None and PRESETS.get(given.name) == given
     extra = [f"model={json.dumps(given.name)}"] if preset else []
     for name, v in (("global_batch", global_batch), ("seq", seq), ("top_k", top), ("time_budget_s", budget)):
@@ -169,20 +153,13 @@ def plan(
 
 
 @app.command()
+@model_option_flags()
 def estimate(
     plan_file: Annotated[Path, typer.Option("--plan", help="plan JSON file (see tests/data/plan_v1.json)")],
     cluster: Annotated[
         Path | None, typer.Option("--cluster", help="cluster TOML file (default: this machine, as discovered)")
     ] = None,
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    model_spec: ModelSpec | None = None,
     snapshot: Annotated[
         str | None, typer.Option("--snapshot", help="a discovered hardware snapshot's fingerprint")
     ] = None,
@@ -202,7 +179,7 @@ def estimate(
             "--plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
         )
     p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
-    m = model_for_plan(p, resolve_model(model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family))
+    m = model_for_plan(p, model_spec)
     cfg = load_settings()
     inputs = pricing_inputs(db_path(cfg), m, cluster, snapshot)
     spec, source = inputs.cluster, inputs.profile_source

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env, state
 
 GRID_OPTIONS = ("--mbs", "--seq", "--tp")
 
@@ -84,6 +84,7 @@ def profile(
         model_name=cfg.model,
         profile=cfg.profile,
         cluster_file=str(cluster) if cluster else None,
+        run_dir=str(state(cfg).profiling()),
         show_progress=not as_json,
         comm=True,
     )

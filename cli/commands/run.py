@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env, state
 from planner.limits import MAX_STEPS
 
 
@@ -22,7 +22,6 @@ def run(
 ) -> None:
     """Run the whole pipeline on this machine and print a summary of what each stage did."""
     import json
-    from pathlib import Path
 
     extra = [f"model={json.dumps(model)}"] if model else []
     extra += [f"train.steps={steps}"] if steps else []
@@ -35,7 +34,7 @@ def run(
     from flows.pipeline import pipeline_flow
 
     path = db_path(cfg)
-    runs = Path(cfg.state.dir) / "runs"
+    runs = state(cfg).runs
     s = pipeline_flow(str(path), cfg, str(runs), show_progress=True)
     hw, prof, plan, run_ = s.snapshot, s.profile, s.plan, s.run
     t = Table(title=f"meshplan run: {cfg.model} on this machine ({hw.num_devices} devices)")

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, prefect_env, state
 
 # the options serve-simulate and serve share
 PlacementOption = Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")]
@@ -160,7 +160,7 @@ def serve(
     from flows.serve import serve_flow
 
     run_id = f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.state.dir) / "runs" / run_id
+    run_dir = state(cfg).run(run_id)
     out = serve_flow(pl, spec, str(db_path(cfg)), str(run_dir), run_id, str(replay) if replay else None, port, serve_s)
     typer.echo(f"run {run_id}: {out.recorded} requests recorded in {db_path(cfg)} (table serve_requests)")
     for e in out.group_events:  # a group whose ranks died under load, and what was done

@@ -8,27 +8,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
-from cli.commands.model_options import (
-    FamilyOpt,
-    FfnOpt,
-    HeadsOpt,
-    HiddenOpt,
-    KvHeadsOpt,
-    LayersOpt,
-    ModelOpt,
-    SeqLenOpt,
-    VocabOpt,
-)
+from cli.app import app, check_id, db_path, load_settings, prefect_env, state
+from cli.commands.model_options import model_option_flags
 from cli.commands.run_options import run_option_flags, train_overrides
 from planner.limits import MAX_RANKS, MAX_SECONDS, MAX_SLOWDOWN, MAX_STEPS
 
 if TYPE_CHECKING:
     from planner.specs.config import RunConfig
+    from planner.specs.model import ModelSpec
 
 
 @app.command()
 @run_option_flags()  # every other RunOptions field (lr, seed, grad_clip_norm, ...) is a generated flag
+@model_option_flags()  # --model and a custom model's dimensions (cli/commands/model_options.py)
 def train(
     plan: Annotated[Path | None, typer.Option("--plan", help="plan JSON file")] = None,
     plan_id: Annotated[str | None, typer.Option("--plan-id", help="id of a plan stored in the database")] = None,
@@ -98,15 +90,14 @@ def train(
     account: Annotated[str | None, typer.Option("--account", help="slurm: sbatch --account")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="slurm: sbatch --time, e.g. 01:00:00")] = None,
     nodelist: Annotated[str | None, typer.Option("--nodelist", help="slurm: sbatch --nodelist")] = None,
-    model: ModelOpt = None,
-    layers: LayersOpt = None,
-    hidden: HiddenOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvHeadsOpt = None,
-    ffn_hidden: FfnOpt = None,
-    vocab: VocabOpt = None,
-    seq_len: SeqLenOpt = None,
-    family: FamilyOpt = None,
+    constraint: Annotated[
+        str | None, typer.Option("--constraint", help="slurm: sbatch --constraint (a node feature)")
+    ] = None,
+    gres: Annotated[str | None, typer.Option("--gres", help="slurm: sbatch --gres, e.g. gpu:a100:8")] = None,
+    requeue: Annotated[
+        bool | None, typer.Option("--requeue/--no-requeue", help="slurm: sbatch --requeue (default: the cluster's)")
+    ] = None,
+    model_spec: ModelSpec | None = None,
     run_options: dict[str, Any] | None = None,
 ) -> None:
     """Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported.
@@ -125,6 +116,7 @@ def train(
         if value is not None:
             extra.append(f"train.{field}={json.dumps(value)}")
             flags[f"train.{field}"] = "--" + field.replace("_", "-")
+    check_id("--run-id", run_id)
     cfg = load_settings(extra, flags)
     prefect_env(cfg)
 
@@ -159,7 +151,7 @@ def train(
         },
         "fault injection",
     )
-    model_json = _model_file(cfg, plan, model, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, family)
+    model_json = _model_file(cfg, plan, model_spec)
     request = parse(
         TrainRequest,
         request_fields(  # every [train] option reaches the ranks' RunSpec (planner/specs/runspec.py)
@@ -169,13 +161,21 @@ def train(
             plan_id=plan_id,
             nnodes=nnodes,
             node_rank=node_rank,
-            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            runs_dir=str(state(cfg).runs),
             replan=nnodes == 1 if replan is None else replan,
             replan_config=cfg.replan,
             cluster_path=str(cluster) if cluster else None,
             show_progress=not as_json,
             executor=executor,
-            slurm={"partition": partition, "account": account, "time_limit": time_limit, "nodelist": nodelist},
+            slurm={  # SlurmOptions (planner/specs/slurm.py), carried whole to launcher/slurm.py's script
+                "partition": partition,
+                "account": account,
+                "time_limit": time_limit,
+                "nodelist": nodelist,
+                "constraint": constraint,
+                "gres": gres,
+                "requeue": requeue,
+            },
         ),
         "train",
     )
@@ -231,7 +231,7 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
             plan_id=plan_id,
             steps=steps or 2,  # a few steps prove the layout; train.steps is for training
             run_id=run_id,
-            runs_dir=str(Path(cfg.state.dir) / "runs"),
+            runs_dir=str(state(cfg).runs),
             timeout_s=t.timeout_s,
             collective_timeout_s=t.collective_timeout_s,
             show_progress=not as_json,
@@ -247,21 +247,20 @@ def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run
         typer.echo(f"  {line}")
 
 
-def _model_file(cfg: RunConfig, plan: Path | None, model: str | None, *dims: int | str | None) -> str | None:
+def _model_file(cfg: RunConfig, plan: Path | None, spec: ModelSpec | None) -> str | None:
     """The ModelSpec JSON the ranks build, written to the state folder, when --model names dimensions
     (None: the plan's preset). Checked against a plan file's model now, naming --model."""
-    from cli.commands.model_options import model_for_plan, resolve_model
+    from cli.commands.model_options import model_for_plan
     from planner.specs.model import PRESETS
     from planner.specs.plan import parse_plan_json
 
-    spec = resolve_model(model, *dims)
     if spec is None:
         return None
     if plan is not None:
         model_for_plan(parse_plan_json(plan.read_text(), origin=plan.name), spec)
     if PRESETS.get(spec.name) == spec:
         return None
-    path = Path(cfg.state.dir) / "models" / f"{spec.fingerprint()}.json"
+    path = state(cfg).model_file(spec.fingerprint())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(spec.model_dump_json(indent=2))
     return str(path)

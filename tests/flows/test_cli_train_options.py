@@ -67,16 +67,49 @@ def test_a_generated_flag_beats_the_config_and_a_bad_value_names_the_flag(tmp_pa
 
 
 def test_submit_stores_every_job_option_given_by_its_generated_flag(tmp_path):
-    from flows.job import _train_options
-    from storage.jobs import get_job
+    from storage.jobs import get_job, job_options
 
     values = all_off_default(RunOptions, JOB_OPTIONS)
     job = ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "4", "--job-id", "j"]
     out = meshplan(tmp_path, *job, *flags(values))
     assert out.returncode == 0, out.stderr
-    train = get_job(tmp_path / "meshplan.duckdb", "j")["train"]
-    assert train == values
-    assert _train_options("j", train) == train  # what the job's runner hands to train_flow
+    assert job_options(get_job(tmp_path / "meshplan.duckdb", "j")) == RunOptions(**values, steps=4)
+
+
+def test_a_jobs_ranks_get_the_configs_train_options_its_sets_and_the_flag_given_on_submit(tmp_path):
+    """[train] in a config file, `--set train.<name>=` and one flag on `submit` that beats both: the
+    job stores them merged (typed), and its runner's launch puts every one on its ranks' command line
+    (job_flow's request on an allocation of 2 CPU ranks, train_flow's launch, the torchrun command)."""
+    from cli.commands.run_options import toml_value
+    from flows.job import _request
+    from flows.train import prepare_launch
+    from launcher.launch import torchrun_command
+    from planner.scheduler.types import parse_alloc
+    from planner.specs.config import TrainConfig
+    from storage.jobs import get_job, job_options
+
+    values = all_off_default(RunOptions, JOB_OPTIONS)
+    in_config, in_sets = JOB_OPTIONS[::2], JOB_OPTIONS[1::2]
+    config = tmp_path / "c.toml"
+    config.write_text("[train]\nlr = 1.5\n" + "".join(f"{n} = {toml_value(values[n])}\n" for n in in_config))
+    job = ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "4", "--job-id", "j"]
+    sets_given = sets({n: values[n] for n in in_sets} | {"lr": 0.5})  # lr: config 1.5 < --set 0.5 < --lr 0.25
+    out = meshplan(tmp_path, "--config", str(config), *sets_given, *job, "--lr", "0.25")
+    assert out.returncode == 0, out.stderr
+    row = get_job(tmp_path / "meshplan.duckdb", "j")
+    want = RunOptions(**{**values, "lr": 0.25, "steps": 4})
+    assert job_options(row) == want
+
+    plan = tmp_path / "dp2.json"
+    plan.write_text(json.dumps(plan_dict([(0, 4)], dp=2)))
+    run_dir = tmp_path / "runs" / "j"
+    launch_knobs = TrainConfig(timeout_s=77.0, max_restarts=1)  # the scheduler's [train]: how the runner launches
+    request = _request(job_options(row), launch_knobs, plan, parse_alloc("2xcpu/1"), row, run_dir, 0)
+    assert (request.timeout_s, request.max_restarts) == (77.0, 1)
+    _, _, launch = prepare_launch(str(tmp_path / "meshplan.duckdb"), request, "j")
+    cmd = torchrun_command(launch)
+    args = parse_args(cmd[cmd.index("worker.train") + 1 :])
+    assert args.run == RunSpec(**want.model_dump())
 
 
 def test_help_lists_a_flag_per_option_with_its_description(tmp_path, monkeypatch):
@@ -89,3 +122,19 @@ def test_help_lists_a_flag_per_option_with_its_description(tmp_path, monkeypatch
         line = next(line for line in out.stdout.splitlines() if "--grad-clip-norm" in line)
         assert RunOptions.model_fields["grad_clip_norm"].description in line and "default 0.0" in line
     assert "--steps" not in meshplan(tmp_path, "submit", "--help").stdout
+
+
+def test_every_slurm_setting_reaches_the_batch_script(tmp_path):
+    """SlurmOptions (planner/specs/slurm.py) travels whole from `train`'s flags to launcher/slurm.py:
+    constraint, gres and requeue were once dropped on the way."""
+    plan = tmp_path / "dp2.json"
+    plan.write_text(json.dumps(plan_dict([(0, 4)], dp=2)))
+    slurm = ["--partition", "p1", "--account", "acc", "--time", "01:00:00", "--nodelist", "n[1-2]"]
+    slurm += ["--constraint", "a100", "--gres", "gpu:a100:1", "--no-requeue"]
+    base = ["train", "--plan", str(plan), "--executor", "slurm", "--dry-run", "--nproc-per-node", "1", "--nnodes", "2"]
+    out = meshplan(tmp_path, *base, "--run-id", "s", *slurm)
+    assert out.returncode == 0, out.stderr
+    lines = {line for line in out.stdout.splitlines() if line.startswith("#SBATCH")}
+    want = {"--partition=p1", "--account=acc", "--time=01:00:00", "--nodelist=n[1-2]", "--constraint=a100"}
+    want |= {"--gres=gpu:a100:1", "--no-requeue", "--nodes=2"}
+    assert {f"#SBATCH {w}" for w in want} <= lines, lines

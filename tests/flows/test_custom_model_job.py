@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.scheduler import scheduler_flow
+from planner.specs.config import TrainConfig
 from planner.specs.model import ModelSpec
 from storage.jobs import get_job, job_events, job_model
 from tests.flows.test_elastic_job import rank0_rows, wait_until
@@ -44,7 +45,7 @@ def test_custom_model_job_is_priced_trained_on_two_ranks_and_matches_one_process
 
     pid = None
     try:
-        out = scheduler_flow(db, CLUSTER, "jct", runs_dir=str(runs), timeout_s=300.0)
+        out = scheduler_flow(db, CLUSTER, "jct", runs_dir=str(runs), train=TrainConfig(timeout_s=300.0))
         assert out.actions == [("c", "start", "2xcpu/1")], out  # priced on the custom dims: 2 ranks beat 1
         pid = out.applied[0]["runner_pid"]
         wait_until(lambda: get_job(db, "c")["state"] in ("finished", "failed"), "job c to end", 240.0)

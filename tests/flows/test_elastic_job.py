@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.job import job_flow
+from planner.specs.config import TrainConfig
 from storage.jobs import get_job, job_events, submit_job, transition
 from tasks.scheduler import request_resize
 from tests.worker.test_train_dist import assert_matches_reference
@@ -52,7 +53,9 @@ def test_job_shrunk_to_two_ranks_and_grown_back_continues_its_curve_and_matches_
     submit_job(db, "tiny", 8, STEPS, job_id="a", seq=32, train=TRAIN)
     transition(db, "a", "running", "admitted by the test", "4xcpu/1")
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(job=job_flow(db, "a", CLUSTER, str(runs), 600.0)))
+    runner = threading.Thread(
+        target=lambda: out.update(job=job_flow(db, "a", CLUSTER, str(runs), TrainConfig(timeout_s=600.0)))
+    )
     runner.start()
     run_dir = runs / "a"
     try:
@@ -113,7 +116,9 @@ def test_job_that_loses_a_rank_falls_back_to_its_latest_checkpoint_and_finishes_
     submit_job(db, "tiny", 8, steps, job_id="c", seq=32, train={**TRAIN, "checkpoint_every": 10})
     transition(db, "c", "running", "admitted by the test", "4xcpu/1")
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(job=job_flow(db, "c", CLUSTER, str(runs), 600.0)))
+    runner = threading.Thread(
+        target=lambda: out.update(job=job_flow(db, "c", CLUSTER, str(runs), TrainConfig(timeout_s=600.0)))
+    )
     runner.start()
     run_dir = runs / "c"
     try:

@@ -23,6 +23,7 @@ import pytest
 from flows.scheduler import scheduler_flow
 from launcher.group import RUN_TAG, labelled
 from launcher.launch import run_label
+from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
 from rundir import segment_plan_path
 from storage.db import query
@@ -52,7 +53,9 @@ def test_a_sigkilled_runners_orphans_are_fenced_off_and_the_relaunch_matches_an_
     run_dir = runs / "a"
 
     def round_():
-        return scheduler_flow(db, CLUSTER, "jct", speed_table=str(table), runs_dir=str(runs), timeout_s=300.0)
+        return scheduler_flow(
+            db, CLUSTER, "jct", speed_table=str(table), runs_dir=str(runs), train=TrainConfig(timeout_s=300.0)
+        )
 
     submit_job(db, "tiny", BATCH, STEPS, job_id="a", seq=32, train=TRAIN)
     first = round_()

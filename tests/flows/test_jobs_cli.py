@@ -25,15 +25,14 @@ def test_submit_list_cancel(tmp_path) -> None:
 
 
 def test_submit_records_the_training_options_the_runner_uses(tmp_path) -> None:
-    from flows.job import _train_options
-    from storage.jobs import get_job
+    from planner.specs.runspec import RunOptions
+    from storage.jobs import get_job, job_options
 
     args = ["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "20", "--job-id", "b"]
     p = meshplan(tmp_path, *args, "--optimizer", "sgd", "--lr", "0.05", "--checkpoint-every", "5")
     assert p.returncode == 0, p.stderr
-    train = get_job(tmp_path / "meshplan.duckdb", "b")["train"]
-    assert train == {"optimizer": "sgd", "lr": 0.05, "checkpoint_every": 5}
-    assert _train_options("b", train) == train  # what job_flow hands to train_flow
+    options = job_options(get_job(tmp_path / "meshplan.duckdb", "b"))  # what job_flow hands to train_flow
+    assert options == RunOptions(optimizer="sgd", lr=0.05, checkpoint_every=5, steps=20)
     p = meshplan(tmp_path, *args[:-1], "c", "--lr", "-1")
     assert p.returncode == 1 and p.stderr.lower().startswith("error: --lr") and "Traceback" not in p.stderr, p.stderr
     p = meshplan(tmp_path, *args[:-1], "d", "--optimizer", "lion")
@@ -52,7 +51,7 @@ def test_jobs_json_gives_the_allocation_as_numbers(tmp_path) -> None:
     p = meshplan(tmp_path, "jobs", "--json")
     assert p.returncode == 0, p.stderr
     (job,) = json.loads(p.stdout)
-    assert (job["job_id"], job["state"], job["train"]) == ("a", "running", {"lr": 0.1})
+    assert (job["job_id"], job["state"], job["train"]["lr"], job["train"]["steps"]) == ("a", "running", 0.1, 10)
     assert (job["num_devices"], job["device_kind"], job["num_nodes"]) == (4, "cpu", 2)
     assert job["base_num_devices"] is None  # admitted by hand, not by the scheduler
     p = meshplan(tmp_path, "jobs", "--events", "--json")

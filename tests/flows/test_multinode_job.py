@@ -21,6 +21,7 @@ import pytest
 
 from flows.job import job_flow
 from flows.scheduler import scheduler_flow
+from planner.specs.config import TrainConfig
 from storage.jobs import get_job, job_events, submit_job, transition
 from tests.flows.test_elastic_job import rank0_rows, wait_until
 from tests.worker.test_train_dist import assert_matches_reference
@@ -34,7 +35,7 @@ TRAIN = {"data": "synthetic", "optimizer": "sgd", "lr": 0.05, "checkpoint_every"
 
 def _run_round(db: str, runs, steps: int = STEPS, job_id: str = "n") -> int:
     submit_job(db, "tiny", 8, steps, job_id=job_id, seq=32, train=TRAIN)
-    out = scheduler_flow(db, NODES, "jct", runs_dir=str(runs), timeout_s=300.0)
+    out = scheduler_flow(db, NODES, "jct", runs_dir=str(runs), train=TrainConfig(timeout_s=300.0))
     assert out.actions == [(job_id, "start", "2xcpu/2")], out  # one rank on each node
     return out.applied[0]["runner_pid"]
 
@@ -91,7 +92,9 @@ def test_job_that_loses_a_node_resumes_from_its_checkpoint_replanned_on_the_surv
     submit_job(db, "tiny", 8, steps, job_id="l", seq=32, train={**TRAIN, "checkpoint_every": 5})
     transition(db, "l", "running", "admitted by the test", "2xcpu/2")
     out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(job=job_flow(db, "l", NODES, str(runs), 300.0)))
+    runner = threading.Thread(
+        target=lambda: out.update(job=job_flow(db, "l", NODES, str(runs), TrainConfig(timeout_s=300.0)))
+    )
     runner.start()
     run_dir = runs / "l"
     try:

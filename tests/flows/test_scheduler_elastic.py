@@ -21,6 +21,7 @@ import pytest
 
 from flows.outcomes import SchedulerOutcome
 from flows.scheduler import scheduler_flow
+from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import ATOL, CLUSTER, TRAIN, rank0_rows, wait_until
@@ -63,7 +64,13 @@ def test_second_arrival_shrinks_the_first_job_both_finish_and_the_first_matches_
 
     def round_() -> SchedulerOutcome:
         return scheduler_flow(
-            db, CLUSTER, "jct", speed_table=str(table), policy_options=POLICY, runs_dir=str(runs), timeout_s=600.0
+            db,
+            CLUSTER,
+            "jct",
+            speed_table=str(table),
+            policy_options=POLICY,
+            runs_dir=str(runs),
+            train=TrainConfig(timeout_s=600.0),
         )
 
     submit_job(db, "tiny", A_BATCH, A_STEPS, job_id="a", seq=32, train=TRAIN_LONG)

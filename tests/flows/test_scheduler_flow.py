@@ -76,23 +76,20 @@ def test_a_missing_speed_table_is_a_user_error(tmp_path) -> None:
         scheduler_flow(str(tmp_path / "m.duckdb"), CPU4, "jct", speed_table=str(tmp_path / "none.csv"))
 
 
-def test_a_job_with_an_unknown_train_option_or_an_allocation_the_cluster_lacks_fails_before_any_launch(tmp_path):
+def test_an_unknown_train_option_is_refused_on_submission_and_an_allocation_the_cluster_lacks_fails_the_job(tmp_path):
     from flows.job import job_flow
     from storage.jobs import transition
 
     db = str(tmp_path / "m.duckdb")
-    submit_job(db, "tiny", 8, 10, job_id="x", seq=32, train={"learning_rate": 0.1})
-    transition(db, "x", "running", "test", "2xcpu/1")
-    with pytest.raises(MeshplanError, match="known options: data"):
-        job_flow(db, "x", CPU4, str(tmp_path / "runs"))
+    with pytest.raises(MeshplanError, match="learning_rate"):  # refused on the way in, never queued
+        submit_job(db, "tiny", 8, 10, job_id="x", seq=32, train={"learning_rate": 0.1})
     submit_job(db, "tiny", 8, 10, job_id="y", seq=32)
     transition(db, "y", "running", "test", "2xa100/1")
     with pytest.raises(MeshplanError, match="no a100 nodes"):
         job_flow(db, "y", CPU4, str(tmp_path / "runs"))
     assert not (tmp_path / "runs" / "y" / "telemetry").exists()
     failed = list_jobs(db, "failed").to_dicts()
-    assert {j["job_id"] for j in failed} == {"x", "y"}
-    assert "learning_rate" in job_events(db, "x")["reason"].to_list()[-1]
+    assert {j["job_id"] for j in failed} == {"y"} and list_jobs(db).height == 1
     assert "cannot plan on 2xa100/1" in job_events(db, "y")["reason"].to_list()[-1]
 
 

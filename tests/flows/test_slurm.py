@@ -22,6 +22,7 @@ import duckdb
 import pytest
 
 from flows.scheduler import scheduler_flow
+from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import rank0_rows, wait_until
@@ -169,7 +170,7 @@ def _scheduler(tmp_path):
 
     def round_():
         return scheduler_flow(
-            db, NODES, "jct", speed_table=str(table), policy_options=POLICY, runs_dir=str(runs), timeout_s=600.0,
+            db, NODES, "jct", speed_table=str(table), policy_options=POLICY, runs_dir=str(runs), train=TrainConfig(timeout_s=600.0),
             executor="slurm",
         )  # fmt: skip
 

@@ -96,3 +96,32 @@ def test_custom_model_is_stored_with_its_job_and_pre_0012_rows_read_as_presets(t
     assert (old["model_json"], job_model(old), job_from_row(old).spec) == (None, None, None)
     assert (new["model"], job_model(new), job_from_row(new).spec) == ("custom", custom, custom)
     assert (preset["model"], preset["model_json"]) == ("tiny", None)  # a preset is stored by its name
+
+
+def test_a_jobs_options_are_stored_typed_and_pre_0019_rows_read_over_the_defaults(tmp_path: Path) -> None:
+    import duckdb
+
+    from planner.specs.runspec import RunOptions
+    from storage import db as store
+    from storage.jobs import get_job, job_options
+
+    path = tmp_path / "m.duckdb"
+    con = duckdb.connect(str(path))  # a store last opened before migration 0019: options were a dict of flags
+    store.migrate(con)
+    con.execute("DELETE FROM schema_version WHERE version >= 19")
+    con.execute("ALTER TABLE jobs DROP COLUMN options")
+    con.execute(
+        "INSERT INTO jobs (job_id, model, global_batch, iterations, state, submitted_at, updated_at, train_json)"
+        """ VALUES ('old', 'tiny', 8, 10, 'queued', now(), now(), '{"lr": 0.1, "poll_s": 1.0}')"""
+    )
+    con.close()
+    store._migrated.clear()
+    submit_job(path, "tiny", 4, 7, job_id="new", train=RunOptions(lr=0.2, optimizer="sgd", steps=1))
+    assert job_options(get_job(path, "old")) == RunOptions(lr=0.1, steps=10)
+    assert job_options(get_job(path, "new")) == RunOptions(lr=0.2, optimizer="sgd", steps=7)  # steps: iterations
+    assert store.query(path, "SELECT typeof(options) AS t FROM jobs WHERE job_id = 'new'")["t"][0] == "JSON"
+    with pytest.raises(MeshplanError, match="lr"):  # validated on the way in: nothing queued
+        submit_job(path, "tiny", 4, 7, job_id="bad", train={"lr": -1})
+    with pytest.raises(MeshplanError, match="job_id"):
+        submit_job(path, "tiny", 4, 7, job_id="../x")
+    assert sorted(list_jobs(path)["job_id"]) == ["new", "old"]
