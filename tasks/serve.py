@@ -101,13 +101,13 @@ def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t
             conn.close()
 
 
-def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
-    """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
+def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, str, int, int, int], tuple[float, ...]]:
+    """Per (device kind, model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
     ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none).
     Only tp rank 0 of a stage writes these files, keyed by (group, stage); groups of one layout
-    hosting the same model pool their figures (the cost model's key has no group)."""
-    served: dict[tuple[str, int, int], dict[int, list[float]]] = {}
-    started: dict[tuple[str, int, int], dict[int, list[float]]] = {}
+    of one device kind hosting the same model pool their figures (the cost model's key has no group)."""
+    served: dict[tuple[str, str, int, int], dict[int, list[float]]] = {}
+    started: dict[tuple[str, str, int, int], dict[int, list[float]]] = {}
     for pattern, into in (("calib_rank*.json", started), ("stage_rank*.json", served)):
         for f in sorted(run_dir.glob(pattern)):
             d = json.loads(f.read_text())
@@ -115,11 +115,11 @@ def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, 
             times = list(d.get("stage_s", {}).items())
             times += [(r["model"], r["compute_s"]) for r in d.get("requests", [])]
             for name, t in times:
-                into.setdefault((name, g.pp, g.tp), {}).setdefault(d["stage"], []).append(t)
+                into.setdefault((g.kind, name, g.pp, g.tp), {}).setdefault(d["stage"], []).append(t)
     out = {}
     for key, per in started.items():
         mine = served.get(key, {})
-        out[(*key, 1)] = tuple(statistics.fmean(mine.get(s) or per[s]) for s in range(key[1]))
+        out[(*key, 1)] = tuple(statistics.fmean(mine.get(s) or per[s]) for s in range(key[2]))
     return out
 
 

@@ -57,6 +57,7 @@ class Placement(BaseModel):
     groups: tuple[GroupPlacement, ...]
     attainment: float | None = None
     search_s: float = 0.0
+    unserved: tuple[str, ...] = ()  # models left without a replica: none of this partition's groups fits them
 
     def config(self, g: GroupPlacement) -> Config:
         return Config(g.kind, g.pp, g.tp)
@@ -108,7 +109,7 @@ class Problem:
         self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0
     ) -> SimResult:
         groups = [
-            SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s)
+            SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s + self.cost.reply_s(c.kind))
             for c, h in zip(cfgs, hosts, strict=True)
         ]
         routes: dict[int, list[int]] = {}
@@ -264,6 +265,179 @@ class _Greedy:
             self.add(m, g)
             self.used[g] += weight[(m, g)]
         return self.hosts
+
+
+class Evaluator:
+    """Good requests per model and load per group of a placement on `p`'s trace, simulated component
+    by component (groups joined by a shared model; the others cannot change each other's requests)
+    and memoised by each component's canonical key — (config, hosted models) per group, groups of one
+    key interchangeable — so a step that adds or moves a replica re-simulates only the component it
+    touches (incremental simulation); `sims` counts the simulations run."""
+
+    def __init__(self, p: Problem, slots: list[Slot]) -> None:
+        self.p, self.slots = p, slots
+        self.cache: dict[tuple, tuple[dict[int, int], list[float]]] = {}
+        self.sims = 0
+        self.requests = np.bincount(p.trace.model, minlength=len(p.models))
+
+    def components(self, hosts: list[list[int]]) -> list[list[int]]:
+        """Groups hosting something, split into the components of the model–group graph."""
+        parent = list(range(len(hosts)))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        first: dict[int, int] = {}
+        for g, h in enumerate(hosts):
+            for m in h:
+                if m in first:
+                    parent[find(g)] = find(first[m])
+                else:
+                    first[m] = g
+        comps: dict[int, list[int]] = {}
+        for g, h in enumerate(hosts):
+            if h:
+                comps.setdefault(find(g), []).append(g)
+        return list(comps.values())
+
+    def _component(self, groups: list[int], hosts: list[list[int]]) -> tuple[dict[int, int], list[float]]:
+        keyed = sorted(groups, key=lambda g: (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, sorted(hosts[g])))
+        key = tuple((self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(sorted(hosts[g]))) for g in keyed)
+        hit = self.cache.get(key)
+        if hit is None:
+            models = sorted({m for g in groups for m in hosts[g]})
+            self.sims += 1
+            r = self.p.run([self.slots[g].cfg for g in keyed], [sorted(hosts[g]) for g in keyed], self.p.sub_trace(models))
+            good = r.good()
+            hit = ({m: int(good[r.model == m].sum()) for m in models}, list(r.group_busy_s))
+            self.cache[key] = hit
+        good_m, busy = hit
+        return good_m, [busy[keyed.index(g)] for g in groups]
+
+    def __call__(self, hosts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(good requests per model, first-stage busy seconds per group)."""
+        good = np.zeros(len(self.p.models), dtype=np.int64)
+        busy = np.zeros(len(hosts))
+        for comp in self.components(hosts):
+            gm, b = self._component(comp, hosts)
+            for m, v in gm.items():
+                good[m] = v
+            busy[comp] = b
+        return good, busy
+
+
+def _weights(p: Problem, slots: list[Slot]) -> tuple[dict[tuple[int, int], float], list[float]]:
+    """Per (model, group) that can host it, the model's bytes on the group's busiest device; each group's capacity."""
+    weight = {
+        (m, g): p.cost.weight_bytes(p.models[m].spec, s.cfg)
+        for m in range(len(p.models))
+        for g, s in enumerate(slots)
+        if p.fits(m, s.cfg)
+    }
+    return weight, [p.cost.capacity_bytes(s.cfg.kind) for s in slots]
+
+
+def fast_greedy(
+    p: Problem,
+    slots: list[Slot],
+    hosts: list[list[int]] | None = None,
+    ev: Evaluator | None = None,
+    only: list[int] | None = None,
+) -> list[list[int]]:
+    """AlpaServe's fast replica placement (Li et al., OSDI'23 §4.3, its "fast greedy"): simulate,
+    then add a replica of the model with the most requests unserved to the least loaded group that
+    has room for it (not hosting it yet), and again, until no model fits anywhere — memory is filled
+    whatever the marginal gain. One (incremental) simulation per replica; load here is the group's
+    first-stage busy seconds (AlpaServe counts its requests). `only`: place these models only."""
+    ev = ev or Evaluator(p, slots)
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts] if hosts is not None else [[] for _ in slots]
+    used = [sum(weight[(m, g)] for m in h) for g, h in enumerate(hosts)]
+    pool = list(range(len(p.models))) if only is None else list(only)
+    while True:
+        good, busy = ev(hosts)
+        unserved = ev.requests - good
+        models = sorted(pool, key=lambda m: (-unserved[m], m))
+        pick = None
+        for g in sorted(range(len(slots)), key=lambda g: (busy[g], g)):
+            for m in models:
+                w = weight.get((m, g))
+                if w is not None and m not in hosts[g] and used[g] + w <= cap[g]:
+                    pick = (m, g)
+                    break
+            if pick:
+                break
+        if pick is None:
+            return hosts
+        m, g = pick
+        hosts[g].append(m)
+        used[g] += weight[(m, g)]
+
+
+def fill(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator) -> list[list[int]]:
+    """Add replicas while memory allows and the gain on the planning trace is ≥ 0: the model with the
+    most requests unserved first, each on the group with room where it gains most (the least loaded
+    one on ties); a model all of whose requests are met takes spare memory too (a zero gain is
+    accepted: on an unseen trace a spare replica absorbs bursts the planning one did not have)."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    used = [sum(weight[(m, g)] for m in h) for g, h in enumerate(hosts)]
+    while True:
+        good, busy = ev(hosts)
+        unserved = ev.requests - good
+        base = int(good.sum())
+        placed = False
+        for m in sorted(range(len(p.models)), key=lambda m: (-unserved[m], m)):
+            opts = [g for g in range(len(slots)) if (m, g) in weight and m not in hosts[g] and used[g] + weight[(m, g)] <= cap[g]]
+            best = None
+            for g in sorted(opts, key=lambda g: (busy[g], g)):
+                hosts[g].append(m)
+                gain = int(ev(hosts)[0].sum()) - base
+                hosts[g].pop()
+                if gain >= 0 and (best is None or gain > best[0]):
+                    best = (gain, g)
+                if unserved[m] == 0:  # nothing to gain: the least loaded group that does not lose
+                    if best is not None:
+                        break
+            if best is not None:
+                hosts[best[1]].append(m)
+                used[best[1]] += weight[(m, best[1])]
+                placed = True
+                break
+        if not placed:
+            return hosts
+
+
+def serve_everyone(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Give a replica to every model that has none and fits a group of `slots`: into free memory, else
+    in place of replicas of models that keep another replica (the most replicated first). Returns the
+    hosts and the models still unserved (none of these groups can hold them)."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    left = []
+    for m in range(len(p.models)):
+        if any(m in h for h in hosts):
+            continue
+        done = False
+        for g in sorted((g for g in range(len(slots)) if (m, g) in weight), key=lambda g: sum(weight[(x, g)] for x in hosts[g])):
+            keep = list(hosts[g])
+            used = sum(weight[(x, g)] for x in keep)
+            count = {x: sum(x in h for h in hosts) for x in keep}
+            evict = sorted((x for x in keep if count[x] > 1), key=lambda x: (-count[x], -weight[(x, g)]))
+            while used + weight[(m, g)] > cap[g] and evict:
+                x = evict.pop(0)
+                keep.remove(x)
+                used -= weight[(x, g)]
+            if used + weight[(m, g)] <= cap[g]:
+                hosts[g] = keep + [m]
+                done = True
+                break
+        if not done:
+            left.append(m)
+    return hosts, left
 
 
 def _score(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> float:
