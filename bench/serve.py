@@ -136,7 +136,7 @@ def point(label: str, rate: float, cv: float, scale: float, plan_requests: int, 
 
 def header(what: str) -> None:
     names = "  ".join(f"{n:>18}" for n in METHODS)
-    print(f"\n{what:<10} {'reqs':>5}  {names}  {'mesh − best base':>23} {"cpu/greedy":>8}  {'meshplan pred':>13}")
+    print(f"\n{what:<10} {'reqs':>5}  {names}  {'mesh − best base':>23} {'cpu/greedy':>10}  {'meshplan pred':>13}")
 
 
 def main() -> None:
