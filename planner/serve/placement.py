@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import MeshplanError
 from planner.serve.cost import Config, ServeCost
 from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate
-from planner.serve.workload import ServedModel, Trace, Workload
+from planner.serve.workload import ServedModel, Trace, Workload, make_trace
 
 METHODS = ("meshplan", "selective-replication", "one-model-per-group")
 
@@ -500,29 +500,131 @@ def _head(trace: Trace, requests: int) -> Trace:
     return trace.head(float(trace.arrival_s[requests]))
 
 
-def search(p: Problem, requests: int = 2000, screen_requests: int = 400, finalists: int = 3) -> Placement:
-    """meshplan's placement (module docstring). Every partition × configuration is screened by the
-    greedy on the trace's first `screen_requests` requests; the `finalists` best are searched again
-    on the first `requests`, and the best of those is scored on the whole trace."""
+def planning_problem(p: Problem, min_requests: int = 4000) -> Problem:
+    """What meshplan plans against: `p`'s trace when it has ≥ `min_requests` requests or its models'
+    traffic is not all given by rates (a CSV trace); else `p`'s trace followed by more traces drawn
+    from the same rates and CVs with seeds the scored trace did not use, until ≥ `min_requests` —
+    so a burst of the one sample does not decide the placement (the top percentiles settle)."""
+    w = p.workload
+    if len(p.trace) >= min_requests or not all(m.rate > 0 for m in w.models):
+        return p
+    times, models, t_end, k = [p.trace.arrival_s], [p.trace.model], p.trace.duration_s, 0
+    total = len(p.trace)
+    while total < min_requests and k < 64:
+        k += 1
+        extra = make_trace(w.model_copy(update={"seed": w.seed + 7919 * k}))
+        times.append(extra.arrival_s + t_end)
+        models.append(extra.model)
+        t_end += extra.duration_s
+        total += len(extra)
+    trace = Trace(np.concatenate(times), np.concatenate(models), t_end)
+    return Problem(w, p.cost, trace, p.slo_s)
+
+
+def latency_bound(p: Problem, slots: list[Slot]) -> int:
+    """Requests that could meet their SLO on these groups at all: those of models that fit a group on
+    which they alone, with no queue, finish within the SLO — no placement on `slots` does better."""
+    kinds = {s.cfg for s in slots}
+    ok = [
+        any(p.fits(m, c) and sum(p.times(m, c)[0]) + p.cost.reply_s(c.kind) <= p.slo_s[m] + 1e-12 for c in kinds)
+        for m in range(len(p.models))
+    ]
+    return int(np.bincount(p.trace.model, minlength=len(p.models))[np.array(ok, dtype=bool)].sum())
+
+
+def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator, tries: int) -> list[list[int]]:
+    """Local search from a filled placement: replace a replica of a model that has another and loses
+    few requests by one of the model losing the most, where memory allows, keep it when the planning
+    trace gains, and refill the memory it frees (fast_greedy). The model losing the most first; a
+    candidate is skipped without simulation when the requests it could win (the model's unserved
+    ones) cannot beat what the evicted model has to lose — a bound, not a guess. Stops after `tries`
+    simulated moves without a gain."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    good, _ = ev(hosts)
+    best = int(good.sum())
+    misses = 0
+    while misses < tries:
+        unserved = ev.requests - good
+        count = np.zeros(len(p.models), dtype=np.int64)
+        for h in hosts:
+            for m in h:
+                count[m] += 1
+        moved = False
+        for m_in in sorted(range(len(p.models)), key=lambda m: -unserved[m]):
+            if unserved[m_in] == 0 or misses >= tries:
+                break
+            for g in range(len(slots)):
+                if m_in in hosts[g] or (m_in, g) not in weight:
+                    continue
+                used = sum(weight[(x, g)] for x in hosts[g])
+                for x in sorted((x for x in hosts[g] if count[x] > 1), key=lambda x: unserved[x]):
+                    if used - weight[(x, g)] + weight[(m_in, g)] > cap[g]:
+                        continue
+                    trial = [list(h) for h in hosts]
+                    trial[g] = [y for y in trial[g] if y != x] + [m_in]
+                    trial = fast_greedy(p, slots, trial, ev)
+                    t_good, _ = ev(trial)
+                    if int(t_good.sum()) > best:
+                        hosts, good, best, moved = trial, t_good, int(t_good.sum()), True
+                        break
+                    misses += 1
+                    if misses >= tries:
+                        break
+                if moved or misses >= tries:
+                    break
+            if moved or misses >= tries:
+                break
+        if not moved:
+            break
+    return hosts
+
+
+def search(
+    p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 12, plan_requests: int = 4000
+) -> Placement:
+    """meshplan's placement. Plans against `planning_problem(p)` (several sampled traces unless `p`'s
+    is long enough) and scores the result on `p`'s trace:
+
+    1. every equal partition × pp × tp is filled by AlpaServe's fast greedy (memory filled) on the
+       first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
+       configuration whose bound is below the best screened result (it cannot win);
+    2. the `finalists` best are filled again on the whole planning trace; for the best of them,
+    3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
+       the components a move touches are simulated again; bounded candidates skipped), refilling
+       freed memory; then
+    4. `fill` adds replicas while memory allows and the planning trace does not lose, and
+       `serve_everyone` gives any model left out a replica where one fits (Placement.unserved names
+       those that fit no group)."""
     t0 = time.monotonic()
-    slot_sets = candidate_slots(p)
-    _check_fits(p, slot_sets)
-    screen = Problem(p.workload, p.cost, _head(p.trace, screen_requests), p.slo_s)
-    ranked = []
-    for i, slots in enumerate(slot_sets):
-        hosts = _Greedy(screen, slots).run()
-        ranked.append((_score(screen, slots, hosts), -i, slots))
+    plan = planning_problem(p, plan_requests)
+    slot_sets = candidate_slots(plan)
+    _check_fits(plan, slot_sets)
+    screen = Problem(plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s)
+    bounds = [latency_bound(screen, slots) for slots in slot_sets]
+    ranked: list[tuple[int, int, list[Slot]]] = []
+    for i in sorted(range(len(slot_sets)), key=lambda i: -bounds[i]):
+        if ranked and bounds[i] < max(r[0] for r in ranked):
+            continue  # cannot beat what is already screened
+        slots = slot_sets[i]
+        ev = Evaluator(screen, slots)
+        hosts = fast_greedy(screen, slots, ev=ev)
+        ranked.append((int(ev(hosts)[0].sum()), -i, slots))
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
-    small = Problem(p.workload, p.cost, _head(p.trace, requests), p.slo_s)
-    best: tuple[float, list[Slot], list[list[int]]] | None = None
+    best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
     for _, _, slots in ranked[:finalists]:
-        hosts = _Greedy(small, slots).run()
-        score = _score(small, slots, hosts)
-        if best is None or score > best[0] + 1e-9:
-            best = (score, slots, [list(h) for h in hosts])
+        ev = Evaluator(plan, slots)
+        hosts = fast_greedy(plan, slots, ev=ev)
+        good = int(ev(hosts)[0].sum())
+        if best is None or good > best[0]:
+            best = (good, slots, hosts, ev)
     assert best is not None
-    _, slots, hosts = best
-    return _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    _, slots, hosts, ev = best
+    hosts = improve(plan, slots, hosts, ev, tries)
+    hosts = fill(plan, slots, hosts, ev)
+    hosts, left = serve_everyone(plan, slots, hosts)
+    pl = _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    return pl.model_copy(update={"unserved": tuple(p.models[m].name for m in left)})
 
 
 def selective_replication(p: Problem, requests: int = 2000) -> Placement:
