@@ -33,7 +33,6 @@ from planner.serve.placement import (
     candidate_slots,
     configs,
     fast_greedy,
-    partition,
 )
 
 

@@ -1,19 +1,21 @@
 """Placement search: which groups, which parallel configuration each, which models each hosts.
 
-AlpaServe's method (Li et al., OSDI'23 §4.3): enumerate partitions of the cluster into equal groups
-and each group's configuration (pp stages × tp ranks on its device kind); for each, start from
-empty groups and greedily add the (model, group) replica that most raises the number of requests
-the simulator says meet their SLO, within the group's memory, until no replica helps; keep the
-best. Speed comes from locality: a replica only changes the requests of the models connected to it
-through shared groups (a component of the model–group graph), so a candidate's gain needs only its
-component simulated, and components are memoised by a canonical key — (config, hosted models) per
-group, groups being interchangeable — so unchanged candidates cost nothing the next round and empty
-groups of one configuration are simulated once. The search screens every partition on a short head
-of the trace, searches the best few again on a longer one, and scores the result on all of it.
+meshplan's search (`search`) starts from AlpaServe's (Li et al., OSDI'23 §4.3): partitions of the
+cluster into groups, each group's configuration (pp stages × tp ranks on its device kind), and
+replicas placed by AlpaServe's fast greedy (simulate; a replica of the model losing the most
+requests onto the least loaded group with room; until memory is full). It plans against several
+sampled traces (`planning_problem`: a burst of one sample must not decide the placement), screens
+the partitions on a share of them with a latency bound that skips configurations which cannot win,
+adds partitions mixing configurations (small and large models on groups of their own), then moves
+replicas towards the models that lose requests (`improve`), fills memory while the planning trace
+does not lose (`fill`), and gives every model that fits a replica (`serve_everyone`). Simulation is
+incremental (`Evaluator`): a placement is simulated component by component (groups joined by a
+shared model), memoised by the component's canonical key — (config, hosted models) per group, groups
+interchangeable — so a step re-simulates only the component it touches.
 
-Baselines in the same code: selective replication (Clockwork-style: no model parallelism, each
-replica on the smallest tp group every model fits, replicas added by the same greedy, i.e. by load)
-and one model per group (equal groups, the busiest models one each, the best configuration each).
+AlpaServe's own algorithms (its model-parallel greedy, its group-partition search, selective
+replication) are in planner/serve/alpaserve.py, as baselines; `selective_replication` and
+`one_model_per_group` below are the older marginal-gain baselines `serve-plan` prints.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ class Problem:
         self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0
     ) -> SimResult:
         groups = [
-            SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s + self.cost.reply_s(c.kind))
+            SimGroup(
+                c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s + self.cost.reply_s(c.kind)
+            )
             for c, h in zip(cfgs, hosts, strict=True)
         ]
         routes: dict[int, list[int]] = {}
@@ -304,13 +308,19 @@ class Evaluator:
         return list(comps.values())
 
     def _component(self, groups: list[int], hosts: list[list[int]]) -> tuple[dict[int, int], list[float]]:
-        keyed = sorted(groups, key=lambda g: (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, sorted(hosts[g])))
-        key = tuple((self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(sorted(hosts[g]))) for g in keyed)
+        keyed = sorted(
+            groups, key=lambda g: (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, sorted(hosts[g]))
+        )
+        key = tuple(
+            (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(sorted(hosts[g]))) for g in keyed
+        )
         hit = self.cache.get(key)
         if hit is None:
             models = sorted({m for g in groups for m in hosts[g]})
             self.sims += 1
-            r = self.p.run([self.slots[g].cfg for g in keyed], [sorted(hosts[g]) for g in keyed], self.p.sub_trace(models))
+            r = self.p.run(
+                [self.slots[g].cfg for g in keyed], [sorted(hosts[g]) for g in keyed], self.p.sub_trace(models)
+            )
             good = r.good()
             hit = ({m: int(good[r.model == m].sum()) for m in models}, list(r.group_busy_s))
             self.cache[key] = hit
@@ -391,7 +401,11 @@ def fill(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator) -
         base = int(good.sum())
         placed = False
         for m in sorted(range(len(p.models)), key=lambda m: (-unserved[m], m)):
-            opts = [g for g in range(len(slots)) if (m, g) in weight and m not in hosts[g] and used[g] + weight[(m, g)] <= cap[g]]
+            opts = [
+                g
+                for g in range(len(slots))
+                if (m, g) in weight and m not in hosts[g] and used[g] + weight[(m, g)] <= cap[g]
+            ]
             best = None
             for g in sorted(opts, key=lambda g: (busy[g], g)):
                 hosts[g].append(m)
@@ -422,7 +436,9 @@ def serve_everyone(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> tup
         if any(m in h for h in hosts):
             continue
         done = False
-        for g in sorted((g for g in range(len(slots)) if (m, g) in weight), key=lambda g: sum(weight[(x, g)] for x in hosts[g])):
+        for g in sorted(
+            (g for g in range(len(slots)) if (m, g) in weight), key=lambda g: sum(weight[(x, g)] for x in hosts[g])
+        ):
             keep = list(hosts[g])
             used = sum(weight[(x, g)] for x in keep)
             count = {x: sum(x in h for h in hosts) for x in keep}
@@ -580,6 +596,67 @@ def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator
     return hosts
 
 
+def mixed_slots(p: Problem, screen: Problem, min_share: float = 0.0) -> list[tuple[int, list[Slot]]]:
+    """Partitions mixing configurations, on a cluster of one node group: the models cut by size into
+    a small and a large bucket (at each size-class boundary), the devices split between them by
+    their load (Σ requests × single-device seconds; the nearest counts ± 1), each bucket's devices
+    cut into the equal groups and pp × tp that serve its models best under the fast greedy on
+    `screen`. Returns (screened good requests, slots) per candidate — AlpaServe's bucketed search
+    (planner/serve/alpaserve.py) restricted to the splits the load points at."""
+    nodes = p.cost.cluster.nodes
+    if len(nodes) != 1 or len(p.models) < 2:
+        return []
+    node = nodes[0]
+    n, kind, per_node = p.cost.cluster.num_devices, node.device_kind, node.num_devices
+    sizes = sorted({m.spec.num_params() for m in p.models})
+    reqs = np.bincount(screen.trace.model, minlength=len(p.models))
+    load = [
+        reqs[m] * sum(p.times(m, Config(kind, 1, 1))[0]) if p.fits(m, Config(kind, 1, 1)) else reqs[m] * 1e9
+        for m in range(len(p.models))
+    ]
+    memo: dict[tuple[tuple[int, ...], int], tuple[int, Config | None]] = {}
+
+    def best(models: list[int], d: int) -> tuple[int, Config | None]:
+        key = (tuple(models), d)
+        if key not in memo:
+            out: tuple[int, Config | None] = (-1, None)
+            sub = Problem(screen.workload, screen.cost, screen.sub_trace(models), screen.slo_s)
+            for size in range(1, d + 1):
+                if d % size or (size > per_node and size % per_node):
+                    continue
+                for pp, tp in configs(size, per_node):
+                    cfg = Config(kind, pp, tp)
+                    if not all(sub.fits(m, cfg) for m in models):
+                        continue
+                    slots = [Slot((), cfg) for _ in range(d // size)]
+                    ev = Evaluator(sub, slots)
+                    good = int(ev(fast_greedy(sub, slots, ev=ev, only=models))[0].sum())
+                    if good > out[0]:
+                        out = (good, cfg)
+            memo[key] = out
+        return memo[key]
+
+    out = []
+    for cut in sizes[1:]:
+        small = [m for m in range(len(p.models)) if p.models[m].spec.num_params() < cut]
+        large = [m for m in range(len(p.models)) if p.models[m].spec.num_params() >= cut]
+        share = sum(load[m] for m in large) / max(sum(load), 1e-12)
+        centre = int(round(share * n))
+        for d in sorted({centre - 1, centre, centre + 1}):
+            if not 1 <= d <= n - 1:
+                continue
+            (gs, cs), (gl, cl) = best(small, n - d), best(large, d)
+            if cs is None or cl is None:
+                continue
+            slots, at = [], 0
+            for cfg, devs in ((cs, n - d), (cl, d)):
+                for _ in range(devs // cfg.size):
+                    slots.append(Slot(tuple(range(at, at + cfg.size)), cfg))
+                    at += cfg.size
+            out.append((gs + gl, slots))
+    return out
+
+
 def search(
     p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 12, plan_requests: int = 4000
 ) -> Placement:
@@ -588,7 +665,8 @@ def search(
 
     1. every equal partition × pp × tp is filled by AlpaServe's fast greedy (memory filled) on the
        first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
-       configuration whose bound is below the best screened result (it cannot win);
+       configuration whose bound is below the best screened result (it cannot win), and so are
+       the `mixed_slots` partitions (small and large models on groups of their own configuration);
     2. the `finalists` best are filled again on the whole planning trace; for the best of them,
     3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
        the components a move touches are simulated again; bounded candidates skipped), refilling
@@ -600,7 +678,9 @@ def search(
     plan = planning_problem(p, plan_requests)
     slot_sets = candidate_slots(plan)
     _check_fits(plan, slot_sets)
-    screen = Problem(plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s)
+    screen = Problem(
+        plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s
+    )
     bounds = [latency_bound(screen, slots) for slots in slot_sets]
     ranked: list[tuple[int, int, list[Slot]]] = []
     for i in sorted(range(len(slot_sets)), key=lambda i: -bounds[i]):
@@ -610,6 +690,7 @@ def search(
         ev = Evaluator(screen, slots)
         hosts = fast_greedy(screen, slots, ev=ev)
         ranked.append((int(ev(hosts)[0].sum()), -i, slots))
+    ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed_slots(plan, screen))]
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
     best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
     for _, _, slots in ranked[:finalists]:

@@ -288,12 +288,23 @@ def test_cost_pays_front_end_hand_off_and_tp_short_of_ideal() -> None:
     kind = V100.nodes[0].device_kind
     m = ServedModel(name="a", preset="gpt3-6.7b", seq=512, slo_s=1)
     ideal = ServeCost(V100, "fp16")
-    real = ServeCost(V100, "fp16", serving={kind: KindServing(front_s=0.01, reply_s=0.002, handoff_s=0.003, tp_serial=0.1)})
-    one_i, one_r = ideal.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512), real.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512)
+    real = ServeCost(
+        V100, "fp16", serving={kind: KindServing(front_s=0.01, reply_s=0.002, handoff_s=0.003, tp_serial=0.1)}
+    )
+    one_i, one_r = (
+        ideal.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512),
+        real.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512),
+    )
     assert one_r[0] == pytest.approx(one_i[0] + 0.01)  # the front end holds the first stage
-    two_i, two_r = ideal.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512), real.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512)
+    two_i, two_r = (
+        ideal.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512),
+        real.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512),
+    )
     assert two_r[0] == pytest.approx(two_i[0] + 0.01 + 0.003) and two_r[1] == pytest.approx(two_i[1])
-    tp8_i, tp8_r = sum(ideal.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512)), sum(real.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512))
+    tp8_i, tp8_r = (
+        sum(ideal.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512)),
+        sum(real.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512)),
+    )
     assert tp8_r > tp8_i + 0.15 * (sum(one_i) / 8)  # 10 % serial: ≈ 1.6× the ideal compute share
     assert KindServing(tp_serial=0.0).tp_factor(8) == 1.0 and KindServing(tp_serial=1.0).tp_factor(8) == 8.0
 
@@ -306,10 +317,28 @@ def test_calibration_and_serving_figures_are_per_device_kind() -> None:
     assert cost.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512) != (9.0,)  # another kind's figure: not used
 
     def meas(front: float, back: float, hop: float) -> Measured:
-        s = Service(np.array([front]), {0: [np.array([1.0]), np.array([1.0])]}, [np.array([hop])], np.array([back]), np.array([0.0]))
+        s = Service(
+            np.array([front]),
+            {0: [np.array([1.0]), np.array([1.0])]},
+            [np.array([hop])],
+            np.array([back]),
+            np.array([0.0]),
+        )
         return Measured(s, s)
 
-    calib = {("cpu", "a", 1, 1, 1): (1.0,), ("cpu", "a", 1, 2, 1): (0.75,), (kind, "a", 1, 1, 1): (1.0,), (kind, "a", 1, 4, 1): (0.25,)}
-    fit = fit_serving([("cpu", meas(0.01, 0.002, 0.004)), ("cpu", meas(0.03, 0.004, 0.006)), (kind, meas(0.001, 0.0, 0.0))], calib)
-    assert fit["cpu"] == KindServing(front_s=pytest.approx(0.02), reply_s=pytest.approx(0.003), handoff_s=pytest.approx(0.005), tp_serial=pytest.approx(0.5))
+    calib = {
+        ("cpu", "a", 1, 1, 1): (1.0,),
+        ("cpu", "a", 1, 2, 1): (0.75,),
+        (kind, "a", 1, 1, 1): (1.0,),
+        (kind, "a", 1, 4, 1): (0.25,),
+    }
+    fit = fit_serving(
+        [("cpu", meas(0.01, 0.002, 0.004)), ("cpu", meas(0.03, 0.004, 0.006)), (kind, meas(0.001, 0.0, 0.0))], calib
+    )
+    assert fit["cpu"] == KindServing(
+        front_s=pytest.approx(0.02),
+        reply_s=pytest.approx(0.003),
+        handoff_s=pytest.approx(0.005),
+        tp_serial=pytest.approx(0.5),
+    )
     assert fit[kind] == KindServing(front_s=pytest.approx(0.001), tp_serial=pytest.approx(0.0))
