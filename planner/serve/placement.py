@@ -124,7 +124,10 @@ class Problem:
 
 
 def single_device_latency(problem_cost: ServeCost, sm: ServedModel, kind: str) -> float:
-    return sum(problem_cost.stage_times(sm.name, sm.spec, Config(kind, 1, 1), sm.batch, sm.tokens))
+    """A request's latency alone on one device: its stage time (front end included) and the reply."""
+    return sum(problem_cost.stage_times(sm.name, sm.spec, Config(kind, 1, 1), sm.batch, sm.tokens)) + (
+        problem_cost.reply_s(kind)
+    )
 
 
 def resolve_slos(w: Workload, cost: ServeCost) -> np.ndarray:
