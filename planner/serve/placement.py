@@ -599,12 +599,14 @@ def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator
     return hosts
 
 
-def mixed_slots(p: Problem, screen: Problem, min_share: float = 0.0) -> list[tuple[int, list[Slot]]]:
+def mixed_slots(
+    p: Problem, screen: Problem, shapes: set[tuple[int, int]] | None = None
+) -> list[tuple[int, list[Slot]]]:
     """Partitions mixing configurations, on a cluster of one node group: the models cut by size into
     a small and a large bucket (at each size-class boundary), the devices split between them by
-    their load (Σ requests × single-device seconds; the nearest counts ± 1), each bucket's devices
-    cut into the equal groups and pp × tp that serve its models best under the fast greedy on
-    `screen`. Returns (screened good requests, slots) per candidate — AlpaServe's bucketed search
+    their load (Σ requests × single-device seconds, rounded), each bucket's devices cut into the
+    equal groups and pp × tp (among `shapes`, default all) that serve its models best under the fast
+    greedy on `screen`. Returns (screened good requests, slots) per candidate — AlpaServe's bucketed search
     (planner/serve/alpaserve.py) restricted to the splits the load points at."""
     nodes = p.cost.cluster.nodes
     if len(nodes) != 1 or len(p.models) < 2:
@@ -629,7 +631,7 @@ def mixed_slots(p: Problem, screen: Problem, min_share: float = 0.0) -> list[tup
                     continue
                 for pp, tp in configs(size, per_node):
                     cfg = Config(kind, pp, tp)
-                    if not all(sub.fits(m, cfg) for m in models):
+                    if (shapes is not None and (pp, tp) not in shapes) or not all(sub.fits(m, cfg) for m in models):
                         continue
                     slots = [Slot((), cfg) for _ in range(d // size)]
                     ev = Evaluator(sub, slots)
@@ -644,8 +646,7 @@ def mixed_slots(p: Problem, screen: Problem, min_share: float = 0.0) -> list[tup
         small = [m for m in range(len(p.models)) if p.models[m].spec.num_params() < cut]
         large = [m for m in range(len(p.models)) if p.models[m].spec.num_params() >= cut]
         share = sum(load[m] for m in large) / max(sum(load), 1e-12)
-        centre = int(round(share * n))
-        for d in sorted({centre - 1, centre, centre + 1}):
+        for d in {int(round(share * n))}:
             if not 1 <= d <= n - 1:
                 continue
             (gs, cs), (gl, cl) = best(small, n - d), best(large, d)
@@ -670,7 +671,8 @@ def search(
        first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
        configuration whose bound is below the best screened result (it cannot win), and so are
        the `mixed_slots` partitions (small and large models on groups of their own configuration);
-    2. the `finalists` best are filled again on the whole planning trace; for the best of them,
+    2. the `finalists` best are filled again on the whole planning trace, by the fast greedy and by
+       the marginal-gain greedy (`_Greedy` on the screen share, then `fill`); for the best of them,
     3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
        the components a move touches are simulated again; bounded candidates skipped), refilling
        freed memory; then
@@ -693,15 +695,21 @@ def search(
         ev = Evaluator(screen, slots)
         hosts = fast_greedy(screen, slots, ev=ev)
         ranked.append((int(ev(hosts)[0].sum()), -i, slots))
-    ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed_slots(plan, screen))]
+    ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+    shapes = {(r[2][0].cfg.pp, r[2][0].cfg.tp) for r in ranked[:4]}  # the best screened shapes
+    mixed = mixed_slots(plan, screen, shapes)
+    ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed)]
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
     best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
     for _, _, slots in ranked[:finalists]:
         ev = Evaluator(plan, slots)
-        hosts = fast_greedy(plan, slots, ev=ev)
-        good = int(ev(hosts)[0].sum())
-        if best is None or good > best[0]:
-            best = (good, slots, hosts, ev)
+        # two seeds per finalist: the fast greedy's filled memory, and the marginal-gain greedy's
+        # replicas (each the one that most raises good requests on the screen share; fewer, placed
+        # by need, not by load) topped up by `fill`
+        for hosts in (fast_greedy(plan, slots, ev=ev), fill(plan, slots, _Greedy(screen, slots).run(), ev)):
+            good = int(ev(hosts)[0].sum())
+            if best is None or good > best[0]:
+                best = (good, slots, hosts, ev)
     assert best is not None
     _, slots, hosts, ev = best
     hosts = improve(plan, slots, hosts, ev, tries)
