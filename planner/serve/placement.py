@@ -662,7 +662,7 @@ def mixed_slots(
 
 
 def search(
-    p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 12, plan_requests: int = 4000
+    p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 8, plan_requests: int = 4000
 ) -> Placement:
     """meshplan's placement. Plans against `planning_problem(p)` (several sampled traces unless `p`'s
     is long enough) and scores the result on `p`'s trace:
@@ -671,8 +671,9 @@ def search(
        first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
        configuration whose bound is below the best screened result (it cannot win), and so are
        the `mixed_slots` partitions (small and large models on groups of their own configuration);
-    2. the `finalists` best are filled again on the whole planning trace, by the fast greedy and by
-       the marginal-gain greedy (`_Greedy` on the screen share, then `fill`); for the best of them,
+    2. the `finalists` best are filled again on the whole planning trace by the fast greedy, the
+       best screened also by the marginal-gain greedy (`_Greedy` on the screen share, then `fill`);
+       for the best of them,
     3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
        the components a move touches are simulated again; bounded candidates skipped), refilling
        freed memory; then
@@ -701,12 +702,15 @@ def search(
     ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed)]
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
     best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
-    for _, _, slots in ranked[:finalists]:
+    for k, (_, _, slots) in enumerate(ranked[:finalists]):
         ev = Evaluator(plan, slots)
-        # two seeds per finalist: the fast greedy's filled memory, and the marginal-gain greedy's
-        # replicas (each the one that most raises good requests on the screen share; fewer, placed
-        # by need, not by load) topped up by `fill`
-        for hosts in (fast_greedy(plan, slots, ev=ev), fill(plan, slots, _Greedy(screen, slots).run(), ev)):
+        # the fast greedy's filled memory; for the best screened, also the marginal-gain greedy's
+        # replicas (each the one that most raises good requests on the screen share: placed by
+        # need, not by load) topped up by `fill`
+        seeds = [fast_greedy(plan, slots, ev=ev)]
+        if k == 0:
+            seeds.append(fill(plan, slots, _Greedy(screen, slots).run(), ev))
+        for hosts in seeds:
             good = int(ev(hosts)[0].sum())
             if best is None or good > best[0]:
                 best = (good, slots, hosts, ev)
