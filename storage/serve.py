@@ -54,13 +54,13 @@ def serve_requests(db_path: str | Path, run_id: str | None = None) -> pl.DataFra
         return con.sql(sql + " WHERE run_id = ? ORDER BY request_id", params=[run_id]).pl()
 
 
-def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, int], tuple[float, ...]]:
-    """Per (model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
+def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, str, int, int, int], tuple[float, ...]]:
+    """Per (device kind, model, pp, tp, batch 1): the mean service seconds of each stage over the requests the
     ranks served (stage_rank*.json; calib_rank*.json, timed at start-up, where a stage served none).
     Only tp rank 0 of a stage writes these files, keyed by (group, stage); groups of one layout
-    hosting the same model pool their figures (the cost model's key has no group)."""
-    served: dict[tuple[str, int, int], dict[int, list[float]]] = {}
-    started: dict[tuple[str, int, int], dict[int, list[float]]] = {}
+    of one device kind hosting the same model pool their figures (the cost model's key has no group)."""
+    served: dict[tuple[str, str, int, int], dict[int, list[float]]] = {}
+    started: dict[tuple[str, str, int, int], dict[int, list[float]]] = {}
     for files, into in ((rundir.serve_calib_files(run_dir), started), (rundir.serve_stage_log_files(run_dir), served)):
         for f in files:
             d = json.loads(f.read_text())
@@ -68,11 +68,11 @@ def read_calibration(run_dir: Path, pl: Placement) -> dict[tuple[str, int, int, 
             times = list(d.get("stage_s", {}).items())
             times += [(r["model"], r["compute_s"]) for r in d.get("requests", [])]
             for name, t in times:
-                into.setdefault((name, g.pp, g.tp), {}).setdefault(d["stage"], []).append(t)
+                into.setdefault((g.kind, name, g.pp, g.tp), {}).setdefault(d["stage"], []).append(t)
     out = {}
     for key, per in started.items():
         mine = served.get(key, {})
-        out[(*key, 1)] = tuple(statistics.fmean(mine.get(s) or per[s]) for s in range(key[1]))
+        out[(*key, 1)] = tuple(statistics.fmean(mine.get(s) or per[s]) for s in range(key[2]))
     return out
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.serve.cost import KindServing
 from planner.serve.simulate import Measured, Service
 
 
@@ -93,3 +94,43 @@ def measured_samples(
         at if has_speed else np.zeros(0),
         speed if has_speed else np.zeros(0),
     )
+
+
+def fit_serving(
+    measured: list[tuple[str, Measured]], calibration: dict[tuple[str, str, int, int, int], tuple[float, ...]]
+) -> dict[str, KindServing]:
+    """Each device kind's `KindServing` (planner/serve/cost.py) from the serving runtime's logs:
+    `measured` pairs a group's device kind with its per-request samples (`measured_samples`), pooled
+    per kind — front end = mean `front` (stage 0's parsing is in its work already), reply = mean
+    `back`, hand-off = mean `hop` over every boundary, of the requests that found the group idle (no
+    CPU sharing in them); `tp_serial` from the calibration's stage totals of one model and pp at tp
+    and at tp 1 on the kind: t_tp / t_1 = 1/tp + σ·(1 − 1/tp), σ averaged over the pairs (the
+    measured totals include the all-reduces, so σ is the whole shortfall from 1/tp), clipped to
+    [0, 1]. A kind with no samples of a part keeps 0 for it."""
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {}
+    for kind, m in measured:
+        into = pooled.setdefault(kind, {"front": [], "back": [], "hop": []})
+        into["front"].append(m.idle.front)
+        into["back"].append(m.idle.back)
+        into["hop"].extend(m.idle.hop)
+    serial: dict[str, list[float]] = {}
+    for (kind, name, pp, tp, batch), stages in calibration.items():
+        one = calibration.get((kind, name, pp, 1, batch))
+        if tp > 1 and one is not None and sum(one) > 0:
+            sigma = (sum(stages) / sum(one) - 1 / tp) / (1 - 1 / tp)
+            serial.setdefault(kind, []).append(min(1.0, max(0.0, sigma)))
+
+    def mean(xs: list[np.ndarray]) -> float:
+        x = np.concatenate(xs) if xs else np.zeros(0)
+        return float(x.mean()) if len(x) else 0.0
+
+    out = {}
+    for kind in sorted(set(pooled) | set(serial)):
+        parts = pooled.get(kind, {"front": [], "back": [], "hop": []})
+        out[kind] = KindServing(
+            front_s=mean(parts["front"]),
+            reply_s=mean(parts["back"]),
+            handoff_s=mean(parts["hop"]),
+            tp_serial=float(np.mean(serial[kind])) if kind in serial else 0.0,
+        )
+    return out

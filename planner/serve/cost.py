@@ -5,8 +5,16 @@ A stage of n blocks at tp on a device kind takes, for one batch of b sequences o
                                                                       measured rows win, else the roofline estimate)
     + 2n · all-reduce(b·s·h·e bytes over tp)                           the two tp all-reduces of a block's forward
     + send of b·s·h·e bytes to the next stage                          (not on the last stage)
-— the training cost model's terms without backward, optimizer or gradient sync. A measured table
-(`Calibration`: seconds per stage measured on the serving ranks themselves) replaces all of it.
+— the training cost model's terms without backward, optimizer or gradient sync — plus what a
+serving system pays beyond the kernels, per device kind (`KindServing`, calibrated from the serving
+runtime's per-request logs by planner/serve/calibrate.py): a fixed per-request front end (router →
+first stage; it occupies the first stage) and reply (last stage → client; it delays only), a fixed
+hand-off per stage boundary (header + activation through the runtime's send/recv), and tensor
+parallelism that does not divide a block's compute by tp: a share `tp_serial` of it does not split
+(Amdahl; kernels get smaller and less efficient, launches stay), so a block at tp takes
+compute(1) · (1/tp + tp_serial · (1 − 1/tp)) plus its two all-reduces. A measured table
+(`calibration`: seconds per stage measured on the serving ranks themselves, keyed by device kind,
+model, pp, tp, batch) replaces the stage times of the configurations it has.
 Weights: a stage holds its blocks' (and the embedding's / head's) parameters / tp in the workload's
 dtype; a group fits a set of models when every device's sum stays under its memory less the runtime
 reserve.
@@ -54,16 +62,41 @@ class Config:
         return self.pp * self.tp
 
 
+@dataclass(frozen=True)
+class KindServing:
+    """What serving on one device kind pays beyond the kernels (module docstring), in seconds:
+    `front_s` per request before the first stage's forward (it holds the first stage), `reply_s`
+    after the last stage's (it delays the reply only), `handoff_s` per stage boundary, and the share
+    of a block's compute that tensor parallelism does not split (0 = ideal 1/tp)."""
+
+    front_s: float = 0.0
+    reply_s: float = 0.0
+    handoff_s: float = 0.0
+    tp_serial: float = 0.0
+
+    def tp_factor(self, tp: int) -> float:
+        """compute(tp) / compute(1) of a block whose profile row is ideal 1/tp."""
+        return 1.0 if tp <= 1 else (1 / tp + self.tp_serial * (1 - 1 / tp)) * tp
+
+
 @dataclass
 class ServeCost:
     """Stage times and weight bytes per (model, config, batch), memoised; `calibration` maps
-    (model name, pp, tp, batch) to measured seconds per stage and wins over the cost model."""
+    (device kind, model name, pp, tp, batch) to measured seconds per stage and wins over the cost
+    model; `serving` holds each device kind's per-request, hand-off and tp-scaling figures."""
 
     cluster: ClusterSpec
     dtype: str = "fp16"
     profiles: ProfileTable | None = None
-    calibration: dict[tuple[str, int, int, int], tuple[float, ...]] = field(default_factory=dict)
+    calibration: dict[tuple[str, str, int, int, int], tuple[float, ...]] = field(default_factory=dict)
+    serving: dict[str, KindServing] = field(default_factory=dict)
     _times: dict = field(default_factory=dict, repr=False)
+
+    def kind_serving(self, kind: str) -> KindServing:
+        return self.serving.get(kind, KindServing())
+
+    def reply_s(self, kind: str) -> float:
+        return self.kind_serving(kind).reply_s
 
     def node(self, kind: str) -> NodeSpec:
         return next(n for n in self.cluster.nodes if n.device_kind == kind)
@@ -84,9 +117,10 @@ class ServeCost:
         hit = self._times.get(key)
         if hit is not None:
             return hit
-        measured = self.calibration.get((name, cfg.pp, cfg.tp, batch))
-        if measured is None and batch > 1 and (name, cfg.pp, cfg.tp, 1) in self.calibration:
-            measured = tuple(t * batch for t in self.calibration[(name, cfg.pp, cfg.tp, 1)])  # linear in batch
+        k = (cfg.kind, name, cfg.pp, cfg.tp)
+        measured = self.calibration.get((*k, batch))
+        if measured is None and batch > 1 and (*k, 1) in self.calibration:
+            measured = tuple(t * batch for t in self.calibration[(*k, 1)])  # linear in batch
         out = measured if measured is not None else self._modelled(model, cfg, batch, seq)
         self._times[key] = out
         return out
@@ -105,13 +139,15 @@ class ServeCost:
         # stages of a group larger than a node cross nodes: the inter-node link prices their sends
         hop = node.inter_link if cfg.size > node.num_devices else node.intra_link
         send = F.p2p_s(hidden_bytes / cfg.tp, hop.bandwidth_bytes_per_s, hop.latency_s)
-        block, emb, head = fwd("block"), fwd("embedding"), fwd("head")
+        ks = self.kind_serving(cfg.kind)
+        f = ks.tp_factor(cfg.tp)
+        block, emb, head = f * fwd("block"), f * fwd("embedding"), f * fwd("head")
         out = []
         for s, (a, b) in enumerate(stage_layers(model.num_layers, cfg.pp)):
             n = b - a
             t = n * (block + 2 * ar)
-            t += emb if s == 0 else 0.0
-            t += head if s == cfg.pp - 1 else send
+            t += emb + ks.front_s if s == 0 else 0.0
+            t += head if s == cfg.pp - 1 else send + ks.handoff_s
             out.append(t)
         return tuple(out)
 

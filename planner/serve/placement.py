@@ -1,19 +1,21 @@
 """Placement search: which groups, which parallel configuration each, which models each hosts.
 
-AlpaServe's method (Li et al., OSDI'23 §4.3): enumerate partitions of the cluster into equal groups
-and each group's configuration (pp stages × tp ranks on its device kind); for each, start from
-empty groups and greedily add the (model, group) replica that most raises the number of requests
-the simulator says meet their SLO, within the group's memory, until no replica helps; keep the
-best. Speed comes from locality: a replica only changes the requests of the models connected to it
-through shared groups (a component of the model–group graph), so a candidate's gain needs only its
-component simulated, and components are memoised by a canonical key — (config, hosted models) per
-group, groups being interchangeable — so unchanged candidates cost nothing the next round and empty
-groups of one configuration are simulated once. The search screens every partition on a short head
-of the trace, searches the best few again on a longer one, and scores the result on all of it.
+meshplan's search (`search`) starts from AlpaServe's (Li et al., OSDI'23 §4.3): partitions of the
+cluster into groups, each group's configuration (pp stages × tp ranks on its device kind), and
+replicas placed by AlpaServe's fast greedy (simulate; a replica of the model losing the most
+requests onto the least loaded group with room; until memory is full). It plans against several
+sampled traces (`planning_problem`: a burst of one sample must not decide the placement), screens
+the partitions on a share of them with a latency bound that skips configurations which cannot win,
+adds partitions mixing configurations (small and large models on groups of their own), then moves
+replicas towards the models that lose requests (`improve`), fills memory while the planning trace
+does not lose (`fill`), and gives every model that fits a replica (`serve_everyone`). Simulation is
+incremental (`Evaluator`): a placement is simulated component by component (groups joined by a
+shared model), memoised by the component's canonical key — (config, hosted models) per group, groups
+interchangeable — so a step re-simulates only the component it touches.
 
-Baselines in the same code: selective replication (Clockwork-style: no model parallelism, each
-replica on the smallest tp group every model fits, replicas added by the same greedy, i.e. by load)
-and one model per group (equal groups, the busiest models one each, the best configuration each).
+AlpaServe's own algorithms (its model-parallel greedy, its group-partition search, selective
+replication) are in planner/serve/alpaserve.py, as baselines; `selective_replication` and
+`one_model_per_group` below are the older marginal-gain baselines `serve-plan` prints.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import MeshplanError
 from planner.serve.cost import Config, ServeCost
 from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate
-from planner.serve.workload import ServedModel, Trace, Workload
+from planner.serve.workload import ServedModel, Trace, Workload, make_trace
 
 METHODS = ("meshplan", "selective-replication", "one-model-per-group")
 
@@ -57,6 +59,7 @@ class Placement(BaseModel):
     groups: tuple[GroupPlacement, ...]
     attainment: float | None = None
     search_s: float = 0.0
+    unserved: tuple[str, ...] = ()  # models left without a replica: none of this partition's groups fits them
 
     def config(self, g: GroupPlacement) -> Config:
         return Config(g.kind, g.pp, g.tp)
@@ -108,7 +111,9 @@ class Problem:
         self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0
     ) -> SimResult:
         groups = [
-            SimGroup(c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s)
+            SimGroup(
+                c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s + self.cost.reply_s(c.kind)
+            )
             for c, h in zip(cfgs, hosts, strict=True)
         ]
         routes: dict[int, list[int]] = {}
@@ -119,7 +124,10 @@ class Problem:
 
 
 def single_device_latency(problem_cost: ServeCost, sm: ServedModel, kind: str) -> float:
-    return sum(problem_cost.stage_times(sm.name, sm.spec, Config(kind, 1, 1), sm.batch, sm.tokens))
+    """A request's latency alone on one device: its stage time (front end included) and the reply."""
+    return sum(problem_cost.stage_times(sm.name, sm.spec, Config(kind, 1, 1), sm.batch, sm.tokens)) + (
+        problem_cost.reply_s(kind)
+    )
 
 
 def resolve_slos(w: Workload, cost: ServeCost) -> np.ndarray:
@@ -266,6 +274,191 @@ class _Greedy:
         return self.hosts
 
 
+class Evaluator:
+    """Good requests per model and load per group of a placement on `p`'s trace, simulated component
+    by component (groups joined by a shared model; the others cannot change each other's requests)
+    and memoised by each component's canonical key — (config, hosted models) per group, groups of one
+    key interchangeable — so a step that adds or moves a replica re-simulates only the component it
+    touches (incremental simulation); `sims` counts the simulations run."""
+
+    def __init__(self, p: Problem, slots: list[Slot]) -> None:
+        self.p, self.slots = p, slots
+        self.cache: dict[tuple, tuple[dict[int, int], list[float]]] = {}
+        self.sims = 0
+        self.requests = np.bincount(p.trace.model, minlength=len(p.models))
+
+    def components(self, hosts: list[list[int]]) -> list[list[int]]:
+        """Groups hosting something, split into the components of the model–group graph."""
+        parent = list(range(len(hosts)))
+
+        def find(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        first: dict[int, int] = {}
+        for g, h in enumerate(hosts):
+            for m in h:
+                if m in first:
+                    parent[find(g)] = find(first[m])
+                else:
+                    first[m] = g
+        comps: dict[int, list[int]] = {}
+        for g, h in enumerate(hosts):
+            if h:
+                comps.setdefault(find(g), []).append(g)
+        return list(comps.values())
+
+    def _component(self, groups: list[int], hosts: list[list[int]]) -> tuple[dict[int, int], list[float]]:
+        keyed = sorted(
+            groups, key=lambda g: (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, sorted(hosts[g]))
+        )
+        key = tuple(
+            (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(sorted(hosts[g]))) for g in keyed
+        )
+        hit = self.cache.get(key)
+        if hit is None:
+            models = sorted({m for g in groups for m in hosts[g]})
+            self.sims += 1
+            r = self.p.run(
+                [self.slots[g].cfg for g in keyed], [sorted(hosts[g]) for g in keyed], self.p.sub_trace(models)
+            )
+            good = r.good()
+            hit = ({m: int(good[r.model == m].sum()) for m in models}, list(r.group_busy_s))
+            self.cache[key] = hit
+        good_m, busy = hit
+        return good_m, [busy[keyed.index(g)] for g in groups]
+
+    def __call__(self, hosts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """(good requests per model, first-stage busy seconds per group)."""
+        good = np.zeros(len(self.p.models), dtype=np.int64)
+        busy = np.zeros(len(hosts))
+        for comp in self.components(hosts):
+            gm, b = self._component(comp, hosts)
+            for m, v in gm.items():
+                good[m] = v
+            busy[comp] = b
+        return good, busy
+
+
+def _weights(p: Problem, slots: list[Slot]) -> tuple[dict[tuple[int, int], float], list[float]]:
+    """Per (model, group) that can host it, the model's bytes on the group's busiest device; each group's capacity."""
+    weight = {
+        (m, g): p.cost.weight_bytes(p.models[m].spec, s.cfg)
+        for m in range(len(p.models))
+        for g, s in enumerate(slots)
+        if p.fits(m, s.cfg)
+    }
+    return weight, [p.cost.capacity_bytes(s.cfg.kind) for s in slots]
+
+
+def fast_greedy(
+    p: Problem,
+    slots: list[Slot],
+    hosts: list[list[int]] | None = None,
+    ev: Evaluator | None = None,
+    only: list[int] | None = None,
+) -> list[list[int]]:
+    """AlpaServe's fast replica placement (Li et al., OSDI'23 §4.3, its "fast greedy"): simulate,
+    then add a replica of the model with the most requests unserved to the least loaded group that
+    has room for it (not hosting it yet), and again, until no model fits anywhere — memory is filled
+    whatever the marginal gain. One (incremental) simulation per replica; load here is the group's
+    first-stage busy seconds (AlpaServe counts its requests). `only`: place these models only."""
+    ev = ev or Evaluator(p, slots)
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts] if hosts is not None else [[] for _ in slots]
+    used = [sum(weight[(m, g)] for m in h) for g, h in enumerate(hosts)]
+    pool = list(range(len(p.models))) if only is None else list(only)
+    while True:
+        good, busy = ev(hosts)
+        unserved = ev.requests - good
+        models = sorted(pool, key=lambda m: (-unserved[m], m))
+        pick = None
+        for g in sorted(range(len(slots)), key=lambda g: (busy[g], g)):
+            for m in models:
+                w = weight.get((m, g))
+                if w is not None and m not in hosts[g] and used[g] + w <= cap[g]:
+                    pick = (m, g)
+                    break
+            if pick:
+                break
+        if pick is None:
+            return hosts
+        m, g = pick
+        hosts[g].append(m)
+        used[g] += weight[(m, g)]
+
+
+def fill(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator) -> list[list[int]]:
+    """Add replicas while memory allows and the gain on the planning trace is ≥ 0: the model with the
+    most requests unserved first, each on the group with room where it gains most (the least loaded
+    one on ties); a model all of whose requests are met takes spare memory too (a zero gain is
+    accepted: on an unseen trace a spare replica absorbs bursts the planning one did not have)."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    used = [sum(weight[(m, g)] for m in h) for g, h in enumerate(hosts)]
+    while True:
+        good, busy = ev(hosts)
+        unserved = ev.requests - good
+        base = int(good.sum())
+        placed = False
+        for m in sorted(range(len(p.models)), key=lambda m: (-unserved[m], m)):
+            opts = [
+                g
+                for g in range(len(slots))
+                if (m, g) in weight and m not in hosts[g] and used[g] + weight[(m, g)] <= cap[g]
+            ]
+            best = None
+            for g in sorted(opts, key=lambda g: (busy[g], g)):
+                hosts[g].append(m)
+                gain = int(ev(hosts)[0].sum()) - base
+                hosts[g].pop()
+                if gain >= 0 and (best is None or gain > best[0]):
+                    best = (gain, g)
+                if unserved[m] == 0:  # nothing to gain: the least loaded group that does not lose
+                    if best is not None:
+                        break
+            if best is not None:
+                hosts[best[1]].append(m)
+                used[best[1]] += weight[(m, best[1])]
+                placed = True
+                break
+        if not placed:
+            return hosts
+
+
+def serve_everyone(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Give a replica to every model that has none and fits a group of `slots`: into free memory, else
+    in place of replicas of models that keep another replica (the most replicated first). Returns the
+    hosts and the models still unserved (none of these groups can hold them)."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    left = []
+    for m in range(len(p.models)):
+        if any(m in h for h in hosts):
+            continue
+        done = False
+        for g in sorted(
+            (g for g in range(len(slots)) if (m, g) in weight), key=lambda g: sum(weight[(x, g)] for x in hosts[g])
+        ):
+            keep = list(hosts[g])
+            used = sum(weight[(x, g)] for x in keep)
+            count = {x: sum(x in h for h in hosts) for x in keep}
+            evict = sorted((x for x in keep if count[x] > 1), key=lambda x: (-count[x], -weight[(x, g)]))
+            while used + weight[(m, g)] > cap[g] and evict:
+                x = evict.pop(0)
+                keep.remove(x)
+                used -= weight[(x, g)]
+            if used + weight[(m, g)] <= cap[g]:
+                hosts[g] = keep + [m]
+                done = True
+                break
+        if not done:
+            left.append(m)
+    return hosts, left
+
+
 def _score(p: Problem, slots: list[Slot], hosts: list[list[int]]) -> float:
     return p.run([s.cfg for s in slots], hosts).attainment()
 
@@ -326,29 +519,208 @@ def _head(trace: Trace, requests: int) -> Trace:
     return trace.head(float(trace.arrival_s[requests]))
 
 
-def search(p: Problem, requests: int = 2000, screen_requests: int = 400, finalists: int = 3) -> Placement:
-    """meshplan's placement (module docstring). Every partition × configuration is screened by the
-    greedy on the trace's first `screen_requests` requests; the `finalists` best are searched again
-    on the first `requests`, and the best of those is scored on the whole trace."""
+def planning_problem(p: Problem, min_requests: int = 4000) -> Problem:
+    """What meshplan plans against: `p`'s trace when it has ≥ `min_requests` requests or its models'
+    traffic is not all given by rates (a CSV trace); else `p`'s trace followed by more traces drawn
+    from the same rates and CVs with seeds the scored trace did not use, until ≥ `min_requests` —
+    so a burst of the one sample does not decide the placement (the top percentiles settle)."""
+    w = p.workload
+    if len(p.trace) >= min_requests or not all(m.rate > 0 for m in w.models):
+        return p
+    times, models, t_end, k = [p.trace.arrival_s], [p.trace.model], p.trace.duration_s, 0
+    total = len(p.trace)
+    while total < min_requests and k < 64:
+        k += 1
+        extra = make_trace(w.model_copy(update={"seed": w.seed + 7919 * k}))
+        times.append(extra.arrival_s + t_end)
+        models.append(extra.model)
+        t_end += extra.duration_s
+        total += len(extra)
+    trace = Trace(np.concatenate(times), np.concatenate(models), t_end)
+    return Problem(w, p.cost, trace, p.slo_s)
+
+
+def latency_bound(p: Problem, slots: list[Slot]) -> int:
+    """Requests that could meet their SLO on these groups at all: those of models that fit a group on
+    which they alone, with no queue, finish within the SLO — no placement on `slots` does better."""
+    kinds = {s.cfg for s in slots}
+    ok = [
+        any(p.fits(m, c) and sum(p.times(m, c)[0]) + p.cost.reply_s(c.kind) <= p.slo_s[m] + 1e-12 for c in kinds)
+        for m in range(len(p.models))
+    ]
+    return int(np.bincount(p.trace.model, minlength=len(p.models))[np.array(ok, dtype=bool)].sum())
+
+
+def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator, tries: int) -> list[list[int]]:
+    """Local search from a filled placement: replace a replica of a model that has another and loses
+    few requests by one of the model losing the most, where memory allows, keep it when the planning
+    trace gains, and refill the memory it frees (fast_greedy). The model losing the most first; a
+    candidate is skipped without simulation when the requests it could win (the model's unserved
+    ones) cannot beat what the evicted model has to lose — a bound, not a guess. Stops after `tries`
+    simulated moves without a gain."""
+    weight, cap = _weights(p, slots)
+    hosts = [list(h) for h in hosts]
+    good, _ = ev(hosts)
+    best = int(good.sum())
+    misses = 0
+    while misses < tries:
+        unserved = ev.requests - good
+        count = np.zeros(len(p.models), dtype=np.int64)
+        for h in hosts:
+            for m in h:
+                count[m] += 1
+        moved = False
+        for m_in in sorted(range(len(p.models)), key=lambda m: -unserved[m]):
+            if unserved[m_in] == 0 or misses >= tries:
+                break
+            for g in range(len(slots)):
+                if m_in in hosts[g] or (m_in, g) not in weight:
+                    continue
+                used = sum(weight[(x, g)] for x in hosts[g])
+                for x in sorted((x for x in hosts[g] if count[x] > 1), key=lambda x: unserved[x]):
+                    if used - weight[(x, g)] + weight[(m_in, g)] > cap[g]:
+                        continue
+                    trial = [list(h) for h in hosts]
+                    trial[g] = [y for y in trial[g] if y != x] + [m_in]
+                    trial = fast_greedy(p, slots, trial, ev)
+                    t_good, _ = ev(trial)
+                    if int(t_good.sum()) > best:
+                        hosts, good, best, moved = trial, t_good, int(t_good.sum()), True
+                        break
+                    misses += 1
+                    if misses >= tries:
+                        break
+                if moved or misses >= tries:
+                    break
+            if moved or misses >= tries:
+                break
+        if not moved:
+            break
+    return hosts
+
+
+def mixed_slots(
+    p: Problem, screen: Problem, shapes: set[tuple[int, int]] | None = None
+) -> list[tuple[int, list[Slot]]]:
+    """Partitions mixing configurations, on a cluster of one node group: the models cut by size into
+    a small and a large bucket (at each size-class boundary), the devices split between them by
+    their load (Σ requests × single-device seconds, rounded), each bucket's devices cut into the
+    equal groups and pp × tp (among `shapes`, default all) that serve its models best under the fast
+    greedy on `screen`. Returns (screened good requests, slots) per candidate — AlpaServe's bucketed search
+    (planner/serve/alpaserve.py) restricted to the splits the load points at."""
+    nodes = p.cost.cluster.nodes
+    if len(nodes) != 1 or len(p.models) < 2:
+        return []
+    node = nodes[0]
+    n, kind, per_node = p.cost.cluster.num_devices, node.device_kind, node.num_devices
+    sizes = sorted({m.spec.num_params() for m in p.models})
+    reqs = np.bincount(screen.trace.model, minlength=len(p.models))
+    load = [
+        reqs[m] * sum(p.times(m, Config(kind, 1, 1))[0]) if p.fits(m, Config(kind, 1, 1)) else reqs[m] * 1e9
+        for m in range(len(p.models))
+    ]
+    memo: dict[tuple[tuple[int, ...], int], tuple[int, Config | None]] = {}
+
+    def best(models: list[int], d: int) -> tuple[int, Config | None]:
+        key = (tuple(models), d)
+        if key not in memo:
+            out: tuple[int, Config | None] = (-1, None)
+            sub = Problem(screen.workload, screen.cost, screen.sub_trace(models), screen.slo_s)
+            for size in range(1, d + 1):
+                if d % size or (size > per_node and size % per_node):
+                    continue
+                for pp, tp in configs(size, per_node):
+                    cfg = Config(kind, pp, tp)
+                    if (shapes is not None and (pp, tp) not in shapes) or not all(sub.fits(m, cfg) for m in models):
+                        continue
+                    slots = [Slot((), cfg) for _ in range(d // size)]
+                    ev = Evaluator(sub, slots)
+                    good = int(ev(fast_greedy(sub, slots, ev=ev, only=models))[0].sum())
+                    if good > out[0]:
+                        out = (good, cfg)
+            memo[key] = out
+        return memo[key]
+
+    out = []
+    for cut in sizes[1:]:
+        small = [m for m in range(len(p.models)) if p.models[m].spec.num_params() < cut]
+        large = [m for m in range(len(p.models)) if p.models[m].spec.num_params() >= cut]
+        share = sum(load[m] for m in large) / max(sum(load), 1e-12)
+        for d in {int(round(share * n))}:
+            if not 1 <= d <= n - 1:
+                continue
+            (gs, cs), (gl, cl) = best(small, n - d), best(large, d)
+            if cs is None or cl is None:
+                continue
+            slots, at = [], 0
+            for cfg, devs in ((cs, n - d), (cl, d)):
+                for _ in range(devs // cfg.size):
+                    slots.append(Slot(tuple(range(at, at + cfg.size)), cfg))
+                    at += cfg.size
+            out.append((gs + gl, slots))
+    return out
+
+
+def search(
+    p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 8, plan_requests: int = 4000
+) -> Placement:
+    """meshplan's placement. Plans against `planning_problem(p)` (several sampled traces unless `p`'s
+    is long enough) and scores the result on `p`'s trace:
+
+    1. every equal partition × pp × tp is filled by AlpaServe's fast greedy (memory filled) on the
+       first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
+       configuration whose bound is below the best screened result (it cannot win), and so are
+       the `mixed_slots` partitions (small and large models on groups of their own configuration);
+    2. the `finalists` best are filled again on the whole planning trace by the fast greedy, the
+       best screened also by the marginal-gain greedy (`_Greedy` on the screen share, then `fill`);
+       for the best of them,
+    3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
+       the components a move touches are simulated again; bounded candidates skipped), refilling
+       freed memory; then
+    4. `fill` adds replicas while memory allows and the planning trace does not lose, and
+       `serve_everyone` gives any model left out a replica where one fits (Placement.unserved names
+       those that fit no group)."""
     t0 = time.monotonic()
-    slot_sets = candidate_slots(p)
-    _check_fits(p, slot_sets)
-    screen = Problem(p.workload, p.cost, _head(p.trace, screen_requests), p.slo_s)
-    ranked = []
-    for i, slots in enumerate(slot_sets):
-        hosts = _Greedy(screen, slots).run()
-        ranked.append((_score(screen, slots, hosts), -i, slots))
+    plan = planning_problem(p, plan_requests)
+    slot_sets = candidate_slots(plan)
+    _check_fits(plan, slot_sets)
+    screen = Problem(
+        plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s
+    )
+    bounds = [latency_bound(screen, slots) for slots in slot_sets]
+    ranked: list[tuple[int, int, list[Slot]]] = []
+    for i in sorted(range(len(slot_sets)), key=lambda i: -bounds[i]):
+        if ranked and bounds[i] < max(r[0] for r in ranked):
+            continue  # cannot beat what is already screened
+        slots = slot_sets[i]
+        ev = Evaluator(screen, slots)
+        hosts = fast_greedy(screen, slots, ev=ev)
+        ranked.append((int(ev(hosts)[0].sum()), -i, slots))
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
-    small = Problem(p.workload, p.cost, _head(p.trace, requests), p.slo_s)
-    best: tuple[float, list[Slot], list[list[int]]] | None = None
-    for _, _, slots in ranked[:finalists]:
-        hosts = _Greedy(small, slots).run()
-        score = _score(small, slots, hosts)
-        if best is None or score > best[0] + 1e-9:
-            best = (score, slots, [list(h) for h in hosts])
+    shapes = {(r[2][0].cfg.pp, r[2][0].cfg.tp) for r in ranked[:4]}  # the best screened shapes
+    mixed = mixed_slots(plan, screen, shapes)
+    ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed)]
+    ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
+    best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
+    for k, (_, _, slots) in enumerate(ranked[:finalists]):
+        ev = Evaluator(plan, slots)
+        # the fast greedy's filled memory; for the best screened, also the marginal-gain greedy's
+        # replicas (each the one that most raises good requests on the screen share: placed by
+        # need, not by load) topped up by `fill`
+        seeds = [fast_greedy(plan, slots, ev=ev)]
+        if k == 0:
+            seeds.append(fill(plan, slots, _Greedy(screen, slots).run(), ev))
+        for hosts in seeds:
+            good = int(ev(hosts)[0].sum())
+            if best is None or good > best[0]:
+                best = (good, slots, hosts, ev)
     assert best is not None
-    _, slots, hosts = best
-    return _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    _, slots, hosts, ev = best
+    hosts = improve(plan, slots, hosts, ev, tries)
+    hosts = fill(plan, slots, hosts, ev)
+    hosts, left = serve_everyone(plan, slots, hosts)
+    pl = _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
+    return pl.model_copy(update={"unserved": tuple(p.models[m].name for m in left)})
 
 
 def selective_replication(p: Problem, requests: int = 2000) -> Placement:

@@ -345,16 +345,16 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
     assert set(logs) == {"stage_rank0.json", "stage_rank1.json"}  # tp rank 0 of each stage
     assert {e["model"] for e in logs["stage_rank1.json"]["requests"]} == {"c"}  # b never ran
     assert logs["stage_rank1.json"]["group"] == 1
-    # the simulator's calibration, keyed (model, pp, tp, batch) from tp rank 0's files: c from the
+    # the simulator's calibration, keyed (device kind, model, pp, tp, batch) from tp rank 0's files: c from the
     # requests it served, b (every one dropped) from the start-up timing
     from planner.serve.placement import Placement
     from tasks.serve import read_calibration
 
     calib = read_calibration(run, Placement.model_validate(placement))
-    assert set(calib) == {("a", 1, 1, 1), ("b", 1, 2, 1), ("c", 1, 2, 1)}
+    assert set(calib) == {("cpu", "a", 1, 1, 1), ("cpu", "b", 1, 2, 1), ("cpu", "c", 1, 2, 1)}
     c_served = [e["compute_s"] for e in logs["stage_rank1.json"]["requests"]]
-    assert calib[("c", 1, 2, 1)] == (pytest.approx(sum(c_served) / len(c_served)),)
-    assert calib[("b", 1, 2, 1)] == (json.loads((run / "calib_rank1.json").read_text())["stage_s"]["b"],)
+    assert calib[("cpu", "c", 1, 2, 1)] == (pytest.approx(sum(c_served) / len(c_served)),)
+    assert calib[("cpu", "b", 1, 2, 1)] == (json.loads((run / "calib_rank1.json").read_text())["stage_s"]["b"],)
 
 
 def test_serve_refuses_a_port_in_use_and_a_placement_made_for_another_cluster_in_one_line(tmp_path) -> None:

@@ -4,16 +4,20 @@ import numpy as np
 import pytest
 
 from planner.errors import MeshplanError
-from planner.serve.calibrate import measured_samples
-from planner.serve.cost import Config, ServeCost
+from planner.serve.calibrate import fit_serving, measured_samples
+from planner.serve.cost import Config, KindServing, ServeCost
 from planner.serve.placement import (
+    Evaluator,
     GroupPlacement,
     Placement,
     Problem,
+    Slot,
     check_placement,
+    planning_problem,
     resolve_slos,
     search,
     selective_replication,
+    serve_everyone,
 )
 from planner.serve.simulate import Measured, Service, SimGroup, replicate, simulate
 from planner.serve.workload import ServedModel, Trace, Workload, make_trace, parse_trace_csv
@@ -226,3 +230,115 @@ def test_a_model_too_large_and_an_overfull_placement_are_one_line() -> None:
     )
     with pytest.raises(MeshplanError, match=r"groups\[0\].models=.*weights need .* GiB per device.*host fewer models"):
         check_placement(pl, cost)
+
+
+def _tight(rates: tuple[float, ...], cv: float = 3) -> Problem:
+    """Four 16 GB V100s, three 1.3B models and a 2.7B (seq 512): little memory, traffic above capacity."""
+    sizes = ["gpt3-1.3b"] * 3 + ["gpt3-2.7b"]
+    models = tuple(
+        ServedModel(name=f"m{i}", preset=s, seq=512, rate=r, cv=cv, slo_scale=3)
+        for i, (s, r) in enumerate(zip(sizes, rates, strict=True))
+    )
+    four = V100.model_copy(update={"nodes": (V100.nodes[0].model_copy(update={"num_devices": 4}),)})
+    w = Workload(models=models, duration_s=20, seed=3)
+    cost = ServeCost(four, "fp16", serving={V100.nodes[0].device_kind: KindServing(0.002, 0.001, 0.001, 0.1)})
+    return Problem(w, cost, make_trace(w), resolve_slos(w, cost))
+
+
+def _free_rooms(p: Problem, pl: Placement) -> list[tuple[str, int]]:
+    """(model, group) pairs where the model is not hosted, fits the group's free memory and misses its
+    SLO on some request of the planning trace."""
+    plan = planning_problem(p, 1500)
+    idx = {m.name: i for i, m in enumerate(p.models)}
+    slots = [Slot(g.devices, pl.config(g)) for g in pl.groups]
+    hosts = [[idx[n] for n in g.models] for g in pl.groups]
+    good, _ = Evaluator(plan, slots)(hosts)
+    short = good < np.bincount(plan.trace.model, minlength=len(p.models))
+    rooms = []
+    for gi, (s, h) in enumerate(zip(slots, hosts, strict=True)):
+        used = sum(p.cost.weight_bytes(p.models[m].spec, s.cfg) for m in h)
+        for m in range(len(p.models)):
+            if short[m] and m not in h and p.fits(m, s.cfg):
+                if used + p.cost.weight_bytes(p.models[m].spec, s.cfg) <= p.cost.capacity_bytes(s.cfg.kind):
+                    rooms.append((p.models[m].name, gi))
+    return rooms
+
+
+def test_a_placement_leaves_no_memory_unused_while_a_model_misses_its_slo() -> None:
+    p = _tight((30.0, 30.0, 30.0, 20.0))
+    pl = search(p, plan_requests=1500)
+    assert pl.attainment < 0.99  # overloaded: every model loses requests somewhere
+    assert _free_rooms(p, pl) == []
+    assert sum(len(g.models) for g in pl.groups) > len(p.models)  # replicas beyond one each
+
+
+def test_no_model_is_left_without_a_replica_when_one_fits() -> None:
+    # m3 (2.7B) gets no request in the planning trace: no greedy gain ever points at it
+    p = _tight((40.0, 40.0, 40.0, 0.0))
+    pl = search(p, plan_requests=1500)
+    served = {m for g in pl.groups for m in g.models}
+    assert served == {"m0", "m1", "m2", "m3"} and pl.unserved == ()
+    # serve_everyone: memory full of replicas, m3 left out → it takes the place of a replicated model
+    slots = [Slot((0,), Config(V100.nodes[0].device_kind, 1, 1))]
+    hosts, left = serve_everyone(p, slots, [[0, 1, 2]])
+    assert left == [] and 3 in hosts[0]
+
+
+def test_cost_pays_front_end_hand_off_and_tp_short_of_ideal() -> None:
+    kind = V100.nodes[0].device_kind
+    m = ServedModel(name="a", preset="gpt3-6.7b", seq=512, slo_s=1)
+    ideal = ServeCost(V100, "fp16")
+    real = ServeCost(
+        V100, "fp16", serving={kind: KindServing(front_s=0.01, reply_s=0.002, handoff_s=0.003, tp_serial=0.1)}
+    )
+    one_i, one_r = (
+        ideal.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512),
+        real.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512),
+    )
+    assert one_r[0] == pytest.approx(one_i[0] + 0.01)  # the front end holds the first stage
+    two_i, two_r = (
+        ideal.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512),
+        real.stage_times("a", m.spec, Config(kind, 2, 1), 1, 512),
+    )
+    assert two_r[0] == pytest.approx(two_i[0] + 0.01 + 0.003) and two_r[1] == pytest.approx(two_i[1])
+    tp8_i, tp8_r = (
+        sum(ideal.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512)),
+        sum(real.stage_times("a", m.spec, Config(kind, 1, 8), 1, 512)),
+    )
+    assert tp8_r > tp8_i + 0.15 * (sum(one_i) / 8)  # 10 % serial: ≈ 1.6× the ideal compute share
+    assert KindServing(tp_serial=0.0).tp_factor(8) == 1.0 and KindServing(tp_serial=1.0).tp_factor(8) == 8.0
+
+
+def test_calibration_and_serving_figures_are_per_device_kind() -> None:
+    kind = V100.nodes[0].device_kind
+    m = ServedModel(name="a", preset="gpt3-1.3b", seq=512, slo_s=1)
+    cost = ServeCost(V100, "fp16", calibration={("cpu", "a", 1, 1, 1): (9.0,), (kind, "a", 1, 2, 1): (0.5,)})
+    assert cost.stage_times("a", m.spec, Config(kind, 1, 2), 1, 512) == (0.5,)
+    assert cost.stage_times("a", m.spec, Config(kind, 1, 1), 1, 512) != (9.0,)  # another kind's figure: not used
+
+    def meas(front: float, back: float, hop: float) -> Measured:
+        s = Service(
+            np.array([front]),
+            {0: [np.array([1.0]), np.array([1.0])]},
+            [np.array([hop])],
+            np.array([back]),
+            np.array([0.0]),
+        )
+        return Measured(s, s)
+
+    calib = {
+        ("cpu", "a", 1, 1, 1): (1.0,),
+        ("cpu", "a", 1, 2, 1): (0.75,),
+        (kind, "a", 1, 1, 1): (1.0,),
+        (kind, "a", 1, 4, 1): (0.25,),
+    }
+    fit = fit_serving(
+        [("cpu", meas(0.01, 0.002, 0.004)), ("cpu", meas(0.03, 0.004, 0.006)), (kind, meas(0.001, 0.0, 0.0))], calib
+    )
+    assert fit["cpu"] == KindServing(
+        front_s=pytest.approx(0.02),
+        reply_s=pytest.approx(0.003),
+        handoff_s=pytest.approx(0.005),
+        tp_serial=pytest.approx(0.5),
+    )
+    assert fit[kind] == KindServing(front_s=pytest.approx(0.001), tp_serial=pytest.approx(0.0))

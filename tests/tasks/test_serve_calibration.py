@@ -1,5 +1,5 @@
 """tasks.serve.read_calibration: the per-stage files tp rank 0 of each serving stage writes, read into
-the cost model's calibration (model, pp, tp, batch) → seconds per stage."""
+the cost model's calibration (device kind, model, pp, tp, batch) → seconds per stage."""
 
 import json
 
@@ -34,7 +34,20 @@ def test_groups_of_one_layout_pool_their_served_requests_and_idle_stages_keep_st
     write("stage", 4, 2, 0, requests=[{"id": 5, "model": "b", "compute_s": 0.5}])
     calib = read_calibration(tmp_path, pl)
     assert calib == {
-        ("a", 2, 1, 1): (pytest.approx(1.5), 3.0),
-        ("b", 2, 1, 1): (7.0, 7.0),  # served nothing: its start-up times
-        ("b", 1, 2, 1): (0.5,),
+        ("cpu", "a", 2, 1, 1): (pytest.approx(1.5), 3.0),
+        ("cpu", "b", 2, 1, 1): (7.0, 7.0),  # served nothing: its start-up times
+        ("cpu", "b", 1, 2, 1): (0.5,),
     }
+
+
+def test_groups_of_one_layout_on_different_device_kinds_keep_their_own_figures(tmp_path) -> None:
+    models = [{"name": "a", "dims": {"name": "a", **DIMS}, "slo_s": 1.0}]
+    groups = [
+        {"devices": [0], "kind": "cpu", "pp": 1, "tp": 1, "models": ["a"]},
+        {"devices": [1], "kind": "cpu", "pp": 1, "tp": 1, "models": ["a"]},
+        {"devices": [2], "kind": "V100-SXM2-32GB", "pp": 1, "tp": 1, "models": ["a"]},
+    ]
+    pl = Placement.model_validate({"method": "manual", "cluster": "c", "models": models, "groups": groups})
+    for rank, t in enumerate((4.0, 2.0, 0.5)):
+        (tmp_path / f"calib_rank{rank}.json").write_text(json.dumps({"group": rank, "stage": 0, "stage_s": {"a": t}}))
+    assert read_calibration(tmp_path, pl) == {("cpu", "a", 1, 1, 1): (3.0,), ("V100-SXM2-32GB", "a", 1, 1, 1): (0.5,)}
