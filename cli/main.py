@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     its traceback."""
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGKILL runs no handler: a watchdog stops what this command started once it is gone (launcher/lifeline.py)
+    from flows.server import tie_children
+
+    tie_children()
     sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
 
 

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from launcher.lifeline import tie_children  # noqa: F401 - the CLI's entry point ties what it starts to itself
 from planner.errors import MeshplanError
 
 

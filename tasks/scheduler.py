@@ -166,7 +166,7 @@ def start_runner(
     api = PREFECT_API_URL.value()
     if api:
         env["PREFECT_API_URL"] = api
-    return start_logged(cmd, log, env).pid
+    return start_logged(cmd, log, env, detached=True).pid  # the job outlives the round (its row tracks it)
 
 
 @task(name="apply-round", cache_policy=NO_CACHE, retries=0)
