@@ -107,6 +107,10 @@ def prefect_env(cfg: RunConfig) -> None:
         url = running_api_url(cfg.state.dir)  # a `meshplan ui` server for this state folder
         if url:
             os.environ["PREFECT_API_URL"] = url
+        else:  # a Ctrl-C must not reach Prefect's temporary server before the command has used it
+            from flows.server import temporary_server_in_own_session
+
+            temporary_server_in_own_session()
 
 
 class _UserErrorFilter:
@@ -122,7 +126,9 @@ class _UserErrorFilter:
         if exc and (isinstance(exc[1], MeshplanError) or type(exc[1]).__name__ == "StoreDamagedError"):
             return False
         text = record.getMessage() if hasattr(record, "getMessage") else ""
-        return not any(name in text for name in ("MeshplanError", "UnknownNameError", "StoreDamagedError"))
+        # a Ctrl-C is reported once, by the entry point (cli/main.py); the run is Crashed in Prefect's DB
+        hidden = ("MeshplanError", "UnknownNameError", "StoreDamagedError", "aborted by an interrupt signal")
+        return not any(name in text for name in hidden)
 
 
 def _hide_user_error_tracebacks() -> None:

@@ -36,7 +36,14 @@ def main(argv: list[str] | None = None) -> None:
     from flows.server import tie_children
 
     tie_children()
-    sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
+    try:
+        sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # Ctrl-C: what it started is stopped and its run row closed (flows/train.py)
+        print(
+            "error: interrupted (Ctrl-C): what it started was stopped, a run it launched is closed as killed",
+            file=sys.stderr,
+        )
+        sys.exit(130)
 
 
 def run_cli(argv: list[str]) -> int:

@@ -35,7 +35,7 @@ from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
 from storage.pricing import machine_calibration
-from storage.runs import resume_records
+from storage.runs import finish_run, load_run, resume_records
 from tasks.replan import supervise_training
 from tasks.train import (
     close_run,
@@ -214,6 +214,38 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     plan, spec, launch = prepare_launch(db_path, r, run_id)
     run_id, run_dir = launch.run_id, Path(launch.run_dir)
     record_run(db_path, run_id, plan, r.spec.steps, str(run_dir))
+    try:
+        return _launch_and_close(db_path, r, plan, spec, launch, run_id, run_dir)
+    except BaseException as exc:  # interrupted, killed by SIGTERM, the disk full: the row is closed, never left running
+        close_interrupted(db_path, run_id, exc)
+        raise
+
+
+def close_interrupted(db_path: str, run_id: str, exc: BaseException) -> None:
+    """Close a run row still `running` after its launch ended by `exc`: `killed` when the command was
+    interrupted (Ctrl-C, SIGTERM), else `failed` with the exception's first line. Never raises: a full
+    disk may refuse this write too, and the original error is what the user must see."""
+    try:
+        row = load_run(db_path, run_id)
+        if row is None or row["status"] != "running":
+            return
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            finish_run(db_path, run_id, "killed", "interrupted (Ctrl-C or SIGTERM); its processes were stopped")
+        else:
+            finish_run(
+                db_path,
+                run_id,
+                "failed",
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000],
+            )
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def _launch_and_close(
+    db_path: str, r: TrainRequest, plan: Plan, spec: ModelSpec, launch: Launch, run_id: str, run_dir: Path
+) -> TrainOutcome:
+    """train_flow after its run row exists: fence, launch (supervised or not), ingest, close the row."""
     # before any rank starts: every earlier launch of this run folder fenced off (tasks/train.py)
     launch = dataclasses.replace(launch, generation=open_generation(db_path, run_id, str(run_dir)))
     first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's

@@ -84,3 +84,38 @@ def test_sigkill_of_train_stops_its_ranks_agent_and_prefect_server_and_the_run_r
         timeout=120,
     )
     assert out.returncode == 0 and "killed" in out.stdout, out.stdout + out.stderr
+
+
+def test_ctrl_c_on_train_returns_within_seconds_with_one_line_and_closes_the_run(tmp_path):
+    """SIGINT to the command's process group, as a terminal's Ctrl-C sends it: Prefect's temporary
+    server runs in a session of its own (flows/server.py), so it stays up while the flow run is
+    marked crashed, then stops at exit."""
+    state, plan = tmp_path / "state", tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    cmd = [*MESHPLAN, "--state-dir", str(state), "train", "--plan", str(plan), "--steps", "100000"]
+    cmd += ["--run-id", "c", "--data", "synthetic", "--no-replan"]
+    cli = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    telemetry = state / "runs" / "c" / "telemetry"
+    t_end = time.monotonic() + 120
+    while not (telemetry.is_dir() and any(f.stat().st_size for f in telemetry.glob("rank_*.jsonl"))):
+        assert cli.poll() is None and time.monotonic() < t_end, "train did not start training"
+        time.sleep(0.2)
+    kids = {p: start_time(p) for p in _descendants(cli.pid)}
+    t0 = time.monotonic()
+    os.killpg(cli.pid, signal.SIGINT)
+    _, err = cli.communicate(timeout=30)
+    took = time.monotonic() - t0
+    # ~11 s measured with the 2 cores at load 16 (ranks' SIGTERM, the crash report, the server's stop)
+    assert cli.returncode == 130 and took <= 20, (cli.returncode, took, err)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), err
+    assert "Traceback" not in err and "ConnectError" not in err, err
+    time.sleep(1)
+    assert not {p for p, t in kids.items() if start_time(p) == t}
+    out = subprocess.run(
+        [*MESHPLAN, "--state-dir", str(state), "db", "select status from runs"],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "killed" in out.stdout, out.stdout + out.stderr
