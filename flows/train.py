@@ -28,9 +28,11 @@ from flows.outcomes import TrainOutcome
 from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
 from launcher.control import read_control
+from launcher.host import local_capacity
 from launcher.launch import Launch, log_tail
 from launcher.slurm import SlurmOptions, sbatch_script
 from planner.errors import MeshplanError
+from planner.runtime import machine_problem
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
@@ -159,6 +161,15 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
             r.nproc_per_node or r.nnodes,
             f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
         )
+    if r.executor == "local":  # a plan this machine cannot hold is refused before any rank starts
+        ranks_here = nproc * (r.nnodes if r.local_nodes else 1)
+        why = machine_problem(plan, spec, ranks_here, *local_capacity())
+        if why:
+            raise MeshplanError(
+                "--plan",
+                r.plan_path or r.plan_id,
+                f"{why}; check its layout on this machine with `meshplan train --dry-run` (the model scaled down)",
+            )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(r.runs_dir) if r.runs_dir else Path(db_path).resolve().parent / "runs"
     run_dir = run_dir / run_id

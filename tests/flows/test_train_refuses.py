@@ -1,0 +1,58 @@
+"""A plan this machine cannot hold is refused before any rank starts (issue #36): one line naming
+--plan, what it needs and what the machine has, pointing at --dry-run; no run row, no run folder.
+(The tour's 16-device gpt3-13b plan used to start 16 full-size ranks and be OOM-killed.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.requests import TrainRequest
+from flows.train import prepare_launch
+from launcher.host import local_capacity
+from planner.errors import MeshplanError
+from planner.runtime import machine_problem
+from planner.specs.model import get_model
+from planner.specs.plan import parse_plan
+from planner.specs.runspec import RunSpec
+
+
+def _plan(model: str, layers: int, devices: int, dtype: str = "bf16") -> dict:
+    return {
+        "model": model,
+        "cluster": "cpu",
+        "global_batch_size": 4 * devices,
+        "seq_len": 32,
+        "micro_batch_size": 1,
+        "dtype": dtype,
+        "batch_shares": [4] * devices,
+        "stages": [{"layer_start": 0, "layer_end": layers, "device_ids": list(range(devices)), "dp": devices}],
+    }
+
+
+def test_a_13b_plan_is_refused_on_this_machine_before_anything_is_written(tmp_path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_plan("gpt3-13b", 40, 2)))
+    db = tmp_path / "m.duckdb"
+    with pytest.raises(MeshplanError) as exc:
+        prepare_launch(
+            str(db), TrainRequest(plan_path=str(plan), spec=RunSpec(steps=1), runs_dir=str(tmp_path / "runs"))
+        )
+    line = str(exc.value)
+    assert "--plan" in line and "GB available" in line and "--dry-run" in line and "\n" not in line, line
+    assert not (tmp_path / "runs").exists() and not db.exists()
+
+
+def test_memory_and_gpu_counts_decide() -> None:
+    p = parse_plan(_plan("tiny", 4, 2, "fp32"))
+    tiny, big = get_model("tiny"), get_model("gpt3-13b")
+    assert machine_problem(p, tiny, 2, 0, 1 << 30) is None
+    need = big.num_params() * 2 * 2  # bf16 weights + gradients
+    p13 = parse_plan(_plan("gpt3-13b", 40, 2))
+    assert machine_problem(p13, big, 2, 0, need + 1) is None
+    assert "GB available" in machine_problem(p13, big, 2, 0, need - 1)
+    assert "has 1 GPU(s)" in machine_problem(p13, big, 2, 1, None)
+    assert machine_problem(p13, big, 1, 1, None) is None
+    gpus, mem = local_capacity()
+    assert gpus >= 0 and (mem is None or mem > 0)
