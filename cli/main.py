@@ -70,8 +70,12 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
     from typer import Abort, BadParameter
     from typer._click.exceptions import ClickException, MissingParameter, UsageError
 
+    from cli.app import disk_full_line
     from planner.errors import MeshplanError
 
+    full = disk_full_line(exc)
+    if full is not None:
+        return full
     if isinstance(exc, MissingParameter) and exc.param is not None:
         return f"{_flag_of(exc.param)}: required; see {_help(argv)}"
     if isinstance(exc, BadParameter) and exc.param is not None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings
+from cli.app import SMALL_WRITE_BYTES, app, db_path, load_settings, need_space
 from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -70,8 +70,10 @@ def submit(
         raise MeshplanError("--seq", seq, f"the model's learned positions end at {spec.seq_len}; pass --seq <= that")
     kinds = parse_kinds(gpu_kinds)
     train = job_train_options(run_options or {})
+    cfg = load_settings()
+    need_space(cfg, need=SMALL_WRITE_BYTES)  # a job stored whole or refused, never half-written on a full disk
     jid = submit_job(
-        db_path(load_settings()),
+        db_path(cfg),
         spec,
         global_batch,
         iterations,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, db_path, load_settings, need_space, prefect_env
 from cli.commands.model_options import (
     FamilyOpt,
     FfnOpt,
@@ -126,6 +126,7 @@ def train(
             extra.append(f"train.{field}={json.dumps(value)}")
             flags[f"train.{field}"] = "--" + field.replace("_", "-")
     cfg = load_settings(extra, flags)
+    need_space(cfg)  # before a row, a folder or a rank: a full state folder is one line
     prefect_env(cfg)
 
     from planner.errors import MeshplanError
