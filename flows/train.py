@@ -32,7 +32,7 @@ from launcher.host import local_capacity
 from launcher.launch import Launch, log_tail
 from launcher.slurm import SlurmOptions, sbatch_script
 from planner.errors import MeshplanError
-from planner.runtime import machine_problem
+from planner.runtime import machine_problem, rank_plan
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
 from planner.validation import parse
@@ -153,13 +153,20 @@ def prepare_launch(db_path: str, request: TrainRequest, run_id: str | None = Non
         )
     plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
     spec = request_model(r, plan)
+    if any(d >= plan.num_devices for s in plan.stages for d in s.device_ids):
+        # a plan on some devices of a bigger (discovered) cluster, e.g. [0, 2, 3] of 4: its ranks are
+        # 0..n-1 in the runtime's rank map whatever the ids, so it launches on n ranks
+        plan = rank_plan(plan)
     check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
     nproc = r.nproc_per_node or max(1, plan.num_devices // r.nnodes)  # None: the plan's devices per node
     if nproc * r.nnodes != plan.num_devices:
+        n = plan.num_devices
+        shapes = [f"--nnodes {k} --nproc-per-node {n // k}" for k in range(1, n + 1) if n % k == 0][:4]
         raise MeshplanError(
             "--nproc-per-node" if r.nproc_per_node else "--nnodes",
             r.nproc_per_node or r.nnodes,
-            f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
+            f"the plan uses {n} devices, so nnodes × nproc_per_node must be {n}: pass {' or '.join(shapes)}"
+            f" (or re-plan with `meshplan plan` for {r.nnodes} node(s) of {nproc})",
         )
     if r.executor == "local":  # a plan this machine cannot hold is refused before any rank starts
         ranks_here = nproc * (r.nnodes if r.local_nodes else 1)

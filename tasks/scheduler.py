@@ -164,8 +164,9 @@ def start_runner(
     cmd += ["--timeout-s", repr(timeout_s), *(runner_args or [])]
     env = {RUNNER_TAG: job_id}
     api = PREFECT_API_URL.value()
-    if api:
+    if api:  # reported there while it answers; a server that went away is retried once, not for minutes
         env["PREFECT_API_URL"] = api
+        env["PREFECT_CLIENT_MAX_RETRIES"] = "1"
     return start_logged(cmd, log, env, detached=True).pid  # the job outlives the round (its row tracks it)
 
 

@@ -56,3 +56,18 @@ def test_memory_and_gpu_counts_decide() -> None:
     assert machine_problem(p13, big, 1, 1, None) is None
     gpus, mem = local_capacity()
     assert gpus >= 0 and (mem is None or mem > 0)
+
+
+def test_a_plan_on_some_devices_of_a_bigger_cluster_launches_and_a_wrong_node_shape_names_the_right_one(tmp_path):
+    """What `plan` gives after `discover --executor slurm --nodes 2` (2 ranks a node) may use devices
+    [0, 2, 3]: it launches on 3 ranks; `--nnodes 2` cannot split 3, and train says which shapes can."""
+    plan = tmp_path / "plan.json"
+    doc = _plan("tiny", 4, 3, "fp32")
+    doc["stages"][0]["device_ids"] = [0, 2, 3]
+    plan.write_text(json.dumps(doc))
+    db = str(tmp_path / "m.duckdb")
+    got, _, launch = prepare_launch(db, TrainRequest(plan_path=str(plan), spec=RunSpec(steps=1)), "r1")
+    assert got.stages[0].device_ids == (0, 1, 2) and launch.nproc_per_node == 3
+    with pytest.raises(MeshplanError) as exc:
+        prepare_launch(db, TrainRequest(plan_path=str(plan), spec=RunSpec(steps=1), nnodes=2), "r2")
+    assert "--nnodes 1 --nproc-per-node 3 or --nnodes 3 --nproc-per-node 1" in str(exc.value), str(exc.value)
