@@ -33,7 +33,6 @@ from prefect import flow
 import rundir
 from flows.outcomes import JobOutcome, JobSegment
 from flows.requests import TrainRequest
-from flows.server import tie_children
 from flows.train import train_flow
 from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
@@ -276,7 +275,6 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     # this process is the job's runner (tasks.scheduler.live_runners finds it by the tag); its ranks are not
     os.environ.pop(RUNNER_TAG, None)
-    tie_children()  # its launches die with it, a SIGKILL too (the scheduler requeues the job)
     # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (Prefect otherwise leaves both running)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     job_flow(
