@@ -37,13 +37,15 @@ def main(argv: list[str] | None = None) -> None:
 
     tie_children()
     try:
-        sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
-    except KeyboardInterrupt:  # Ctrl-C: what it started is stopped and its run row closed (flows/train.py)
-        print(
-            "error: interrupted (Ctrl-C): what it started was stopped, a run it launched is closed as killed",
-            file=sys.stderr,
-        )
-        sys.exit(130)
+        rc = run_cli(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        rc = 130
+    if rc == 130:  # Ctrl-C (typer turns it into exit 130): what it started is stopped, its run row closed
+        print(INTERRUPTED, file=sys.stderr)
+    sys.exit(rc)
+
+
+INTERRUPTED = "error: interrupted (Ctrl-C): what it started was stopped, a run it launched is closed as killed"
 
 
 def run_cli(argv: list[str]) -> int:
