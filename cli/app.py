@@ -110,6 +110,62 @@ def db_path(cfg: RunConfig) -> Path:
     return state(cfg).db
 
 
+MIN_FREE_BYTES = 64 << 20  # a train's working room in the state folder: DuckDB's WAL, Prefect's SQLite, a run's files
+SMALL_WRITE_BYTES = 8 << 20  # plan, submit: a few DuckDB pages and a plan file
+
+
+def _free_bytes(path: Path) -> tuple[Path, int]:
+    """(the nearest existing folder of `path`, bytes free there)."""
+    import shutil
+
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    return here, shutil.disk_usage(here).free
+
+
+def need_space(cfg: RunConfig, *more: Path | None, need: int = MIN_FREE_BYTES) -> None:
+    """Refuse a command that writes before it writes anything, when the state folder (or an output
+    path in `more`) has less than `need` bytes free: one line naming the folder and the room needed."""
+    from planner.errors import MeshplanError
+
+    for path in (Path(cfg.state.dir), db_path(cfg).parent, *(p for p in more if p is not None)):
+        where, free = _free_bytes(Path(path).resolve())
+        if free < need:
+            raise MeshplanError(
+                "disk",
+                str(where),
+                f"{free >> 20} MiB free; this command needs at least {need >> 20} MiB there: free space or "
+                "pass --state-dir on another disk",
+            )
+
+
+def disk_full_line(exc: BaseException) -> str | None:
+    """One line for a full disk met mid-command (ENOSPC anywhere in the exception's chain: an OSError,
+    or DuckDB's IO error whose rollback then failed too): the path and the room needed; None otherwise."""
+    import errno
+    import re
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text:
+            path = getattr(e, "filename", None) or next(iter(re.findall(r'"(/[^"]+)"', text)), None)
+            where = f" writing {path}" if path else ""
+            free = ""
+            if path:
+                folder, left = _free_bytes(Path(path).resolve().parent)
+                free = f" ({folder} has {left >> 20} MiB free)"
+            return (
+                f"disk full{where}{free}: meshplan needs at least {MIN_FREE_BYTES >> 20} MiB free there; "
+                "free space (or pass --state-dir on another disk) and rerun — a run it started is closed, not running"
+            )
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def prefect_env(cfg: RunConfig) -> None:
     """Offline, private Prefect settings; call before the first `import prefect`.
 
@@ -132,6 +188,10 @@ def prefect_env(cfg: RunConfig) -> None:
         url = running_api_url(paths.root)  # a `meshplan ui` server for this state folder
         if url:
             os.environ["PREFECT_API_URL"] = url
+        else:  # a Ctrl-C must not reach Prefect's temporary server before the command has used it
+            from flows.server import temporary_server_in_own_session
+
+            temporary_server_in_own_session()
 
 
 class _UserErrorFilter:
@@ -147,7 +207,9 @@ class _UserErrorFilter:
         if exc and (isinstance(exc[1], MeshplanError) or type(exc[1]).__name__ == "StoreDamagedError"):
             return False
         text = record.getMessage() if hasattr(record, "getMessage") else ""
-        return not any(name in text for name in ("MeshplanError", "UnknownNameError", "StoreDamagedError"))
+        # a Ctrl-C is reported once, by the entry point (cli/main.py); the run is Crashed in Prefect's DB
+        hidden = ("MeshplanError", "UnknownNameError", "StoreDamagedError", "aborted by an interrupt signal")
+        return not any(name in text for name in hidden)
 
 
 def _hide_user_error_tracebacks() -> None:

@@ -66,7 +66,20 @@ def main(argv: list[str] | None = None) -> None:
     its traceback."""
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(run_cli(sys.argv[1:] if argv is None else argv))
+    # SIGKILL runs no handler: a watchdog stops what this command started once it is gone (launcher/lifeline.py)
+    from flows.server import tie_children
+
+    tie_children()
+    try:
+        rc = run_cli(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        rc = 130
+    if rc == 130:  # Ctrl-C (typer turns it into exit 130): what it started is stopped, its run row closed
+        print(INTERRUPTED, file=sys.stderr)
+    sys.exit(rc)
+
+
+INTERRUPTED = "error: interrupted (Ctrl-C): what it started was stopped, a run it launched is closed as killed"
 
 
 def run_cli(argv: list[str]) -> int:
@@ -93,8 +106,12 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
     from typer import Abort, BadParameter
     from typer._click.exceptions import ClickException, MissingParameter, UsageError
 
+    from cli.app import disk_full_line
     from planner.errors import MeshplanError
 
+    full = disk_full_line(exc)
+    if full is not None:
+        return full
     if isinstance(exc, MissingParameter) and exc.param is not None:
         return f"{_flag_of(exc.param)}: required; see {_help(argv)}"
     if isinstance(exc, BadParameter) and exc.param is not None:

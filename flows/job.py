@@ -22,6 +22,7 @@ latest checkpoint in the same run folder.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ from planner.specs.runspec import RunOptions
 from planner.validation import parse
 from rundir import StateDir
 from storage.jobs import get_job, job_model, job_options, set_job_run, transition
-from tasks.scheduler import alloc_text, checkpoint_step, parse_alloc, plan_for_allocation
+from tasks.scheduler import RUNNER_TAG, alloc_text, checkpoint_step, live_runners, parse_alloc, plan_for_allocation
 from tasks.slurm import slurm_resources
 
 
@@ -73,6 +74,8 @@ def job_flow(
     launch is an sbatch job on the allocation's kind and node count."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
+    if live_runners(job_id):  # a second runner of one job would fight the first over its ranks
+        raise MeshplanError(f"job {job_id}", "runner", "another runner of this job is alive; this one exits")
     try:
         options = job_options(row)  # typed at submission (storage.jobs.submit_job): read, not re-checked
     except MeshplanError as exc:
@@ -252,6 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
     p.add_argument("--partition", default=None, help="Slurm partition (executor slurm)")
     args = p.parse_args(argv)
+    # this process is the job's runner (tasks.scheduler.live_runners finds it by the tag); its ranks are not
+    os.environ.pop(RUNNER_TAG, None)
     # SIGTERM must end the flow run (Crashed) and stop an ephemeral Prefect server (Prefect otherwise leaves both running)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     train = TrainConfig.model_validate_json(args.train)  # tasks/scheduler.start_runner wrote it from a TrainConfig

@@ -90,6 +90,7 @@ class SchedulerOutcome(_Outcome):
     waiting: list[str]  # job ids left in the queue
     applied: list[dict[str, Any]]  # tasks.scheduler.apply_round's record per job (runner_pid when started)
     requeued: list[str]  # running jobs whose runner was gone, back in the queue
+    skipped: str = ""  # why this round did nothing: another round held the lease, or it was collapsed
 
 
 class DiscoverOutcome(_Outcome):

@@ -179,7 +179,10 @@ def db_query(db: Path, sql: str, read_only: bool = True) -> pl.DataFrame:
     """The statement's result. A DuckDB error is a MeshplanError naming the SQL (a change refused in
     read-only mode says to add --write)."""
     from storage.db import query
+    from storage.runs import close_dead_runs
 
+    if db.is_file():  # a run whose command was killed reads `killed`, not `running`
+        close_dead_runs(db)
     return _sql_errors(sql, lambda: query(db, sql, read_only=read_only))
 
 

@@ -6,6 +6,9 @@ resize, stop and rejection is a job state transition, and each acts on real rank
 the job's elastic runner (flows/job.py → train_flow), a resize asks its ranks to checkpoint and exit
 so the runner re-plans and resumes on the new allocation, a cancelled job's ranks are stopped.
 Before deciding, a running job whose runner process is gone is put back in the queue.
+A round holds the DuckDB lease `scheduler` (storage/lease.py) from reconciling to applying: a
+second round meanwhile does nothing, and a round scheduled before the latest one ended (missed
+while `schedule-cluster` was down, started late by Prefect) is collapsed into it.
 `launch=False` decides and records only (what a dry run or a cluster this machine is not needs).
 """
 
@@ -16,15 +19,24 @@ from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
 from planner.scheduler import DEFAULT_POLICY, PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
-from planner.specs.cluster import parse_cluster_toml
+from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
 from rundir import StateDir
-from tasks.scheduler import alloc_text, apply_round, decide_round, read_state, reconcile_runners
+from tasks.scheduler import (
+    alloc_text,
+    apply_round,
+    decide_round,
+    give_lease,
+    read_state,
+    reconcile_runners,
+    take_lease,
+)
 from tasks.slurm import read_slurm_cluster
 
 # what starts a job's elastic runner (flows/job.py): the tasks are given it, since no task names a flow
@@ -66,6 +78,30 @@ def scheduler_flow(
     elif executor != "local":
         raise MeshplanError("--executor", executor, "use local (this machine's ranks) or slurm (sbatch)")
     pol = Policy(policy, **(policy_options or {}))
+    holder, why = take_lease(db_path, flow_run.scheduled_start_time)
+    if holder is None:  # one round at a time; a missed round is collapsed into the one that ran since
+        return SchedulerOutcome(actions=[], rejections=[], waiting=[], applied=[], requeued=[], skipped=why)
+    try:
+        return _round(db_path, cluster_path, spec, pol, policy, time_budget_s, speed_table, launch, runs_dir,
+                      timeout_s, runner_args)  # fmt: skip
+    finally:
+        give_lease(db_path, holder)
+
+
+def _round(
+    db_path: str,
+    cluster_path: str,
+    spec: ClusterSpec,
+    pol: Policy,
+    policy: str,
+    time_budget_s: float,
+    speed_table: str | None,
+    launch: bool,
+    runs_dir: str | None,
+    timeout_s: float,
+    runner_args: list[str],
+) -> SchedulerOutcome:
+    """The round itself, under the lease: reconcile runners first, then read, decide, apply."""
     planner_speed = PlannerSpeed.from_cluster(spec, time_budget_s=time_budget_s)
     speed = TableSpeed(parse_lookup(_read(speed_table, "--speed"), speed_table)) if speed_table else planner_speed
     requeued = reconcile_runners(db_path) if launch else []

@@ -8,17 +8,67 @@ ephemeral server, so every run shows up in the UI.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import types
 import urllib.request
 from pathlib import Path
 
+from launcher.lifeline import tie_children  # noqa: F401 - the CLI's entry point ties what it starts to itself
 from planner.errors import MeshplanError
 from rundir import StateDir
+
+_SERVER_MODULE = "prefect.server.api.server"  # where Prefect starts its temporary uvicorn server
+
+
+def _own_session(module: object) -> None:
+    """Make `module` start its subprocesses in a session of their own (its `subprocess` name only)."""
+    import functools
+    import types
+
+    shim = types.SimpleNamespace(**vars(subprocess))
+    shim.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    module.subprocess = shim  # type: ignore[attr-defined]
+
+
+class _ServerHook(importlib.abc.MetaPathFinder):
+    """Patches Prefect's server module as it is imported (importing it costs seconds: only a command
+    that starts the temporary server pays it)."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name != _SERVER_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run(module)
+            _own_session(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def temporary_server_in_own_session() -> None:
+    """Prefect's temporary server (started when no PREFECT_API_URL is set) in a session of its own: a
+    Ctrl-C at the terminal then reaches the command alone, which marks its flow run crashed on a
+    server still up and stops it at exit (atexit), instead of hanging on a dead API for its retries
+    and ending in httpx.ConnectError. A SIGKILLed command's server is stopped by its lifeline
+    (launcher/lifeline.py), which the environment the server inherits carries."""
+    if _SERVER_MODULE in sys.modules:
+        _own_session(sys.modules[_SERVER_MODULE])
+    elif not any(isinstance(f, _ServerHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ServerHook())
 
 
 def server_file(state_dir: str | Path) -> Path:

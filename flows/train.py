@@ -28,9 +28,11 @@ from flows.outcomes import TrainOutcome
 from flows.replan import decisions_markdown, load_cluster, monitor_config
 from flows.requests import TrainRequest
 from launcher.control import read_control
+from launcher.host import local_capacity
 from launcher.launch import Launch, log_tail
 from launcher.slurm import sbatch_script
 from planner.errors import MeshplanError
+from planner.runtime import machine_problem, rank_plan
 from planner.specs.dataset import check_fits, is_prepared
 from planner.specs.model import PRESETS, ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan_json
@@ -40,7 +42,7 @@ from rundir import StateDir
 from storage.dataset import read_manifest
 from storage.hf import check_weights
 from storage.pricing import machine_calibration
-from storage.runs import eval_metrics, resume_records
+from storage.runs import eval_metrics, finish_run, load_run, resume_records
 from tasks.replan import supervise_training
 from tasks.train import (
     close_run,
@@ -189,15 +191,31 @@ def prepare_launch(
         )
     plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
     spec = request_model(r, plan)
+    if any(d >= plan.num_devices for s in plan.stages for d in s.device_ids):
+        # a plan on some devices of a bigger (discovered) cluster, e.g. [0, 2, 3] of 4: its ranks are
+        # 0..n-1 in the runtime's rank map whatever the ids, so it launches on n ranks
+        plan = rank_plan(plan)
     run_spec = check_run_files(r.spec, spec, plan) if check_files else r.spec
     check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
     nproc = r.nproc_per_node or max(1, plan.num_devices // r.nnodes)  # None: the plan's devices per node
     if nproc * r.nnodes != plan.num_devices:
+        n = plan.num_devices
+        shapes = [f"--nnodes {k} --nproc-per-node {n // k}" for k in range(1, n + 1) if n % k == 0][:4]
         raise MeshplanError(
             "--nproc-per-node" if r.nproc_per_node else "--nnodes",
             r.nproc_per_node or r.nnodes,
-            f"the plan uses {plan.num_devices} devices; nproc_per_node × nnodes must equal that",
+            f"the plan uses {n} devices, so nnodes × nproc_per_node must be {n}: pass {' or '.join(shapes)}"
+            f" (or re-plan with `meshplan plan` for {r.nnodes} node(s) of {nproc})",
         )
+    if r.executor == "local":  # a plan this machine cannot hold is refused before any rank starts
+        ranks_here = nproc * (r.nnodes if r.local_nodes else 1)
+        why = machine_problem(plan, spec, ranks_here, *local_capacity())
+        if why:
+            raise MeshplanError(
+                "--plan",
+                r.plan_path or r.plan_id,
+                f"{why}; check its layout on this machine with `meshplan train --dry-run` (the model scaled down)",
+            )
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = StateDir.of_db(db_path, r.runs_dir).run(run_id)  # the id checked: it cannot leave runs/
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -254,6 +272,38 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     plan, spec, launch = prepare_launch(db_path, r, run_id)
     run_id, run_dir = launch.run_id, Path(launch.run_dir)
     record_run(db_path, run_id, plan, r.spec.steps, str(run_dir))
+    try:
+        return _launch_and_close(db_path, r, plan, spec, launch, run_id, run_dir)
+    except BaseException as exc:  # interrupted, killed by SIGTERM, the disk full: the row is closed, never left running
+        close_interrupted(db_path, run_id, exc)
+        raise
+
+
+def close_interrupted(db_path: str, run_id: str, exc: BaseException) -> None:
+    """Close a run row still `running` after its launch ended by `exc`: `killed` when the command was
+    interrupted (Ctrl-C, SIGTERM), else `failed` with the exception's first line. Never raises: a full
+    disk may refuse this write too, and the original error is what the user must see."""
+    try:
+        row = load_run(db_path, run_id)
+        if row is None or row["status"] != "running":
+            return
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            finish_run(db_path, run_id, "killed", "interrupted (Ctrl-C or SIGTERM); its processes were stopped")
+        else:
+            finish_run(
+                db_path,
+                run_id,
+                "failed",
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000],
+            )
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def _launch_and_close(
+    db_path: str, r: TrainRequest, plan: Plan, spec: ModelSpec, launch: Launch, run_id: str, run_dir: Path
+) -> TrainOutcome:
+    """train_flow after its run row exists: fence, launch (supervised or not), ingest, close the row."""
     # before any rank starts: every earlier launch of this run folder fenced off (tasks/train.py)
     launch = dataclasses.replace(launch, generation=open_generation(db_path, run_id, str(run_dir)))
     first_record = len(resume_records(run_dir))  # lines of earlier launches of this run folder are not this one's

@@ -7,7 +7,8 @@ survives re-parenting, so a process is found by its tag even after its parent di
 starts each rank in a session of its own, and a SIGKILLed runner leaves its agent and ranks under
 pid 1. Stopping is always the same: SIGTERM, then SIGKILL, then /proc is read again until none of
 them is alive (`stop`, `stop_labelled`) — a group is never reported gone while a member lives.
-`run` is the captured, timed form: on a timeout, or when the caller is interrupted (Ctrl-C, the
+Whatever this process starts also carries its lifeline label (launcher/lifeline.py), so a SIGKILL
+of the command takes its groups down too. `run` is the captured, timed form: on a timeout, or when the caller is interrupted (Ctrl-C, the
 SIGTERM handler of an entry point raising SystemExit), the group is stopped before the exception
 travels on, so nothing outlives the command that started it.
 """
@@ -20,6 +21,8 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+
+from launcher.lifeline import LIFELINE_TAG
 
 JOB_TAG = "MESHPLAN_JOB"  # a fresh value per started group
 RUN_TAG = "MESHPLAN_RUN"  # a training launch's run folder (resolved path): every generation of a run shares it
@@ -138,12 +141,16 @@ def start(
     cwd: str | Path | None = None,
     capture: bool = False,
     show_stderr: bool = False,
+    detached: bool = False,
 ) -> subprocess.Popen:
     """Start `cmd` as a tagged group in its own session: output appended to `log_path`, or captured
     (`capture`: stdout, and stderr unless `show_stderr`), or inherited. Wait for it, then call
-    `forget` — or `stop` to take it down."""
+    `forget` — or `stop` to take it down. `detached`: it outlives this command (no lifeline label,
+    launcher/lifeline.py) — only what something else tracks, such as a job's runner."""
     tag = uuid.uuid4().hex
     env = {**os.environ, **(extra_env or {}), JOB_TAG: tag}
+    if detached:
+        env.pop(LIFELINE_TAG, None)
     env.setdefault("OMP_NUM_THREADS", "1")
     kw: dict = {"env": env, "start_new_session": True, "pass_fds": pass_fds, "cwd": cwd}
     if log_path is not None:

@@ -27,3 +27,19 @@ def identify(timeout_s: float = 120.0) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         raise MeshplanError("discover.identity", f"{timeout_s:.0f} s", "the identity probe hung; retry") from None
     return json.loads(out)
+
+
+def local_capacity() -> tuple[int, int | None]:
+    """(NVIDIA GPUs the driver lists, bytes of memory available) on this node, without importing
+    torch: /proc/driver/nvidia/gpus and /proc/meminfo (None where the OS does not say)."""
+    from pathlib import Path
+
+    gpus_dir = Path("/proc/driver/nvidia/gpus")
+    gpus = len(list(gpus_dir.iterdir())) if gpus_dir.is_dir() else 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return gpus, int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return gpus, None

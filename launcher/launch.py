@@ -138,10 +138,13 @@ def _popen_logged(
     return start(cmd, log_path, extra_env, pass_fds)
 
 
-def start_logged(cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_logged(
+    cmd: list[str], log_path: Path, extra_env: dict[str, str] | None = None, detached: bool = False
+) -> subprocess.Popen:
     """Start `cmd` in its own process group, output appended to `log_path`; the caller waits, and then
-    calls `job_exited` (or `kill_group` to take it down). `extra_env` is added to this environment."""
-    return start(cmd, log_path, extra_env)
+    calls `job_exited` (or `kill_group` to take it down). `extra_env` is added to this environment;
+    `detached`: it outlives this command (launcher/group.start)."""
+    return start(cmd, log_path, extra_env, detached=detached)
 
 
 def run_logged(

@@ -306,3 +306,30 @@ def launchable_first(plans: list[Plan], model: ModelSpec | None = None) -> list[
 
 def problem_notes(plan: Plan, model: ModelSpec | None = None) -> list[str]:
     return [f"runtime: {q}" for q in launch_problems(plan, model=model)]
+
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def machine_problem(
+    plan: Plan, model: ModelSpec, ranks_here: int, gpus_here: int, memory_available_bytes: int | None
+) -> str | None:
+    """Why this machine cannot run `ranks_here` of the plan's ranks, or None — checked before any rank
+    starts, so a plan made for a bigger cluster is refused in one line instead of OOM-killed minutes in.
+
+    With GPUs, each rank needs one of them. Memory is a lower bound: every parameter exists at least
+    once, with its gradient, in the plan's dtype (optimizer state, activations and replicas only
+    add); on a machine without GPUs the ranks hold it in host memory, and the plan's share of it that
+    this machine's ranks hold must fit what is available."""
+    if gpus_here and ranks_here > gpus_here:
+        return f"it starts {ranks_here} ranks on this machine, which has {gpus_here} GPU(s)"
+    if gpus_here or memory_available_bytes is None:
+        return None
+    need = model.num_params() * 2 * DTYPE_BYTES[plan.dtype] * ranks_here // plan.num_devices
+    if need > memory_available_bytes:
+        return (
+            f"its {ranks_here} rank(s) here hold at least {need / 1e9:.1f} GB of {model.name}'s weights and "
+            f"gradients ({model.num_params() / 1e9:.2f}e9 parameters in {plan.dtype}); this machine has "
+            f"{memory_available_bytes / 1e9:.1f} GB available"
+        )
+    return None

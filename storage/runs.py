@@ -15,9 +15,10 @@ import polars as pl
 
 import rundir
 from planner.specs.plan import Plan
+from storage import lease
 from storage.db import connect
 
-STATUSES = ("running", "completed", "failed")
+STATUSES = ("running", "completed", "failed", "killed")  # killed: its command died (close_dead_runs)
 
 # Column types of a telemetry line; read_json is told them so a file of all-null losses still loads.
 _COLUMNS = {
@@ -47,16 +48,17 @@ _COLUMNS = {
 def start_run(db_path: str | Path, run_id: str, plan: Plan, num_steps: int, run_dir: str | Path) -> None:
     """Record (or re-record) a run as running; a re-launched run id keeps its first start time."""
     predicted = plan.predicted.step_time_s if plan.predicted is not None else None
+    close_dead_runs(db_path)
     with connect(db_path) as con:
         con.execute(
             """INSERT INTO runs (run_id, plan_fingerprint, plan_json, model, predicted_step_time_s, status,
-                                num_steps, world_size, run_dir)
-               VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)
+                                num_steps, world_size, run_dir, owner)
+               VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)
                ON CONFLICT (run_id) DO UPDATE SET plan_fingerprint = excluded.plan_fingerprint,
                    plan_json = excluded.plan_json, model = excluded.model,
                    predicted_step_time_s = excluded.predicted_step_time_s, status = 'running',
                    num_steps = excluded.num_steps, world_size = excluded.world_size, run_dir = excluded.run_dir,
-                   message = NULL, ended_at = NULL""",
+                   message = NULL, ended_at = NULL, owner = excluded.owner""",
             [
                 run_id,
                 plan.fingerprint(),
@@ -66,8 +68,25 @@ def start_run(db_path: str | Path, run_id: str, plan: Plan, num_steps: int, run_
                 num_steps,
                 plan.num_devices,
                 str(run_dir),
+                lease.new_holder(),  # this process: a later command that finds it gone closes the row
             ],
         )
+
+
+def close_dead_runs(db_path: str | Path) -> list[str]:
+    """Close as `killed` every running row whose owner (the process that launched it) is gone from
+    this host — a `meshplan train` SIGKILLed, whose ranks its lifeline stopped. Returns their ids."""
+    with connect(db_path) as con:
+        rows = con.execute("SELECT run_id, owner FROM runs WHERE status = 'running' AND owner IS NOT NULL").fetchall()
+        dead = [run_id for run_id, owner in rows if lease.holder_gone(owner)]
+        for run_id in dead:
+            con.execute(
+                "UPDATE runs SET status = 'killed', ended_at = now(),"
+                " message = 'the command that launched it was killed; its processes were stopped with it'"
+                " WHERE run_id = ? AND status = 'running'",
+                [run_id],
+            )
+    return dead
 
 
 def set_run_executor(db_path: str | Path, run_id: str, executor: str, slurm_job_id: str | None = None) -> None:

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 import rundir
 from launcher.control import read_control, write_control
+from launcher.group import labelled
 from launcher.launch import start_logged
 from planner.errors import MeshplanError
 from planner.replan.options import relabel_for_runtime
@@ -43,7 +44,31 @@ from planner.scheduler.types import alloc_text, parse_alloc
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
 from planner.specs.plan import Plan
-from storage.jobs import job_model, list_jobs, set_job_run, transition
+from storage import lease
+from storage.jobs import get_job, job_model, list_jobs, set_job_run, transition
+
+LEASE = "scheduler"  # the lease a round holds (storage/lease.py)
+LEASE_S = 900.0  # a round that holds it longer (a hung process on another host) loses it
+
+
+@task(name="take-lease", cache_policy=NO_CACHE, retries=0)
+def take_lease(db_path: str, scheduled_at: Any) -> tuple[str | None, str]:
+    """(holder, "") when this round may run, or (None, why not): another live round holds the
+    lease, or this round was scheduled before the latest round ended (a missed round Prefect starts
+    late: the round that ran since did its work, so the missed ones collapse into it)."""
+    last = lease.last_end(db_path, LEASE)
+    when = lease.naive_utc(scheduled_at) if scheduled_at is not None else None
+    if last is not None and when is not None and when < last:
+        return None, f"collapsed: scheduled at {when:%H:%M:%S} UTC, before the round that ended at {last:%H:%M:%S}"
+    holder = lease.new_holder()
+    other = lease.acquire(db_path, LEASE, holder, LEASE_S)
+    if other is not None:
+        return None, f"another round holds the scheduler lease ({other})"
+    return holder, ""
+
+
+def give_lease(db_path: str, holder: str) -> None:
+    lease.release(db_path, LEASE, holder)
 
 
 def job_from_row(row: dict) -> Job:
@@ -142,9 +167,10 @@ def start_runner(
     cmd += ["--train", train.model_dump_json(exclude_defaults=True), *(runner_args or [])]
     env = {RUNNER_TAG: job_id}
     api = PREFECT_API_URL.value()
-    if api:
+    if api:  # reported there while it answers; a server that went away is retried once, not for minutes
         env["PREFECT_API_URL"] = api
-    return start_logged(cmd, log, env).pid
+        env["PREFECT_CLIENT_MAX_RETRIES"] = "1"
+    return start_logged(cmd, log, env, detached=True).pid  # the job outlives the round (its row tracks it)
 
 
 @task(name="apply-round", cache_policy=NO_CACHE, retries=0)
@@ -168,6 +194,8 @@ def apply_round(
     for a in d.actions:
         alloc = alloc_text(a.placement.alloc)
         if a.kind == "start":
+            if get_job(db_path, a.job_id)["state"] != "queued" or live_runners(a.job_id):
+                continue  # admitted already (a round that died after admitting it): never a second runner
             transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
             set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
             pid = (
@@ -185,6 +213,12 @@ def apply_round(
         if r["state"] == "cancelled" and r["run_dir"] and request_stop(r["run_dir"]):
             done.append({"job_id": r["job_id"], "action": "stop"})
     return done
+
+
+def live_runners(job_id: str) -> set[int]:
+    """Live processes started as a runner of `job_id` (the tag in their environment; a runner does not
+    pass it on to its children): found even when a round died before it recorded the pid."""
+    return labelled(RUNNER_TAG, job_id)
 
 
 def runner_alive(pid: int | None, job_id: str) -> bool:
@@ -208,7 +242,12 @@ def reconcile_runners(db_path: str) -> list[str]:
     out = []
     for state in ("running", "resizing"):
         for r in list_jobs(db_path, state).iter_rows(named=True):
-            if not runner_alive(r["runner_pid"], r["job_id"]):
+            if runner_alive(r["runner_pid"], r["job_id"]):
+                continue
+            found = live_runners(r["job_id"])
+            if found:  # started by a round that died before recording it: adopt it
+                set_job_run(db_path, r["job_id"], runner_pid=min(found))
+            else:
                 step = checkpoint_step(r["run_dir"])
                 transition(db_path, r["job_id"], "queued", f"its runner is gone; re-admission resumes from step {step}")
                 out.append(r["job_id"])

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, check_id, db_path, load_settings, state
+from cli.app import SMALL_WRITE_BYTES, app, check_id, db_path, load_settings, need_space, state
 from cli.commands.model_options import model_option_flags
 from cli.commands.run_options import run_option_flags, train_overrides
 from cli.commands.tables import Col, FormatOption, emit, print_table
@@ -61,6 +61,7 @@ def submit(
     # (a bad value is named by the flag typed); stored whole and typed, its steps the --iterations
     extra, flags = train_overrides(run_options or {})
     cfg = load_settings(extra, flags)
+    need_space(cfg, need=SMALL_WRITE_BYTES)  # a job stored whole or refused, never half-written on a full disk
     train = RunOptions(**{**cfg.train.options(), "steps": iterations})
     jid = submit_job(
         state(cfg).db,

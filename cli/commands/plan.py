@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import SMALL_WRITE_BYTES, app, db_path, load_settings, need_space, prefect_env
 from cli.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
 from cli.commands.model_options import model_for_plan, model_option_flags
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
@@ -74,6 +74,7 @@ def plan(
         },
     )
     path = db_path(cfg)
+    need_space(cfg, out, need=SMALL_WRITE_BYTES)  # a full disk is refused before the search, not met writing its result
     if flow:
         prefect_env(cfg)  # before anything imports prefect (the flow); without --flow no Prefect at all
         if given is not None and not preset:

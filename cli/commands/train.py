@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import app, check_id, db_path, load_settings, prefect_env, state
+from cli.app import app, check_id, db_path, load_settings, need_space, prefect_env, state
 from cli.commands.model_options import model_option_flags
 from cli.commands.run_options import run_option_flags, train_overrides
 from planner.limits import MAX_RANKS, MAX_SECONDS, MAX_SLOWDOWN, MAX_STEPS
@@ -118,6 +118,7 @@ def train(
             flags[f"train.{field}"] = "--" + field.replace("_", "-")
     check_id("--run-id", run_id)
     cfg = load_settings(extra, flags)
+    need_space(cfg)  # before a row, a folder or a rank: a full state folder is one line
     prefect_env(cfg)
 
     from planner.errors import MeshplanError

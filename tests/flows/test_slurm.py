@@ -252,3 +252,33 @@ def test_a_node_set_down_mid_run_resumes_the_job_from_its_checkpoint_on_the_node
     back = [b for a, b in zip(steps, steps[1:], strict=False) if b <= a]
     assert len(back) == 1 and back[0] % 10 == 0, steps  # once, to a checkpoint (every 10 steps)
     assert steps[-1] == 59 and _params_error(runs / "d", 60, 32) < ATOL
+
+
+def test_ctrl_c_on_a_slurm_train_cancels_the_job_and_returns_with_one_line(tmp_path, slurm):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it): the sbatch job is
+    scancel'ed, Prefect's temporary server (a session of its own) is still up to record the crash, the
+    run row is closed as killed and the command prints one line — no httpx.ConnectError, no wait."""
+    cmd = [
+        sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *SGD, "train", "--plan", str(_plan(tmp_path)),
+        "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1", "--steps", "100000", "--run-id", "i",
+    ]  # fmt: skip
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        wait_until(lambda: len(rank0_rows(tmp_path / "runs" / "i")) >= 2, "training on Slurm", 150)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert proc.returncode == 130 and took <= 10, (proc.returncode, took, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted") and "ConnectError" not in err, err
+    assert slurm.run("squeue", "-h").strip() == ""
+    with duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True) as con:
+        assert con.execute("select status from runs").fetchall() == [("killed",)]
