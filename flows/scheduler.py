@@ -83,7 +83,7 @@ def scheduler_flow(
         return SchedulerOutcome(actions=[], rejections=[], waiting=[], applied=[], requeued=[], skipped=why)
     try:
         return _round(db_path, cluster_path, spec, pol, policy, time_budget_s, speed_table, launch, runs_dir,
-                      timeout_s, runner_args)  # fmt: skip
+                      train or TrainConfig(), runner_args)  # fmt: skip
     finally:
         give_lease(db_path, holder)
 
@@ -98,7 +98,7 @@ def _round(
     speed_table: str | None,
     launch: bool,
     runs_dir: str | None,
-    timeout_s: float,
+    train: TrainConfig,
     runner_args: list[str],
 ) -> SchedulerOutcome:
     """The round itself, under the lease: reconcile runners first, then read, decide, apply."""
@@ -108,7 +108,7 @@ def _round(
     cl, queue, running = read_state(db_path, spec, speed)
     d = decide_round(cl, queue, running, pol, speed)
     runs = str(StateDir.of_db(db_path, runs_dir).runs)
-    done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, train or TrainConfig(), runner_args)
+    done = apply_round(RUNNER, db_path, d, cluster_path, runs, launch, train, runner_args)
     lines = [
         f"# Scheduler round ({policy})",
         "",
