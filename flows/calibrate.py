@@ -24,6 +24,7 @@ from planner.cost.runtimes import (
     slots,
 )
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.measure.profiles import ProfileTable
 from planner.measure.runs_file import parse_runs
 from planner.specs.model import ModelSpec, get_model
@@ -37,9 +38,7 @@ def calibrate_runtime(db: str | Path, runtime: str, runs_csv: Path | None, clust
     calibration (id, device_kind, runtime, kernel_scale, microbatch_s, runs, mape_before/after, source)."""
     groups: dict[str, list] = {}
     if runs_csv is not None:
-        if not runs_csv.is_file():
-            raise MeshplanError("--runs", str(runs_csv), "no such file; pass a CSV of measured runs")
-        for r in parse_runs(runs_csv.read_text()):  # a bad row raises here: nothing is stored
+        for r in parse_runs(read_input(runs_csv, "--runs", "runs")):  # a bad row raises here: nothing is stored
             inp = PricingInputs(r.cluster, ProfileTable(()), "estimates", None, r.plan.dtype, None)
             groups.setdefault(r.device_kind, []).append((r.run_id, r.plan, r.model, inp, r.measured_s))
         source = str(runs_csv)

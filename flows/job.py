@@ -37,6 +37,7 @@ from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
 from launcher.slurm import SlurmPreempted
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, ReplanConfig
@@ -52,10 +53,8 @@ TRAIN_KEYS = (*(k for k in RunOptions.model_fields if k != "steps"), "poll_s")
 
 
 def read_cluster(cluster_path: str) -> ClusterSpec:
-    p = Path(cluster_path)
-    if not p.is_file():
-        raise MeshplanError("--cluster", cluster_path, "no such file; pass the scheduler's cluster TOML")
-    return parse_cluster_toml(p.read_text(), p.name)
+    text = read_input(cluster_path, "--cluster", "cluster", "the scheduler's cluster TOML")
+    return parse_cluster_toml(text, Path(cluster_path).name)
 
 
 def _train_options(job_id: str, train: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.scheduler import PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import parse_cluster_toml
@@ -31,10 +32,7 @@ RUNNER = [sys.executable, "-m", "flows.job"]
 
 
 def _read(path: str, what: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(what, path, "no such file")
-    return p.read_text()
+    return read_input(path, what, "cluster")
 
 
 @flow(name="scheduler")

@@ -14,19 +14,19 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.serve.placement import Placement
 from planner.serve.workload import parse_workload_toml
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from storage.serve import serve_requests
 from tasks.serve import group_stats, measured_stats, plan_placements, run_serving
 
+_KINDS = {"--trace": "trace", "--replay": "replay", "--placement": "placement", "--workload": "workload"}
+
 
 def read_file(path: str | Path, what: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(what, str(path), "no such file")
-    return p.read_text()
+    """The text of the file given as `what` (planner.inputs: exists, bounded, UTF-8)."""
+    return read_input(path, what, _KINDS.get(what, what.lstrip("-")))
 
 
 def load_cluster(path: str) -> ClusterSpec:
@@ -78,7 +78,7 @@ def serve_flow(
     if replay:
         from planner.serve.workload import parse_trace_csv
 
-        pl = Placement.model_validate_json(Path(placement_path).read_text())
+        pl = Placement.model_validate_json(read_file(placement_path, "--placement"))
         names = [m.name for m in pl.models]
         duration = parse_trace_csv(trace_csv or "", names, "--replay").duration_s
         rows = serve_requests(db_path, run_id)

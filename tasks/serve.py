@@ -21,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from launcher.launch import job_exited, kill_group, log_tail, start_logged
+from planner.inputs import read_input
 from planner.serve.calibrate import measured_samples
 from planner.serve.cost import ServeCost
 from planner.serve.placement import (
@@ -159,7 +160,7 @@ def run_serving(
     for the same trace, calibrated with the ranks' measured stage times and front-end overhead."""
     from planner.serve.workload import parse_trace_csv
 
-    pl = Placement.model_validate_json(Path(placement_path).read_text())
+    pl = Placement.model_validate_json(read_input(placement_path, "--placement", "placement"))
     cost = ServeCost(cluster, pl.dtype)
     check_placement(pl, cost)
     names = [m.name for m in pl.models]

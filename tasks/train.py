@@ -154,5 +154,9 @@ def record_events(db_path: str, run_id: str, run_dir: str, first_record: int) ->
     records = resume_records(run_dir)[first_record:]
     events = events_of(records, first_record)
     record_run_events(db_path, run_id, events)
-    errors = [{"kind": "error", "message": r["error"]} for r in records if r.get("error")]
+    errors = [
+        {"kind": "error", "message": r["error"], **{k: r[k] for k in ("field", "value", "fix") if k in r}}
+        for r in records
+        if r.get("error")
+    ]
     return events + errors[:1]

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, check_output, db_path, load_settings, prefect_env
 
 # the options serve-simulate and serve share
 PlacementOption = Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")]
@@ -42,7 +42,16 @@ def serve_plan(
     out: Annotated[Path | None, typer.Option("--out", help="write meshplan's placement here (JSON)")] = None,
 ) -> None:
     """Search a placement and compare it with selective replication and one model per group."""
+    from planner.inputs import read_input
+    from planner.serve.workload import parse_workload_toml
+    from planner.specs.cluster import parse_cluster_toml
+
     cfg = load_settings()
+    check_output(out, "--out", workload, cluster, db_path(cfg))
+    # in milliseconds, before Prefect's server starts (the flow reads them again): one line for a bad
+    # file; imports no Prefect (prefect_env must come first)
+    parse_workload_toml(read_input(workload, "--workload", "workload"), str(workload))
+    parse_cluster_toml(read_input(cluster, "--cluster", "cluster"), str(cluster))
     prefect_env(cfg)
     from flows.serve import placement_table, serve_plan_flow
 
@@ -65,16 +74,23 @@ def serve_simulate(
     plot: Annotated[Path | None, typer.Option("--plot", help="attainment vs rate and CV, group utilisation")] = None,
 ) -> None:
     """Per-model SLO attainment, p50/p99 latency and goodput of a placement in the simulator."""
-    from flows.serve import load_cluster, read_file
     from planner.errors import MeshplanError
+    from planner.inputs import read_input
+    from planner.limits import MAX_TRACE_S
     from planner.serve.cost import ServeCost
     from planner.serve.placement import check_placement, simulate_placement
     from planner.serve.workload import Workload, make_trace, parse_trace_csv
+    from planner.specs.cluster import parse_cluster_toml
 
-    if not duration_s > 0:
-        raise MeshplanError("--duration-s", duration_s, "must be > 0 seconds")
+    if not 0 < duration_s <= MAX_TRACE_S:
+        raise MeshplanError("--duration-s", duration_s, f"must be 0..{MAX_TRACE_S:g} seconds (a day)")
+    check_output(plot, "--plot", placement, cluster, trace)
+
+    def read_file(path: Path, flag: str) -> str:  # the simulator needs no Prefect: planner.inputs directly
+        return read_input(path, flag, flag.lstrip("-"))
+
     pl = _load_placement(placement, read_file)
-    spec = load_cluster(str(cluster))
+    spec = parse_cluster_toml(read_file(cluster, "--cluster"), str(cluster))
     cost = ServeCost(spec, pl.dtype)
     check_placement(pl, cost)
     names = [m.name for m in pl.models]

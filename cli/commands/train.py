@@ -256,7 +256,9 @@ def _model_file(cfg: RunConfig, plan: Path | None, model: str | None, *dims: int
     if spec is None:
         return None
     if plan is not None:
-        model_for_plan(parse_plan_json(plan.read_text(), origin=plan.name), spec)
+        from planner.inputs import read_input
+
+        model_for_plan(parse_plan_json(read_input(plan, "--plan", "plan"), origin=plan.name), spec)
     if PRESETS.get(spec.name) == spec:
         return None
     path = Path(cfg.state.dir) / "models" / f"{spec.fingerprint()}.json"

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 
 from planner.errors import MeshplanError
+from planner.limits import MAX_STEPS
 from planner.specs.catalog import is_known, lookup
 from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec
 from planner.specs.model import ModelSpec
@@ -61,10 +63,10 @@ def _pos_int(r: dict[str, str], i: int, key: str, default: int | None = None) ->
         return default
     try:
         v = int(float(raw))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or inf
         raise _bad(i, key, raw, "must be a positive integer") from None
-    if v <= 0:
-        raise _bad(i, key, raw, "must be a positive integer")
+    if v <= 0 or v > MAX_STEPS:
+        raise _bad(i, key, raw, f"must be a positive integer, at most {MAX_STEPS:g}")
     return v
 
 
@@ -78,8 +80,8 @@ def measured_seconds(r: dict[str, str], i: int) -> float:
             v = float(raw)
         except ValueError:
             raise _bad(i, key, raw, "must be a positive number") from None
-        if not v > 0:
-            raise _bad(i, key, raw, "must be positive (a measured time or throughput)")
+        if not v > 0 or not math.isfinite(v):
+            raise _bad(i, key, raw, "must be a positive, finite number (a measured time or throughput)")
         if key == "iteration_time_s":
             return v
         return _pos_int(r, i, "global_batch") * _pos_int(r, i, "seq_len") / v
@@ -131,9 +133,12 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
     link = (r.get("interconnect") or "").strip()
     inter = LINK_PRESETS[link] if link in LINK_PRESETS else LINK_PRESETS["ib-hdr"]
     intra = LINK_PRESETS[NVLINK.get(spec.architecture, "pcie4")] if "SXM" in gpu else LINK_PRESETS["pcie4"]
-    node = NodeSpec(
-        name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
-    )
+    try:
+        node = NodeSpec(
+            name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
+        )
+    except ValueError as err:  # pydantic's bounds: devices a node, nodes a cluster
+        raise _bad(i, "gpus_per_node", per_node, str(err).splitlines()[-1].strip()) from None
     tp, pp, dp = _pos_int(r, i, "tp"), _pos_int(r, i, "pp"), _pos_int(r, i, "dp")
     cp, vpp = _pos_int(r, i, "cp", 1), _pos_int(r, i, "vpp", 1)
     if tp * pp * dp * cp != gpus:

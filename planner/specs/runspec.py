@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
-from planner.limits import MAX_SEED
+from planner.limits import MAX_LR, MAX_SEED
 from planner.specs.faults import NO_FAULTS, FaultSpec
 from planner.validation import parse
 
@@ -103,7 +103,7 @@ class RunOptions(ArgvModel):
 
     steps: int = Field(default=20, gt=0, description="train until this many optimizer steps in total")
     data: Literal["synthetic", "text"] = Field(default="text", description="training batches: synthetic | text")
-    lr: float = Field(default=3e-3, gt=0, description="learning rate")
+    lr: float = Field(default=3e-3, gt=0, le=MAX_LR, description="learning rate")
     optimizer: Literal["adamw", "sgd"] = Field(
         default="adamw", description="adamw; sgd for exact-equivalence tests (its update is linear in the gradient)"
     )
