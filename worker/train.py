@@ -338,7 +338,7 @@ def _diverged(opts: RankArgs, step: int, loss: float, norm: float) -> None:
         "--lr",
         opts.run.lr,
         f"training diverged at step {step}: loss {loss:.4g}, gradient norm {norm:.4g}; lower --lr or set "
-        "--grad-clip-norm (the run stopped; its last checkpoint is from before this step)",
+        "--grad-clip-norm (the run stopped before applying this step; earlier checkpoints are kept)",
     )
     checkpoint.record_refusal(opts.run_dir, exc)
     raise exc
