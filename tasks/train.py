@@ -98,6 +98,7 @@ def launch_training(
     log = rundir.node_log(launch.run_dir)
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
+    first_record = len(resume_records(launch.run_dir))
     with StepProgress(launch.spec.steps, enabled=show_progress) as progress:
         poll = lambda: progress.update(tail.read_new())  # noqa: E731
         if slurm is not None:
@@ -131,6 +132,9 @@ def launch_training(
             rc, wall_s = run_logged(cmd, log, timeout_s, on_poll=poll, poll_s=poll_s, extra_env=env)
         progress.update(tail.read_new())
     if rc != 0:
+        stopped = next((r for r in resume_records(launch.run_dir)[first_record:] if r.get("field")), None)
+        if stopped is not None:  # the ranks refused or diverged: their one line, not torchrun's traceback
+            raise MeshplanError(stopped["field"], stopped.get("value"), stopped.get("fix", ""))
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")
     return {"returncode": rc, "wall_s": wall_s, "launch": dataclasses.asdict(launch)}
 
