@@ -311,3 +311,13 @@ def test_plan_out_never_overwrites_an_input(files):
     _error(["plan", "--model", "tiny", "--cluster", cluster, "--out", cluster], files, "--out=", "an input")
     assert Path(cluster).read_bytes() == before
     _error(["plan", "--model", "tiny", "--cluster", cluster, "--out", str(files.root)], files, "--out=", "a folder")
+
+
+def test_db_stops_a_statement_past_its_time_limit(files, monkeypatch):
+    import planner.limits
+
+    kind, _ = outcome(["submit", "--model", "tiny", "--global-batch", "8", "--iterations", "3"], files)
+    assert kind == "ok"
+    monkeypatch.setattr(planner.limits, "MAX_DB_QUERY_S", 0.5)  # 60 s in use; read at each call
+    sql = "select count(*) from range(1000000000000)"
+    _error(["db", sql], files, "ran past 0.5 s and was stopped", "add a WHERE or LIMIT")
