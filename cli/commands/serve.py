@@ -76,7 +76,7 @@ def serve_simulate(
     """Per-model SLO attainment, p50/p99 latency and goodput of a placement in the simulator."""
     from planner.errors import MeshplanError
     from planner.inputs import read_input
-    from planner.limits import MAX_TRACE_S
+    from planner.limits import MAX_REQUESTS, MAX_TRACE_S
     from planner.serve.cost import ServeCost
     from planner.serve.placement import check_placement, simulate_placement
     from planner.serve.workload import Workload, make_trace, parse_trace_csv
@@ -95,6 +95,11 @@ def serve_simulate(
     check_placement(pl, cost)
     names = [m.name for m in pl.models]
     w = Workload(name="sim", models=pl.models, duration_s=duration_s, max_batch=pl.max_batch, dtype=pl.dtype)
+    expected = sum(m.rate for m in pl.models) * duration_s
+    if trace is None and expected > MAX_REQUESTS:  # the Gamma trace drawn here must fit the simulator
+        raise MeshplanError(
+            "--duration-s", duration_s, f"{expected:.3g} requests at the placement's rates; at most {MAX_REQUESTS:,}"
+        )
     tr = parse_trace_csv(read_file(trace, "--trace"), names, str(trace)) if trace else make_trace(w)
     r = simulate_placement(pl, cost, tr)
     typer.echo(

@@ -85,19 +85,23 @@ class Workload(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise MeshplanError("models.name", dup[0], "model names must be unique; rename one of them")
-        expected = sum(m.rate for m in self.models) * self.duration_s
-        if expected > MAX_REQUESTS:
-            raise MeshplanError(
-                "models.rate",
-                "+".join(f"{m.rate:g}" for m in self.models),
-                f"{expected:.3g} requests over duration_s={self.duration_s:g} is more than the simulator holds "
-                f"({MAX_REQUESTS:,}); lower the rates or the duration",
-            )
         return self
 
 
 def parse_workload_toml(text: str, origin: str = "workload.toml") -> Workload:
-    return parse(Workload, parse_toml(text, origin), origin)
+    """A user's workload file; its Gamma trace must fit the simulator (planner/limits.MAX_REQUESTS).
+    Checked here, not on every Workload: a placement replaying a day-long trace of its own is bounded
+    by the trace's rows instead."""
+    w = parse(Workload, parse_toml(text, origin), origin)
+    expected = sum(m.rate for m in w.models) * w.duration_s
+    if expected > MAX_REQUESTS:
+        raise MeshplanError(
+            f"{origin}: models.rate",
+            "+".join(f"{m.rate:g}" for m in w.models),
+            f"{expected:.3g} requests over duration_s={w.duration_s:g} is more than the simulator holds "
+            f"({MAX_REQUESTS:,}); lower the rates or the duration",
+        )
+    return w
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,8 @@ def test_a_trace_arrival_of_1e12_is_one_line(files):
     argv = ["serve-simulate", "--placement", _w(files, "pl.json", json.dumps(PLACEMENT))]
     argv += ["--cluster", _w(files, "cpu.toml", CPU2), "--trace", _w(files, "t.csv", "model,arrival_s\nm,0\nm,1e12\n")]
     _error(argv, files, "t.csv:3 arrival_s=1000000000000.0", "≤ 86400")
+    argv[-1] = _w(files, "day.csv", "model,arrival_s\nm,0\nm,86400\n")  # a whole day is served
+    assert outcome(argv, files)[0] == "ok"
 
 
 def test_calibrate_with_infinite_throughput_is_one_line(files):
