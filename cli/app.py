@@ -67,9 +67,13 @@ def load_settings(extra: list[str] | None = None, flags: dict[str, str] | None =
 
     text = None
     if G.config_file is not None:
-        if not G.config_file.is_file():
-            raise MeshplanError("--config", str(G.config_file), "no such file; pass an existing meshplan TOML file")
-        text = G.config_file.read_text()
+        from planner.inputs import read_input
+
+        text = read_input(G.config_file, "--config", "config", "a meshplan TOML file")
+    if G.overrides and extra:
+        # the file and --set alone first: a bad --set value is refused even where a command option
+        # sets the same field after it (--set search.global_batch=abc beside --global-batch 8)
+        load_config(text, list(G.overrides), origin="--set")
     overrides = list(G.overrides) + list(extra or [])
     if G.state_dir is not None:
         overrides.append(f"state.dir={_toml_str(str(G.state_dir))}")
@@ -219,3 +223,26 @@ def _hide_user_error_tracebacks() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _UserErrorFilter) for f in logger.filters):
             logger.addFilter(_UserErrorFilter())
+
+
+def check_output(path: Path | None, flag: str, *inputs: Path | str | None) -> None:
+    """Refuse an output path that is one of the command's inputs (or the config or DuckDB file), or a
+    folder: outputs never overwrite inputs. Checked before any work, so nothing is written."""
+    from planner.errors import MeshplanError
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise MeshplanError(flag, str(path), "a folder; pass a file name to write")
+    if not path.exists():
+        return
+    given = [Path(p) for p in (*inputs, G.config_file, G.db) if p is not None]
+    if G.state_dir is not None:
+        given.append(Path(G.state_dir) / "meshplan.duckdb")
+    for p in given:
+        try:
+            same = p.exists() and path.samefile(p)
+        except OSError:
+            same = False
+        if same:
+            raise MeshplanError(flag, str(path), f"that is an input of this command ({p}); write to another file")

@@ -28,6 +28,7 @@ from planner.cost.runtimes import (
     slots,
 )
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.measure.profiles import ProfileTable
 from planner.measure.runs_file import read_runs
 from planner.specs.model import ModelSpec, get_model
@@ -59,9 +60,7 @@ def calibrate_runtime(db: str | Path, runtime: str, runs_csv: Path | None, clust
     groups: dict[str, list] = {}
     notes: list[str] = []
     if runs_csv is not None:
-        if not runs_csv.is_file():
-            raise MeshplanError("--runs", str(runs_csv), "no such file; pass a CSV of measured runs")
-        read = read_runs(runs_csv.read_text())  # a bad row raises here: nothing is stored
+        read = read_runs(read_input(runs_csv, "--runs", "runs"))  # a bad row raises here: nothing is stored
         if read.skipped:
             notes.append(read.skipped_note())
         for r in read.runs:

@@ -25,6 +25,7 @@ import rundir
 from flows.outcomes import DryRunOutcome
 from launcher.launch import Launch
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.report.dryrun import dry_run_report
 from planner.runtime import check_launchable
 from planner.specs.dryrun import dry_run_model, dry_run_plan
@@ -37,12 +38,8 @@ from tasks.train import close_run, ingest_telemetry, launch_training, load_store
 
 
 def read_plan_file(plan_path: str) -> Plan:
-    p = Path(plan_path)
-    if not p.is_file():
-        raise MeshplanError(
-            "--plan", plan_path, "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
-        )
-    return parse_plan_json(p.read_text(), origin=p.name)
+    text = read_input(plan_path, "--plan", "plan", "e.g. from `meshplan plan --out`")
+    return parse_plan_json(text, origin=Path(plan_path).name)
 
 
 def check_real_plan(plan: Plan, model: ModelSpec | None = None) -> ModelSpec:

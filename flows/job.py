@@ -38,6 +38,7 @@ from launcher.control import exit_path, read_control, read_exit
 from launcher.launch import NodeFailed
 from launcher.slurm import SlurmPreempted
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.scheduler import Allocation
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.specs.config import SEARCH_BUDGET_S, TrainConfig
@@ -50,10 +51,8 @@ from tasks.slurm import slurm_resources
 
 
 def read_cluster(cluster_path: str) -> ClusterSpec:
-    p = Path(cluster_path)
-    if not p.is_file():
-        raise MeshplanError("--cluster", cluster_path, "no such file; pass the scheduler's cluster TOML")
-    return parse_cluster_toml(p.read_text(), p.name)
+    text = read_input(cluster_path, "--cluster", "cluster", "the scheduler's cluster TOML")
+    return parse_cluster_toml(text, Path(cluster_path).name)
 
 
 @flow(name="job", log_prints=True)

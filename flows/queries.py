@@ -175,15 +175,25 @@ def db_backup(db: Path, reason: str) -> Path:
     return _sql_errors(None, run)
 
 
-def db_query(db: Path, sql: str, read_only: bool = True) -> pl.DataFrame:
-    """The statement's result. A DuckDB error is a MeshplanError naming the SQL (a change refused in
-    read-only mode says to add --write)."""
+def db_query(db: Path, sql: str, read_only: bool = True) -> tuple[pl.DataFrame, bool]:
+    """The statement's result, at most MAX_DB_ROWS rows, and whether rows were cut; a statement
+    running past MAX_DB_QUERY_S is stopped. A DuckDB error is a MeshplanError naming the SQL (a
+    change refused in read-only mode says to add --write)."""
+    from planner.limits import MAX_DB_QUERY_S, MAX_DB_ROWS
     from storage.db import query
     from storage.runs import close_dead_runs
 
     if db.is_file():  # a run whose command was killed reads `killed`, not `running`
         close_dead_runs(db)
-    return _sql_errors(sql, lambda: query(db, sql, read_only=read_only))
+
+    def run() -> pl.DataFrame:
+        try:
+            return query(db, sql, read_only=read_only, max_rows=MAX_DB_ROWS + 1, timeout_s=MAX_DB_QUERY_S)
+        except TimeoutError as exc:
+            raise MeshplanError("sql", sql, f"{exc}; add a WHERE or LIMIT, or aggregate") from None
+
+    frame = _sql_errors(sql, run)
+    return frame.head(MAX_DB_ROWS), frame.height > MAX_DB_ROWS
 
 
 def db_restore(db: Path) -> tuple[Path, Path | None]:

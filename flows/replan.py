@@ -60,10 +60,9 @@ def load_cluster(cluster_path: str | None, num_devices: int) -> tuple[ClusterSpe
         return cpu_cluster(num_devices), True
     from pathlib import Path
 
-    p = Path(cluster_path)
-    if not p.is_file():
-        raise MeshplanError("--cluster", cluster_path, "no such file; pass a cluster TOML file")
-    return parse_cluster_toml(p.read_text(), p.name), False
+    from planner.inputs import read_input
+
+    return parse_cluster_toml(read_input(cluster_path, "--cluster", "cluster"), Path(cluster_path).name), False
 
 
 def decisions_markdown(run_id: str, records: list[dict[str, Any]]) -> str:

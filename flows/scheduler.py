@@ -15,7 +15,6 @@ while `schedule-cluster` was down, started late by Prefect) is collapsed into it
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -23,6 +22,7 @@ from prefect.runtime import flow_run
 
 from flows.outcomes import SchedulerOutcome
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.scheduler import DEFAULT_POLICY, PlannerSpeed, Policy, TableSpeed
 from planner.scheduler.trace import parse_lookup
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
@@ -44,10 +44,7 @@ RUNNER = [sys.executable, "-m", "flows.job"]
 
 
 def _read(path: str, what: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(what, path, "no such file")
-    return p.read_text()
+    return read_input(path, what, "cluster")
 
 
 @flow(name="scheduler")

@@ -18,6 +18,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.outcomes import ServeOutcome
 from planner.errors import MeshplanError
+from planner.inputs import read_input
 from planner.serve.cost import ServeCost
 from planner.serve.placement import Placement, check_placement
 from planner.serve.workload import parse_trace_csv, parse_workload_toml
@@ -26,15 +27,12 @@ from planner.validation import parse
 from storage.serve import serve_requests
 from tasks.serve import plan_placements, run_serving
 
+_KINDS = {"--trace": "trace", "--replay": "replay", "--placement": "placement", "--workload": "workload"}
+
 
 def read_file(path: str | Path, what: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(what, str(path), "no such file")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise MeshplanError(what, str(path), "not UTF-8 text; give the file meshplan wrote") from None
+    """The text of the file given as `what` (planner.inputs: exists, bounded, UTF-8)."""
+    return read_input(path, what, _KINDS.get(what, what.lstrip("-")))
 
 
 def load_cluster(path: str) -> ClusterSpec:

@@ -14,7 +14,6 @@ machine (`local_nodes`: a CPU "cluster" of simulated nodes) are launched by one 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ from launcher.host import local_capacity
 from launcher.launch import Launch, log_tail
 from launcher.slurm import sbatch_script
 from planner.errors import MeshplanError
+from planner.inputs import parse_json, read_input
 from planner.runtime import machine_problem, rank_plan
 from planner.specs.dataset import check_fits, is_prepared
 from planner.specs.model import PRESETS, ModelSpec, get_model
@@ -56,12 +56,8 @@ from tasks.train import (
 
 
 def _read_plan(plan_path: str) -> Plan:
-    p = Path(plan_path)
-    if not p.is_file():
-        raise MeshplanError(
-            "--plan", plan_path, "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
-        )
-    return parse_plan_json(p.read_text(), origin=p.name)
+    text = read_input(plan_path, "--plan", "plan", "e.g. from `meshplan plan --out`")
+    return parse_plan_json(text, origin=Path(plan_path).name)
 
 
 def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
@@ -87,10 +83,7 @@ def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
                 "model_json", None, f"the plan's model {name!r} is not the preset's dimensions; pass its ModelSpec JSON"
             )
         return spec
-    path = Path(run.model_json)
-    if not path.is_file():
-        raise MeshplanError("model_json", run.model_json, "no such file; pass a ModelSpec JSON file")
-    spec = _read_spec(path)
+    spec = _read_spec(Path(run.model_json))
     if recorded and spec.fingerprint() != recorded:
         raise MeshplanError(
             "model_json",
@@ -102,10 +95,7 @@ def request_model(r: TrainRequest, plan: Plan) -> ModelSpec:
 
 
 def _read_spec(path: Path) -> ModelSpec:
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise MeshplanError("model_json", str(path), f"not JSON ({exc})") from None
+    data = parse_json(read_input(path, "model_json", "model"), path.name, "pass a ModelSpec JSON file")
     return parse(ModelSpec, data, path.name)
 
 
@@ -146,6 +136,23 @@ def report_markdown(
             f"{fmt(r['max_comm_wait_s'])} | {loss} | {tps} |"
         )
     return "\n".join(lines)
+
+
+def check_launch_inputs(r: TrainRequest, world_size: int) -> None:
+    """What the ranks would refuse only after the run row and folder exist, refused first: a node
+    rank beyond the nodes, a fault on a rank the plan does not have, a checkpoint that is not there."""
+    if r.node_rank >= r.nnodes:
+        raise MeshplanError("--node-rank", r.node_rank, f"the launch has {r.nnodes} node(s): 0..{r.nnodes - 1}")
+    faults = r.spec.faults
+    for name, flag in (("slow_rank", "--slow-rank"), ("link_rank", "--slow-link-rank"), ("kill_rank", "kill_rank")):
+        rank = getattr(faults, name)
+        if rank >= world_size:
+            raise MeshplanError(flag, rank, f"the plan has {world_size} rank(s): 0..{world_size - 1}")
+    resume = r.spec.resume
+    if resume not in ("auto", "none", "fresh-start") and not Path(resume).exists():
+        raise MeshplanError(
+            "--resume", resume, "no such checkpoint or run folder; pass one, or auto (this run's) or none"
+        )
 
 
 def check_run_files(run: RunSpec, spec: ModelSpec, plan: Plan) -> RunSpec:
@@ -216,6 +223,7 @@ def prepare_launch(
                 r.plan_path or r.plan_id,
                 f"{why}; check its layout on this machine with `meshplan train --dry-run` (the model scaled down)",
             )
+    check_launch_inputs(r, plan.num_devices)  # refused here: no run row, no run folder
     run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     run_dir = StateDir.of_db(db_path, r.runs_dir).run(run_id)  # the id checked: it cannot leave runs/
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -346,7 +354,8 @@ def _launch_and_close(
         record_run(db_path, run_id, supervised.plan, r.spec.steps, str(run_dir))  # the plan it finished on
     rows = ingest_telemetry(db_path, run_id, str(run_dir))
     events = record_events(db_path, run_id, str(run_dir), first_record)
-    refusal = next((e["message"] for e in events if e["kind"] == "error"), None)
+    stopped = next((e for e in events if e["kind"] == "error"), None)  # the ranks refused or diverged
+    refusal = stopped["message"] if stopped else None
     events = [e for e in events if e["kind"] != "error"]
     for e in events:  # WARNING: kept by the Prefect run's log at the CLI's log level, shown live on stderr
         get_run_logger().warning(f"run {run_id}: {e['kind']}: {e['message']}")
@@ -366,7 +375,9 @@ def _launch_and_close(
             markdown=decisions_markdown(run_id, supervised.decisions),
             description=f"re-planning decisions of run {run_id}",
         )
-    if refusal is not None:  # the ranks refused to start (every checkpoint unreadable): one line, no traceback
+    if stopped is not None:  # the ranks refused to start or stopped (diverged): one line, no traceback
+        if stopped.get("field"):
+            raise MeshplanError(stopped["field"], stopped.get("value"), stopped.get("fix", ""))
         raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
     if job_failed:
         log = rundir.node_log(run_dir)

@@ -219,11 +219,35 @@ def schema_version(path: str | Path) -> int:
         return con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchall()[0][0]
 
 
-def query(path: str | Path, sql: str, params: list | None = None, read_only: bool = False) -> pl.DataFrame:
-    """Run a query and return a polars frame (`read_only`: DuckDB refuses any write)."""
+def query(
+    path: str | Path,
+    sql: str,
+    params: list | None = None,
+    read_only: bool = False,
+    max_rows: int | None = None,
+    timeout_s: float | None = None,
+) -> pl.DataFrame:
+    """Run a query and return a polars frame (`read_only`: DuckDB refuses any write).
+
+    `max_rows`: fetch at most that many rows (a user's query: the rows beyond are never computed
+    where DuckDB can stop early); `timeout_s`: interrupt the statement after that long (a TimeoutError)."""
+    import threading
+
     with connect(path, read_only=read_only) as con:
-        rel = con.sql(sql, params=params) if params else con.sql(sql)
-        return rel.pl() if rel is not None else pl.DataFrame()  # a statement (DROP, UPDATE) returns nothing
+        timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            rel = con.sql(sql, params=params) if params else con.sql(sql)
+            if rel is None:
+                return pl.DataFrame()  # a statement (DROP, UPDATE) returns nothing
+            return (rel.limit(max_rows) if max_rows is not None else rel).pl()
+        except duckdb.InterruptException:
+            raise TimeoutError(f"the query ran past {timeout_s:g} s and was stopped") from None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def tables(path: str | Path) -> pl.DataFrame:

@@ -114,6 +114,11 @@ def save_snapshot(
     """Record a cluster (and, for probes, its raw snapshot) under `fingerprint`; idempotent. Returns the fingerprint."""
     if source == "probe" and snapshot is None:
         raise ValueError("a probed snapshot needs its raw netbench snapshot")
+    # validate before insert: what is stored is read back by every later command, so it must parse
+    # now (a cluster built in code, or a probe's measured figures, skipped the file's checks)
+    cluster_json = cluster.model_dump_json()
+    parse_cluster(json.loads(cluster_json), origin=f"discovered cluster {cluster.name!r}")
+    snapshot_json = json.dumps(snapshot) if snapshot else None
     devices = device_rows(snapshot) if snapshot is not None else spec_device_rows(cluster)
     with connect(db_path) as con:
         con.execute("BEGIN TRANSACTION")
@@ -128,8 +133,8 @@ def save_snapshot(
                     cluster.name,
                     source,
                     snapshot["backend"] if snapshot else None,
-                    cluster.model_dump_json(),
-                    json.dumps(snapshot) if snapshot else None,
+                    cluster_json,
+                    snapshot_json,
                 ],
             )
             for table in _CHILDREN:

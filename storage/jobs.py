@@ -172,6 +172,8 @@ def cancel_job(db_path: str | Path, job_id: str, reason: str = "cancelled by the
 
 
 def list_jobs(db_path: str | Path, state: str | None = None) -> pl.DataFrame:
+    if state is not None and state not in STATES:
+        raise MeshplanError("--state", state, f"not a job state; choose one of {', '.join(STATES)}")
     sql = "SELECT * FROM jobs" + (" WHERE state = ?" if state else "") + " ORDER BY submitted_at, job_id"
     return query(db_path, sql, [state] if state else None)
 

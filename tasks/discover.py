@@ -8,7 +8,6 @@ fingerprint). A MeshplanError is the user's to fix, so no task retries it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from launcher import group
 from launcher.host import identify
 from launcher.slurm import batch_script, job_log, run_batch
 from planner.errors import MeshplanError
+from planner.inputs import parse_json, read_input
 from planner.measure.discovery import (
     cluster_from_snapshot,
     hardware_fingerprint,
@@ -171,13 +171,8 @@ def record_cluster(db_path: str, cluster: ClusterSpec) -> str:
 )
 def ingest_snapshot(db_path: str, snapshot_path: str, name: str | None = None) -> str:
     """Fit, convert and store a netbench snapshot under its hardware fingerprint (idempotent)."""
-    p = Path(snapshot_path)
-    if not p.is_file():
-        raise MeshplanError("snapshot_file", snapshot_path, "no such file; pass the JSON that netbench rank 0 wrote")
-    try:
-        snapshot = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise MeshplanError("snapshot_file", snapshot_path, f"not JSON ({exc}); pass a netbench snapshot") from None
+    text = read_input(snapshot_path, "snapshot_file", "snapshot", "the JSON that netbench rank 0 wrote")
+    snapshot = parse_json(text, snapshot_path, "pass a netbench snapshot")
     fingerprint = snapshot_fingerprint(snapshot)
     return save_snapshot(db_path, fingerprint, cluster_from_snapshot(snapshot, name), "probe", snapshot)
 

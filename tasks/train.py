@@ -100,6 +100,7 @@ def launch_training(
     log = rundir.node_log(launch.run_dir)
     tail = TelemetryTail(launch.run_dir)
     tail.read_new()  # rows of earlier launches of this run folder are not this job's
+    first_record = len(resume_records(launch.run_dir))
     with StepProgress(launch.spec.steps, enabled=show_progress) as progress:
         poll = lambda: progress.update(tail.read_new())  # noqa: E731
         if slurm is not None:
@@ -133,6 +134,9 @@ def launch_training(
             rc, wall_s = run_logged(cmd, log, timeout_s, on_poll=poll, poll_s=poll_s, extra_env=env)
         progress.update(tail.read_new())
     if rc != 0:
+        stopped = next((r for r in resume_records(launch.run_dir)[first_record:] if r.get("field")), None)
+        if stopped is not None:  # the ranks refused or diverged: their one line, not torchrun's traceback
+            raise MeshplanError(stopped["field"], stopped.get("value"), stopped.get("fix", ""))
         raise RuntimeError(f"torchrun exited {rc} ({log}):\n{log_tail(log)}")
     return {"returncode": rc, "wall_s": wall_s, "launch": dataclasses.asdict(launch)}
 
@@ -158,5 +162,9 @@ def record_events(db_path: str, run_id: str, run_dir: str, first_record: int) ->
     records = resume_records(run_dir)[first_record:]
     events = events_of(records, first_record)
     record_run_events(db_path, run_id, events)
-    errors = [{"kind": "error", "message": r["error"]} for r in records if r.get("error")]
+    errors = [
+        {"kind": "error", "message": r["error"], **{k: r[k] for k in ("field", "value", "fix") if k in r}}
+        for r in records
+        if r.get("error")
+    ]
     return events + errors[:1]

@@ -140,7 +140,7 @@ def resume_from(resume: str, run_dir: Path) -> Path | None:
     try:
         chosen, rejected = choose_resume(resume, run_dir)
     except MeshplanError as exc:
-        _record(run_dir, {"attempt": attempt, "checkpoint": None, "step": None, "rejected": [], "error": str(exc)})
+        record_refusal(run_dir, exc)
         raise
     _record(
         run_dir,
@@ -153,6 +153,26 @@ def resume_from(resume: str, run_dir: Path) -> Path | None:
         },
     )
     return chosen
+
+
+def record_refusal(run_dir: Path, exc: MeshplanError) -> None:
+    """Rank 0 records why the ranks stopped on their own (every checkpoint unreadable, a diverged
+    step) in resume.jsonl, with the error's field, value and fix: the flow raises it as one line."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    value = exc.value if isinstance(exc.value, str | int | float | None) else str(exc.value)
+    _record(
+        run_dir,
+        {
+            "attempt": attempt,
+            "checkpoint": None,
+            "step": None,
+            "rejected": [],
+            "error": str(exc),
+            "field": exc.field,
+            "value": value,
+            "fix": exc.fix,
+        },
+    )
 
 
 def _record(run_dir: Path, record: dict[str, Any]) -> None:

@@ -36,17 +36,34 @@ def _norm_sq(part: nn.Module, device: torch.device) -> torch.Tensor:
     return total
 
 
+def global_grad_norm(
+    parts: list[nn.Module], stages: list[int], plan: Plan, device: torch.device, extra: tuple[float, float] = (0, 0)
+) -> tuple[float, float, float]:
+    """Collective: (the whole model's gradient norm, Σ over ranks of extra[0], Σ of extra[1]) in one
+    all-reduce; the train loop sends its non-finite-loss flag and the logged loss as `extra`, so
+    every rank learns in the same collective whether the step diverged (worker/train.py)."""
+    local = torch.zeros(3, dtype=torch.float64, device=device)
+    for part, vi in zip(parts, stages, strict=True):
+        local[0] += _norm_sq(part, device) / len(plan.stages[vi].device_ids)
+    local[1], local[2] = float(extra[0]), float(extra[1])
+    dist.all_reduce(local)
+    return float(local[0].sqrt()), float(local[1]), float(local[2])
+
+
 def clip_grad_norm(
-    parts: list[nn.Module], stages: list[int], plan: Plan, max_norm: float, device: torch.device
+    parts: list[nn.Module],
+    stages: list[int],
+    plan: Plan,
+    max_norm: float,
+    device: torch.device,
+    norm: float | None = None,
 ) -> float:
     """Clip every rank's gradients by the whole model's gradient norm; returns that norm (before clipping).
 
-    `stages[i]` is the plan stage `parts[i]` holds. Collective: every rank of the world calls it."""
-    local = torch.zeros((), dtype=torch.float64, device=device)
-    for part, vi in zip(parts, stages, strict=True):
-        local += _norm_sq(part, device) / len(plan.stages[vi].device_ids)
-    dist.all_reduce(local)
-    norm = float(local.sqrt())
+    `stages[i]` is the plan stage `parts[i]` holds. Collective: every rank of the world calls it
+    (not collective when `norm`, the global norm already reduced, is given)."""
+    if norm is None:
+        norm = global_grad_norm(parts, stages, plan, device)[0]
     coef = min(1.0, max_norm / (norm + 1e-6))
     if coef < 1.0:
         for part in parts:

@@ -33,6 +33,7 @@ Resuming trusts only a checkpoint that passes its digests (worker/checkpoint_che
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -55,7 +56,7 @@ from planner.runtime import check_launchable, cp_positions, is_uniform, loss_wei
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import Plan, check_plan_against, parse_plan, parse_plan_json
 from worker import checkpoint, teardown, watchdog
-from worker.clip import clip_grad_norm
+from worker.clip import clip_grad_norm, global_grad_norm
 from worker.cp import apply_cp
 from worker.data import batch_rows, replica_rows
 from worker.faults import Faults
@@ -290,8 +291,16 @@ def train(opts: RankArgs, plan: Plan, spec: ModelSpec, rank: int, device: torch.
             schedule.step(*args, **kwargs)
         for sync in grad_syncs:
             sync()
+        # one all-reduce: the global gradient norm, and whether any rank's loss is not finite
+        losses = [v.item() for v in kwargs["losses"]] if has_last else []
+        logged = layout.replica == 0 and layout.tp_index == 0 and layout.cp_index == 0
+        mine = sum(losses) / weight / n_mb if has_last and logged else 0.0
+        bad = float(any(not math.isfinite(v) for v in losses))
+        norm, bad, shown = global_grad_norm(parts, list(layout.virtual_stages), plan, device, (bad, mine))
+        if bad or not math.isfinite(norm):
+            _diverged(opts, step, shown, norm)  # every rank, the same verdict: no rank waits on another
         if opts.run.grad_clip_norm:
-            clip_grad_norm(parts, list(layout.virtual_stages), plan, opts.run.grad_clip_norm, device)
+            clip_grad_norm(parts, list(layout.virtual_stages), plan, opts.run.grad_clip_norm, device, norm)
         sync_device(device)
         t1 = time.perf_counter()
         for o in optims:
@@ -300,7 +309,7 @@ def train(opts: RankArgs, plan: Plan, spec: ModelSpec, rank: int, device: torch.
         sync_device(device)
         t2 = time.perf_counter()
         compute_s, step_s = timer.reset(), t2 - t0
-        loss = sum(v.item() for v in kwargs["losses"]) / weight / n_mb if has_last else None
+        loss = sum(losses) / weight / n_mb if has_last else None
         done = step + 1
         ckpt_s = None
         if done == opts.run.steps or (opts.run.checkpoint_every and done % opts.run.checkpoint_every == 0):
@@ -382,6 +391,20 @@ def evaluate(
     if layout.has_last(len(plan.stages)) and layout.replica == 0 and layout.tp_index == 0:
         print(f"step {done} val_loss {val:.4f}", flush=True)
     return val
+
+
+def _diverged(opts: RankArgs, step: int, loss: float, norm: float) -> None:
+    """Stop the run: the loss or the gradient norm is not finite, so no later step can recover and a
+    checkpoint of it would poison every resume. Recorded in resume.jsonl (rank 0) for the flow to
+    report in one line and close the run `failed`; the latest checkpoint (before the divergence) stays."""
+    exc = MeshplanError(
+        "--lr",
+        opts.run.lr,
+        f"training diverged at step {step}: loss {loss:.4g}, gradient norm {norm:.4g}; lower --lr or set "
+        "--grad-clip-norm (the run stopped before applying this step; earlier checkpoints are kept)",
+    )
+    checkpoint.record_refusal(opts.run_dir, exc)
+    raise exc
 
 
 def _checkpoint_exit(

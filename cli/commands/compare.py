@@ -47,7 +47,7 @@ def compare(
 ) -> None:
     """Price two plans on the same cluster and show their step-time terms and memory side by side."""
     from flows.queries import pricing_inputs
-    from planner.errors import MeshplanError
+    from planner.inputs import read_input
     from planner.specs.plan import parse_plan_json
 
     given = model_spec
@@ -56,9 +56,8 @@ def compare(
     rt = runtime_name(runtime, cfg)
     plans = []
     for arg, f in (("plan_a", plan_a), ("plan_b", plan_b)):
-        if not f.is_file():
-            raise MeshplanError(arg, str(f), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)")
-        plans.append((f, parse_plan_json(f.read_text(), origin=f.name)))
+        text = read_input(f, arg, "plan", "e.g. from `meshplan plan --out`")
+        plans.append((f, parse_plan_json(text, origin=f.name)))
     same_work(plans[0][1], plans[1][1], plan_b.name)
     priced: list[dict[str, Any]] = []
     for f, p in plans:
@@ -137,4 +136,13 @@ def _print(priced: list[dict[str, Any]], cluster: str, speedup: float | None) ->
         con.print(f"{tag}: {Path(x['file']).name} ({x['plan'].fingerprint()[:8]})", highlight=False)
         con.print(f"   {x['model']}, bottleneck {x['cost'].bottleneck}; profiles: {x['profiles']}")
     if speedup is not None:
-        con.print(f"b is {speedup:.2f}× {'faster' if speedup >= 1 else 'slower'} than a per step")
+        con.print(speed_sentence(speedup), highlight=False)
+
+
+def speed_sentence(speedup: float) -> str:
+    """b against a in words: a ratio above 1 always, so "0.87× slower" (which reads as faster) is never said."""
+    if round(speedup, 2) == 1.0:
+        return "b and a take the same time per step"
+    if speedup > 1:
+        return f"b is {speedup:.2f}× faster than a per step (a step of b takes {1 / speedup:.0%} of a's)"
+    return f"b is {1 / speedup:.2f}× slower than a per step (a step of b takes {1 / speedup:.0%} of a's)"

@@ -87,12 +87,10 @@ def discover(
 
 def _check_cluster_file(path: Path) -> None:
     """Fail in milliseconds on a bad file, before Prefect's server starts (the flow's task parses it again)."""
-    from planner.errors import MeshplanError
+    from planner.inputs import read_input
     from planner.specs.cluster import parse_cluster_toml
 
-    if not path.is_file():
-        raise MeshplanError("--cluster", str(path), "no such file; pass a cluster TOML file (see examples/clusters/)")
-    parse_cluster_toml(path.read_text(), origin=path.name)
+    parse_cluster_toml(read_input(path, "--cluster", "cluster", "see examples/clusters/"), origin=path.name)
 
 
 def _gb(x: Any, scale: float = 1e9, fmt: str = "{:.1f}") -> str:

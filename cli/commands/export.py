@@ -44,11 +44,10 @@ def export(
 
     if fmt not in FORMATS:
         raise MeshplanError("--format", fmt, f"choose one of {', '.join(FORMATS)}")
-    if not plan_file.is_file():
-        raise MeshplanError(
-            "plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
-        )
-    p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
+    from planner.inputs import read_input
+
+    text = read_input(plan_file, "plan", "plan", "e.g. from `meshplan plan --out`")
+    p = parse_plan_json(text, origin=plan_file.name)
     given = model_spec
     m, unchecked = None, []
     try:

@@ -102,7 +102,15 @@ def db(
     else:
         if write:
             print(f"backed up {path} to {db_backup(path, 'before-db-write')}")
-        frame = db_query(path, sql, read_only=not write)
+        frame, cut = db_query(path, sql, read_only=not write)
+        if cut:
+            from planner.limits import MAX_DB_ROWS
+
+            typer.echo(
+                f"note: showing the first {MAX_DB_ROWS:,} rows; add LIMIT/OFFSET, or COPY (...) TO 'out.parquet' "
+                "with --write for all of them",
+                err=True,
+            )
     if emit(fmt, frame.to_dicts()):
         return
     title = f"tables of {path}" if sql is None else sql

@@ -115,12 +115,13 @@ def resolve_model(model: str | None, dims: dict[str, Any] | None = None) -> Mode
 def read_model_file(path: Path) -> ModelSpec:
     """A model TOML: ModelSpec's fields at top level (name, family, num_layers, hidden, num_heads, ...)."""
     from planner.errors import MeshplanError
+    from planner.inputs import read_input
     from planner.specs.model import ModelSpec
     from planner.validation import parse, parse_toml
 
-    if not path.is_file():
+    if not path.exists():
         raise MeshplanError("--model", str(path), "no such file; pass a preset, `custom` or a model TOML file")
-    data = parse_toml(path.read_text(), origin=path.name)
+    data = parse_toml(read_input(path, "--model", "model"), origin=path.name)
     return parse(ModelSpec, {"name": path.stem, **data}, origin=path.name)
 
 

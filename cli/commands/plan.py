@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.app import SMALL_WRITE_BYTES, app, db_path, load_settings, need_space, prefect_env
+from cli.app import SMALL_WRITE_BYTES, app, check_output, db_path, load_settings, need_space, prefect_env
 from cli.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
 from cli.commands.model_options import model_for_plan, model_option_flags
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
@@ -74,6 +74,7 @@ def plan(
         },
     )
     path = db_path(cfg)
+    check_output(out, "--out", cluster, path)
     need_space(cfg, out, need=SMALL_WRITE_BYTES)  # a full disk is refused before the search, not met writing its result
     if flow:
         prefect_env(cfg)  # before anything imports prefect (the flow); without --flow no Prefect at all
@@ -172,23 +173,23 @@ def estimate(
     Priced as the search prices it (flows.queries.pricing_inputs): on a discovered CPU machine with
     its measured corrections, in the plan's own dtype."""
     from flows.queries import pricing_inputs
-    from planner.errors import MeshplanError
-    from planner.specs.plan import parse_plan_json
+    from planner.inputs import read_input
+    from planner.specs.plan import check_plan_against, parse_plan_json
 
-    if not plan_file.is_file():
-        raise MeshplanError(
-            "--plan", str(plan_file), "no such file; pass a plan JSON file (e.g. from `meshplan plan --out`)"
-        )
-    p = parse_plan_json(plan_file.read_text(), origin=plan_file.name)
+    text = read_input(plan_file, "--plan", "plan", "e.g. from `meshplan plan --out`")
+    p = parse_plan_json(text, origin=plan_file.name)
     m = model_for_plan(p, model_spec)
     cfg = load_settings()
     inputs = pricing_inputs(db_path(cfg), m, cluster, snapshot)
     spec, source = inputs.cluster, inputs.profile_source
+    check_plan_against(p, m.num_layers, spec.num_devices)  # a plan for a bigger cluster: one line
+    other = made_for_other_cluster(p, spec)
     rt = runtime_name(runtime, cfg)
     c, figures = price_for_runtime(db_path(cfg), p, m, inputs, rt)
     if as_json:
         doc = {
             "plan": p.fingerprint(),
+            "cluster_note": other,
             "profiles": source,
             "calibration": calibration_doc(inputs.calibration),
             "runtime": rt,
@@ -220,6 +221,21 @@ def estimate(
     heads = ("stage", "layers", "peak", "capacity", "fits")
     print_table("memory per stage", [Col(h, keep=9, right=h != "fits") for h in heads], rows, con=con)
     con.print(f"runtime: {rt} ({figures})")
-    con.print(f"profiles: {source}" + "".join(f"\nnote: {n}" for n in c.notes))
+    notes = ([other] if other else []) + list(c.notes)
+    con.print(f"profiles: {source}" + "".join(f"\nnote: {n}" for n in notes), highlight=False)
     if not c.feasible:
         raise typer.Exit(1)
+
+
+def made_for_other_cluster(plan, spec) -> str | None:
+    """A note when `plan` was searched on another cluster than `spec` (its device ids then name
+    this cluster's devices, which may be other kinds); None when it was made here or is hand-written."""
+    made = plan.provenance.cluster_fingerprint
+    if made and made != spec.fingerprint():
+        return (
+            f"the plan was made for cluster {plan.cluster!r} (fingerprint {made}), not {spec.name!r} "
+            f"({spec.fingerprint()}): priced on this one's devices; re-plan here for a plan made for it"
+        )
+    if not made and plan.cluster and plan.cluster != spec.name:
+        return f"the plan names cluster {plan.cluster!r}, priced here on {spec.name!r}"
+    return None

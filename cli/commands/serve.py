@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env, state
+from cli.app import app, check_output, db_path, load_settings, prefect_env, state
 
 # the options serve-simulate and serve share
 PlacementOption = Annotated[Path, typer.Option("--placement", help="placement JSON (meshplan serve-plan --out)")]
@@ -42,7 +42,16 @@ def serve_plan(
     out: Annotated[Path | None, typer.Option("--out", help="write meshplan's placement here (JSON)")] = None,
 ) -> None:
     """Search a placement and compare it with selective replication and one model per group."""
+    from planner.inputs import read_input
+    from planner.serve.workload import parse_workload_toml
+    from planner.specs.cluster import parse_cluster_toml
+
     cfg = load_settings()
+    check_output(out, "--out", workload, cluster, db_path(cfg))
+    # in milliseconds, before Prefect's server starts (the flow reads them again): one line for a bad
+    # file; imports no Prefect (prefect_env must come first)
+    parse_workload_toml(read_input(workload, "--workload", "workload"), str(workload))
+    parse_cluster_toml(read_input(cluster, "--cluster", "cluster"), str(cluster))
     prefect_env(cfg)
     from flows.serve import placement_table, serve_plan_flow
 
@@ -67,17 +76,24 @@ def serve_simulate(
     """Per-model SLO attainment, p50/p99 latency and goodput of a placement in the simulator."""
     from flows.serve import load_cluster, load_placement, read_file
     from planner.errors import MeshplanError
+    from planner.limits import MAX_REQUESTS, MAX_TRACE_S
     from planner.serve.cost import ServeCost
     from planner.serve.placement import simulate_placement
     from planner.serve.workload import Workload, make_trace, parse_trace_csv
 
-    if not duration_s > 0:
-        raise MeshplanError("--duration-s", duration_s, "must be > 0 seconds")
+    if not 0 < duration_s <= MAX_TRACE_S:
+        raise MeshplanError("--duration-s", duration_s, f"must be 0..{MAX_TRACE_S:g} seconds (a day)")
+    check_output(plot, "--plot", placement, cluster, trace)
     spec = load_cluster(str(cluster))
     pl = load_placement(placement, spec)
     cost = ServeCost(spec, pl.dtype)
     names = [m.name for m in pl.models]
     w = Workload(name="sim", models=pl.models, duration_s=duration_s, max_batch=pl.max_batch, dtype=pl.dtype)
+    expected = sum(m.rate for m in pl.models) * duration_s
+    if trace is None and expected > MAX_REQUESTS:  # the Gamma trace drawn here must fit the simulator
+        raise MeshplanError(
+            "--duration-s", duration_s, f"{expected:.3g} requests at the placement's rates; at most {MAX_REQUESTS:,}"
+        )
     tr = parse_trace_csv(read_file(trace, "--trace"), names, str(trace)) if trace else make_trace(w)
     r = simulate_placement(pl, cost, tr)
     typer.echo(

@@ -12,15 +12,16 @@ from typing import Annotated
 
 import typer
 
-from cli.app import app
+from cli.app import app, check_output
 from planner.limits import MAX_SECONDS
 
 
 def _cluster(path: Path):
+    from planner.inputs import read_input
     from planner.scheduler.trace import cluster_from_csv, cluster_from_spec
     from planner.specs.cluster import parse_cluster_toml
 
-    text = path.read_text()
+    text = read_input(path, "--cluster", "cluster")
     if path.suffix == ".csv":
         return cluster_from_csv(text, str(path)), None
     spec = parse_cluster_toml(text, str(path))
@@ -51,10 +52,13 @@ def simulate(
     from planner.scheduler.simulate import simulate as run_sim
     from planner.scheduler.trace import parse_jobs, parse_lookup
 
+    check_output(plot, "--plot", trace, cluster, speed)
     cl, spec = _cluster(cluster)
-    jobs = parse_jobs(trace.read_text(), set(cl.kinds), str(trace))
+    from planner.inputs import read_input
+
+    jobs = parse_jobs(read_input(trace, "--trace", "jobs"), set(cl.kinds), str(trace))
     names = list(POLICIES) if policy == "all" else [policy]
-    rows = parse_lookup(speed.read_text(), str(speed)) if speed else None
+    rows = parse_lookup(read_input(speed, "--speed", "speed"), str(speed)) if speed else None
     if rows is None and spec is None:
         raise MeshplanError(
             "--speed", None, "a cluster.csv has no device specs to price with: pass --speed or a cluster TOML"

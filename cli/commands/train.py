@@ -180,6 +180,12 @@ def train(
         ),
         "train",
     )
+    if plan is not None:  # at once, before Prefect's server starts (train_flow checks again, a stored plan too)
+        from flows.train import check_launch_inputs
+        from planner.inputs import read_input
+        from planner.specs.plan import parse_plan_json
+
+        check_launch_inputs(request, parse_plan_json(read_input(plan, "--plan", "plan"), plan.name).num_devices)
     if executor == "slurm" and request.replan and replan is None:
         request = request.model_copy(update={"replan": False})  # Slurm runs the nodes; no live monitor here
     if dry_run:  # --executor slurm: the batch script, the run folder made, nothing submitted
@@ -258,7 +264,9 @@ def _model_file(cfg: RunConfig, plan: Path | None, spec: ModelSpec | None) -> st
     if spec is None:
         return None
     if plan is not None:
-        model_for_plan(parse_plan_json(plan.read_text(), origin=plan.name), spec)
+        from planner.inputs import read_input
+
+        model_for_plan(parse_plan_json(read_input(plan, "--plan", "plan"), origin=plan.name), spec)
     if PRESETS.get(spec.name) == spec:
         return None
     path = state(cfg).model_file(spec.fingerprint())

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from planner.errors import MeshplanError
+from planner.limits import MAX_STEPS
 from planner.specs.catalog import GpuSpec, is_known, lookup
 from planner.specs.cluster import LINK_PRESETS, ClusterSpec, LinkSpec, NodeSpec
 from planner.specs.flops import model_flops_per_step
@@ -71,10 +73,10 @@ def _pos_int(r: dict[str, str], i: int, key: str, default: int | None = None) ->
         return default
     try:
         v = int(float(raw))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or inf
         raise _bad(i, key, raw, "must be a positive integer") from None
-    if v <= 0:
-        raise _bad(i, key, raw, "must be a positive integer")
+    if v <= 0 or v > MAX_STEPS:
+        raise _bad(i, key, raw, f"must be a positive integer, at most {MAX_STEPS:g}")
     return v
 
 
@@ -88,8 +90,8 @@ def measured_seconds(r: dict[str, str], i: int) -> float:
             v = float(raw)
         except ValueError:
             raise _bad(i, key, raw, "must be a positive number") from None
-        if not v > 0 or v == float("inf"):
-            raise _bad(i, key, raw, "must be positive (a measured time or throughput)")
+        if not v > 0 or not math.isfinite(v):
+            raise _bad(i, key, raw, "must be a positive, finite number (a measured time or throughput)")
         if key == "iteration_time_s":
             return v
         return _pos_int(r, i, "global_batch") * _pos_int(r, i, "seq_len") / v
@@ -193,9 +195,12 @@ def _run(r: dict[str, str], i: int) -> MeasuredRun:
     link = (r.get("interconnect") or "").strip()
     inter = LINK_PRESETS[link] if link in LINK_PRESETS else LINK_PRESETS["ib-hdr"]
     intra = intra_node_link(spec)
-    node = NodeSpec(
-        name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
-    )
+    try:
+        node = NodeSpec(
+            name="n", device=gpu, num_devices=per_node, count=gpus // per_node, intra_link=intra, inter_link=inter
+        )
+    except ValueError as err:  # pydantic bounds: devices a node, nodes a cluster
+        raise _bad(i, "gpus_per_node", per_node, str(err).splitlines()[-1].strip()) from None
     tp, pp, dp = _pos_int(r, i, "tp"), _pos_int(r, i, "pp"), _pos_int(r, i, "dp")
     cp, vpp = _pos_int(r, i, "cp", 1), _pos_int(r, i, "vpp", 1)
     if tp * pp * dp * cp != gpus:

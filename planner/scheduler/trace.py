@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 
 from planner.errors import MeshplanError, closest
+from planner.limits import MAX_SECONDS, MAX_STEPS
 from planner.scheduler.types import Allocation, ClusterState, Job, kind_alias
 from planner.specs.cluster import ClusterSpec
 
@@ -38,8 +40,13 @@ def _num(row: dict[str, str], field: str, where: str, *, integer: bool = False, 
         value = float(raw)
     except ValueError:
         raise MeshplanError(f"{where}.{field}", raw, "write a number") from None
+    if not math.isfinite(value):
+        raise MeshplanError(f"{where}.{field}", raw, "write a finite number (not nan or inf)")
     if value < 0 or (positive and value == 0):
         raise MeshplanError(f"{where}.{field}", raw, f"must be {'positive' if positive else 'zero or more'}")
+    hi = MAX_STEPS if integer else MAX_SECONDS  # counts (planner/limits.py), or seconds: ten years
+    if value > hi:
+        raise MeshplanError(f"{where}.{field}", raw, f"must be at most {hi:g}")
     if integer and value != int(value):
         raise MeshplanError(f"{where}.{field}", raw, "write a whole number")
     return value
@@ -48,9 +55,10 @@ def _num(row: dict[str, str], field: str, where: str, *, integer: bool = False, 
 def param_count(text: str) -> float:
     """'2.6B' → 2.6e9, '760M' → 7.6e8."""
     t = text.strip().upper()
-    if t and t[-1] in _SUFFIX:
-        return float(t[:-1]) * _SUFFIX[t[-1]]
-    return float(t)
+    value = float(t[:-1]) * _SUFFIX[t[-1]] if t and t[-1] in _SUFFIX else float(t)
+    if not 0 < value < 1e16:  # 10^16 parameters: 10,000x the largest published models; also nan/inf
+        raise MeshplanError("param_num", text, "a parameter count such as 2.6B or 760M")
+    return value
 
 
 def _kind(value: str, where: str, kinds: set[str]) -> str:

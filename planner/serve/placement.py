@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
+from planner.limits import MAX_TRACE_S
 from planner.serve.cost import Config, ServeCost
 from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate
 from planner.serve.workload import ServedModel, Trace, Workload, make_trace
@@ -783,7 +784,7 @@ def simulate_placement(pl: Placement, cost: ServeCost, trace: Trace, overhead_s:
     w = Workload(
         name="placement",
         models=pl.models,
-        duration_s=max(trace.duration_s, 1e-9),
+        duration_s=min(max(trace.duration_s, 1e-9), MAX_TRACE_S),
         max_batch=pl.max_batch,
         dtype=pl.dtype,
     )
@@ -800,7 +801,9 @@ def replay_placement(
     """Serve `trace` on a placement as its ranks ran it: groups with `measured` samples draw each
     request's times from them and serve one request at a time (the runtime does not batch); per
     model, the median figures over `seeds` runs (simulate.replicate)."""
-    w = Workload(name="placement", models=pl.models, duration_s=max(trace.duration_s, 1e-9), dtype=pl.dtype)
+    w = Workload(
+        name="placement", models=pl.models, duration_s=min(max(trace.duration_s, 1e-9), MAX_TRACE_S), dtype=pl.dtype
+    )
     p = Problem(w, cost, trace, resolve_slos(w, cost))
     idx = {m.name: i for i, m in enumerate(pl.models)}
     groups, routes = [], {}

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import MeshplanError
+from planner.limits import MAX_CV, MAX_RATE, MAX_REQUESTS, MAX_TRACE_S
 from planner.specs.model import ModelSpec, get_model
 from planner.validation import parse, parse_toml
 
@@ -32,8 +33,9 @@ class ServedModel(BaseModel):
     dims: ModelSpec | None = None
     seq: int | None = Field(default=None, gt=0, description="tokens per request (default: the model's seq_len)")
     batch: int = Field(default=1, gt=0, le=1024, description="sequences per request")
-    rate: float = Field(default=0.0, ge=0, description="mean requests per second (Gamma arrivals)")
-    cv: float = Field(default=1.0, gt=0, description="coefficient of variation of inter-arrival times")
+    # bounds: planner/limits.py says why each
+    rate: float = Field(default=0.0, ge=0, le=MAX_RATE, description="mean requests per second (Gamma arrivals)")
+    cv: float = Field(default=1.0, gt=0, le=MAX_CV, description="coefficient of variation of inter-arrival times")
     slo_s: float | None = Field(default=None, description="latency SLO, seconds")
     slo_scale: float | None = Field(default=None, description="SLO as a multiple of single-device latency")
 
@@ -72,7 +74,7 @@ class Workload(BaseModel):
 
     name: str = "workload"
     models: tuple[ServedModel, ...] = Field(min_length=1)
-    duration_s: float = Field(default=60.0, gt=0, le=86_400)
+    duration_s: float = Field(default=60.0, gt=0, le=MAX_TRACE_S)
     seed: int = 0
     max_batch: int = Field(default=1, ge=1, le=256)
     dtype: str = "fp16"
@@ -87,7 +89,19 @@ class Workload(BaseModel):
 
 
 def parse_workload_toml(text: str, origin: str = "workload.toml") -> Workload:
-    return parse(Workload, parse_toml(text, origin), origin)
+    """A user's workload file; its Gamma trace must fit the simulator (planner/limits.MAX_REQUESTS).
+    Checked here, not on every Workload: a placement replaying a day-long trace of its own is bounded
+    by the trace's rows instead."""
+    w = parse(Workload, parse_toml(text, origin), origin)
+    expected = sum(m.rate for m in w.models) * w.duration_s
+    if expected > MAX_REQUESTS:
+        raise MeshplanError(
+            f"{origin}: models.rate",
+            "+".join(f"{m.rate:g}" for m in w.models),
+            f"{expected:.3g} requests over duration_s={w.duration_s:g} is more than the simulator holds "
+            f"({MAX_REQUESTS:,}); lower the rates or the duration",
+        )
+    return w
 
 
 @dataclass(frozen=True)
@@ -118,7 +132,9 @@ def gamma_arrivals(rate: float, cv: float, duration_s: float, rng: np.random.Gen
     shape, scale = 1.0 / cv**2, cv**2 / rate
     n = int(rate * duration_s * 1.5 + 10 * math.sqrt(rate * duration_s + 1) + 10)
     t = np.cumsum(rng.gamma(shape, scale, size=n))
-    while t[-1] < duration_s:  # rare: extend until the horizon is covered
+    # rare: extend until the horizon is covered (bounded: a heavy-tailed draw may need a few rounds,
+    # and MAX_CV keeps the shape where the sums grow; never more than MAX_REQUESTS arrivals)
+    while t[-1] < duration_s and len(t) < MAX_REQUESTS:
         t = np.concatenate([t, t[-1] + np.cumsum(rng.gamma(shape, scale, size=n))])
     return t[t < duration_s]
 
@@ -155,8 +171,16 @@ def parse_trace_csv(text: str, names: list[str], origin: str = "trace.csv") -> T
             t = float(row["arrival_s"])
         except (TypeError, ValueError):
             raise MeshplanError(field, row["arrival_s"], "must be a number of seconds") from None
-        if not t >= 0 or math.isinf(t):
-            raise MeshplanError(field, t, "must be ≥ 0 (seconds since the trace starts); drop or shift that row")
+        if not 0 <= t <= MAX_TRACE_S:
+            raise MeshplanError(
+                field,
+                t,
+                f"must be ≥ 0 and ≤ {MAX_TRACE_S:g} (seconds since the trace starts: a day at most); drop or shift that row",
+            )
+        if len(times) >= MAX_REQUESTS:
+            raise MeshplanError(
+                origin, f"{MAX_REQUESTS:,}+ rows", "more requests than the simulator holds; split the trace"
+            )
         if times and t < times[-1]:
             raise MeshplanError(
                 field, t, f"times must be sorted ascending (previous row {times[-1]}); sort by arrival_s"

@@ -20,6 +20,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.errors import MeshplanError, UnknownNameError, closest
+from planner.limits import (
+    MAX_DEVICE_MEMORY_BYTES,
+    MAX_FLOP_PER_S,
+    MAX_LINK_BYTES_PER_S,
+    MAX_MEMORY_BYTES_PER_S,
+    MAX_OVER_CATALOG,
+)
 from planner.specs.catalog import GpuSpec, is_known, lookup
 from planner.validation import parse, parse_toml
 
@@ -32,7 +39,7 @@ class LinkSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_LINK_BYTES_PER_S)  # planner/limits.py: why
     latency_s: float = Field(default=10e-6, ge=0, le=1.0)
     measured: bool = False
     source: str = ""
@@ -95,13 +102,21 @@ class NodeSpec(BaseModel):
     count: int = Field(default=1, gt=0, le=100_000)
     intra_link: LinkSpec
     inter_link: LinkSpec
-    device_memory_bytes: int | None = Field(default=None, gt=0, description="overrides the catalog (required for cpu)")
-    device_peak_flop_per_s: float | None = Field(
-        default=None, gt=0, description="overrides the catalog (required for cpu)"
+    # bounds: planner/limits.py says why each
+    device_memory_bytes: int | None = Field(
+        default=None, gt=0, le=MAX_DEVICE_MEMORY_BYTES, description="overrides the catalog (required for cpu)"
     )
-    device_memory_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, description="overrides the catalog")
+    device_peak_flop_per_s: float | None = Field(
+        default=None, gt=0, le=MAX_FLOP_PER_S, description="overrides the catalog (required for cpu)"
+    )
+    device_memory_bandwidth_bytes_per_s: float | None = Field(
+        default=None, gt=0, le=MAX_MEMORY_BYTES_PER_S, description="overrides the catalog"
+    )
     device_peak_fp8_flop_per_s: float | None = Field(
-        default=None, gt=0, description="dense fp8 peak (overrides the catalog; fp8 linears need one)"
+        default=None,
+        gt=0,
+        le=MAX_FLOP_PER_S,
+        description="dense fp8 peak (overrides the catalog; fp8 linears need one)",
     )
     measured: bool = Field(default=False, description="figures come from discovery, not a datasheet")
 
@@ -141,6 +156,8 @@ class NodeSpec(BaseModel):
                     "cpu",
                     "cpu nodes need device_memory_bytes and device_peak_flop_per_s (run `meshplan discover` to measure them)",
                 )
+        elif is_known(self.device):
+            self._check_against_catalog(lookup(self.device))
         elif not is_known(self.device):
             # a device the catalog lacks, defined inline: its figures are required, never guessed
             inline = (self.device_memory_bytes, self.device_peak_flop_per_s, self.device_memory_bandwidth_bytes_per_s)
@@ -155,6 +172,25 @@ class NodeSpec(BaseModel):
                         "(dense, training dtype) and device_memory_bandwidth_bytes_per_s",
                     ) from None
         return self
+
+    def _check_against_catalog(self, gpu: GpuSpec) -> None:
+        """An inline figure for a catalog GPU is a measurement of that part: at most MAX_OVER_CATALOG
+        times its datasheet figure (1e15 bytes on an 80 GiB A100 is a typo, not a measurement)."""
+        peak = max(gpu.peak_flop_per_s(d) for d in ("bf16", "fp16", "fp32"))
+        for field, given, sheet in (
+            ("device_memory_bytes", self.device_memory_bytes, gpu.memory_bytes),
+            ("device_peak_flop_per_s", self.device_peak_flop_per_s, peak),
+            ("device_memory_bandwidth_bytes_per_s", self.device_memory_bandwidth_bytes_per_s,
+             gpu.memory_bandwidth_bytes_per_s),
+            ("device_peak_fp8_flop_per_s", self.device_peak_fp8_flop_per_s, gpu.peak_fp8_flop_per_s or peak),
+        ):  # fmt: skip
+            if given is not None and given > MAX_OVER_CATALOG * sheet:
+                raise MeshplanError(
+                    f"nodes.{self.name}.{field}",
+                    given,
+                    f"more than {MAX_OVER_CATALOG:g}x the {gpu.name} datasheet's {sheet:.4g}; give the measured "
+                    "figure of that part, or leave it out to use the catalog's",
+                )
 
     @property
     def gpu(self) -> GpuSpec | None:

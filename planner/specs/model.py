@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.errors import MeshplanError, UnknownNameError, closest
+from planner.limits import MAX_PARAMS
 
 Family = Literal["gpt", "llama"]
 
@@ -78,6 +79,13 @@ class ModelSpec(BaseModel):
                 "model.num_kv_heads",
                 self.num_kv_heads,
                 f"must divide model.num_heads={self.num_heads} (grouped-query attention)",
+            )
+        if self.num_params() > MAX_PARAMS:  # the one bound submit, plan and the scheduler share
+            raise MeshplanError(
+                "model.num_layers",
+                self.num_layers,
+                f"with hidden={self.hidden} the model has {self.num_params():.3g} parameters, more than "
+                f"{MAX_PARAMS:.0e} (5x the largest published); use fewer layers or a smaller hidden",
             )
         return self
 

@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import MeshplanError
-from planner.limits import MAX_SEED, MAX_STEPS
+from planner.limits import MAX_LR, MAX_SEED, MAX_STEPS
 from planner.specs.faults import NO_FAULTS, FaultSpec
 from planner.validation import parse
 
@@ -109,7 +109,7 @@ class RunOptions(ArgvModel):
         description="training batches: synthetic | text | a folder `meshplan data prepare` wrote",
         json_schema_extra={"example": "synthetic"},
     )
-    lr: float = Field(default=3e-3, gt=0, description="learning rate")
+    lr: float = Field(default=3e-3, gt=0, le=MAX_LR, description="learning rate")
     optimizer: Literal["adamw", "sgd"] = Field(
         default="adamw", description="adamw; sgd for exact-equivalence tests (its update is linear in the gradient)"
     )

@@ -264,3 +264,17 @@ def test_ranks_per_node_default_to_the_plans_devices_per_node(tmp_path):
     assert (launch.nproc_per_node, launch.nnodes) == (2, 1)
     with pytest.raises(MeshplanError, match="--nnodes"):
         prepare_launch(db, TrainRequest(plan_path=plan, spec=RunSpec(steps=1), nnodes=3), "r2")
+
+
+def test_a_diverged_run_is_one_line_and_failed_never_completed(tmp_path):
+    """SGD at the largest --lr accepted blows tiny up by step 7: the ranks stop together
+    (worker/train.py `_diverged`), the flow raises their one line (step, values, --lr), the run row
+    is `failed` with it."""
+    db = str(tmp_path / "m.duckdb")
+    spec = RunSpec(steps=8, data="synthetic", optimizer="sgd", lr=10.0, checkpoint_every=0)
+    request = TrainRequest(plan_path=_plan_file(tmp_path), spec=spec, nproc_per_node=2, timeout_s=300, replan=False)
+    with pytest.raises(MeshplanError, match=r"--lr=10.0: training diverged at step \d") as err:
+        train_flow(db, request, "diverged")
+    assert "\n" not in str(err.value) and "lower --lr" in str(err.value)
+    run = query(db, "SELECT status, message FROM runs WHERE run_id = 'diverged'").to_dicts()
+    assert run == [{"status": "failed", "message": str(err.value)}]

@@ -108,6 +108,7 @@ def _plan_doc() -> st.SearchStrategy[str]:
         st.integers(),
         st.text(max_size=6),
         st.sampled_from(["2", "1f1b", "gpipe", "zero3", None, True, 1.5, [], {}]),
+        _numbers(),
     )
     keys = sorted(PLAN_V1)
     stage_keys = sorted(PLAN_V1["stages"][0])
@@ -124,10 +125,44 @@ def _plan_doc() -> st.SearchStrategy[str]:
             doc["stages"][i][k] = draw(leaf)
         return json.dumps(doc)
 
-    return st.one_of(st.just(json.dumps(PLAN_V1)), mutated(), st.text(max_size=40))
+    return st.one_of(
+        st.just(json.dumps(PLAN_V1)),
+        mutated(),
+        st.text(max_size=40),
+        st.sampled_from(_FOREIGN_PLANS).map(json.dumps),
+    )
 
 
-TOML_VALUES = ["-1", "0", "1e400", '"x"', "99999999999999999999", "[]", "nan"]
+TOML_VALUES = [
+    "-1", "0", "1e400", '"x"', "99999999999999999999", "[]", "nan", "inf", "-inf", "1e30", "1e15", "1e-300",
+]  # fmt: skip
+
+# what a user's file may be instead of the text meshplan expects: an image, a UTF-16 or Latin-1
+# export, random bytes, a NUL in the middle (checked by planner/inputs.py, one line each)
+_BINARY = st.one_of(
+    st.binary(min_size=1, max_size=64),
+    st.just(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"),
+    st.just('name = "caf\u00e9"\n'.encode("utf-16")),
+    st.just('name = "caf\u00e9"\n'.encode("latin-1")),
+    st.just(b"name = 1\x00\n"),
+)
+
+# plans made for another cluster or another model than the one the line names: 16 devices (a
+# cluster bigger than the examples'), gpt3-13b's 40 layers, a custom model's fingerprint
+_FOREIGN_PLANS = [
+    {**PLAN_V1, "stages": [{**PLAN_V1["stages"][0], "device_ids": [0, 15]}, *PLAN_V1["stages"][1:]]},
+    {**PLAN_V1, "model": "gpt3-13b", "stages": [{**s, "layer_end": s["layer_end"] * 10, "layer_start": s["layer_start"] * 10} for s in PLAN_V1["stages"]]},
+    {**PLAN_V1, "cluster": "elsewhere", "provenance": {**PLAN_V1.get("provenance", {}), "cluster_fingerprint": "0123456789abcdef"}},
+    {**PLAN_V1, "provenance": {**PLAN_V1.get("provenance", {}), "model_fingerprint": "fedcba9876543210"}},
+]  # fmt: skip
+
+
+def _numbers() -> st.SearchStrategy[object]:
+    """JSON numbers a generated file carries: huge, tiny, and the non-finite ones JSON cannot hold."""
+    return st.one_of(
+        st.sampled_from([1e30, 1e15, -1e30, 1e-300, 2**63, 2**64, float("inf"), float("nan"), -0.0]),
+        st.floats(allow_nan=True, allow_infinity=True),
+    )
 
 
 def _toml_doc() -> st.SearchStrategy[str]:
@@ -190,19 +225,30 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
     `cheap`: no line that would run a Prefect flow (CI's few examples; the bench runs them all)."""
     r = files.root
 
-    def write(name: str, text: str) -> str:
-        (r / name).write_text(text)
+    def write(name: str, text: str | bytes) -> str:
+        if isinstance(text, bytes):
+            (r / name).write_bytes(text)
+        else:
+            (r / name).write_text(text)
         return str(r / name)
 
+    def binary(name: str) -> st.SearchStrategy[str]:
+        return _BINARY.map(lambda b: write(name, b))
+
     plan_file = st.one_of(
-        st.just(str(r / "plan_ok.json")), _plan_doc().map(lambda t: write("gen_plan.json", t)), st.just("missing.json")
+        st.just(str(r / "plan_ok.json")),
+        _plan_doc().map(lambda t: write("gen_plan.json", t)),
+        st.just("missing.json"),
+        binary("bin_plan.json"),
+        st.just(str(r)),  # a folder
     )
     cluster_file = st.one_of(
         st.sampled_from([str(c) for c in CLUSTERS]),
         _toml_doc().map(lambda t: write("gen_cluster.toml", t)),
         st.just("missing.toml"),
+        binary("bin_cluster.toml"),
     )
-    model = draw(_model())
+    model = draw(st.one_of(_model(), binary("bin_model.toml").map(lambda p: ["--model", p])))
     budget = st.sampled_from(["0.05", "0.1", "-1", "nan", "1e12", "abc"])
     if command == "plan":
         opts = {
@@ -245,13 +291,41 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
             "jobs",
             *draw(_options({"--state": st.one_of(_text, st.just("queued")), "--events": None, "--json": None})),
         ]
+    if command == "calibrate":
+        runs = st.one_of(
+            _runs_csv().map(lambda t: write("gen_runs.csv", t)), binary("bin_runs.csv"), st.just("missing.csv")
+        )
+        return ["calibrate", "--runs", draw(runs), *draw(_options({"--json": None}))]
+    if command == "serve-simulate":
+        opts = {
+            "--duration-s": floats(),
+            "--trace": st.one_of(binary("bin_replay.csv"), _replay_csv().map(lambda t: write("gen_replay.csv", t))),
+        }
+        placement = st.one_of(
+            binary("bin_placement.json"), st.just("missing.json"), _text.map(lambda t: write("gen_placement.json", t))
+        )
+        return [
+            "serve-simulate",
+            "--placement",
+            draw(placement),
+            "--cluster",
+            draw(cluster_file),
+            *draw(_options(opts)),
+        ]
     if command == "cancel":
         return ["cancel", draw(st.one_of(_text.filter(lambda s: not s.startswith("-")), st.just("nope")))]
     if command == "db":
         # reads only: writing SQL is `db --write`'s concern; the fuzz checks bad SQL is one line
         return [
             "db",
-            *draw(st.one_of(st.just([]), _text.map(lambda s: ["select " + s]), st.just(["select * from jobs"]))),
+            *draw(
+                st.one_of(
+                    st.just([]),
+                    _text.map(lambda s: ["select " + s]),
+                    st.just(["select * from jobs"]),
+                    st.integers(0, 10**7).map(lambda n: [f"select * from range({n})"]),
+                )
+            ),
         ]
     if command in ("gpus", "models"):
         return [command]
@@ -261,7 +335,12 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
             "--round-s": floats(),
             "--speed": cluster_file,
         }
-        trace = st.one_of(st.just("missing.csv"), _text.map(lambda t: write("gen_trace.csv", t)))
+        trace = st.one_of(
+            st.just("missing.csv"),
+            _text.map(lambda t: write("gen_trace.csv", t)),
+            binary("bin_trace.csv"),
+            _jobs_csv().map(lambda t: write("gen_jobs.csv", t)),
+        )
         return [
             "simulate",
             "--trace",
@@ -310,6 +389,44 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
     raise ValueError(command)
 
 
+def _runs_csv() -> st.SearchStrategy[str]:
+    """A measured-runs CSV (calibrate --runs): one valid row, or one field made huge, non-finite or a word."""
+    head = (
+        "layers,hidden,heads,seq_len,vocab,global_batch,micro_batch,tp,pp,dp,gpu,num_gpus,gpus_per_node,tokens_per_sec"
+    )
+    row = ["32", "4096", "32", "2048", "32000", "512", "1", "8", "1", "8", "A100-SXM4-80GB", "64", "8", "150000"]
+
+    @st.composite
+    def build(draw: st.DrawFn) -> str:
+        cells = list(row)
+        if draw(st.booleans()):
+            i = draw(st.integers(0, len(cells) - 1))
+            cells[i] = draw(
+                st.sampled_from(["inf", "nan", "-inf", "1e400", "0", "-1", "abc", "", "1e30", "99999999999"])
+            )
+        return head + "\n" + ",".join(cells) + "\n"
+
+    return build()
+
+
+def _jobs_csv() -> st.SearchStrategy[str]:
+    """A meshplan-format jobs trace whose one row carries a huge or non-finite number."""
+    head = "job_id,submit_s,model,global_batch,iterations"
+    bad = st.sampled_from(["nan", "inf", "1e12", "1e400", "-1", "5"])
+
+    @st.composite
+    def build(draw: st.DrawFn) -> str:
+        return f"{head}\nj1,{draw(bad)},tiny,{draw(st.sampled_from(['8', 'inf', '1e30']))},{draw(bad)}\n"
+
+    return build()
+
+
+def _replay_csv() -> st.SearchStrategy[str]:
+    """A serving trace (model,arrival_s) with arrivals huge, non-finite or out of order."""
+    times = st.lists(st.sampled_from(["0", "1", "1e12", "nan", "inf", "-1", "0.5", "86400"]), min_size=1, max_size=4)
+    return times.map(lambda ts: "model,arrival_s\n" + "".join(f"m,{t}\n" for t in ts))
+
+
 COMMANDS = [
     "plan",
     "estimate",
@@ -317,6 +434,8 @@ COMMANDS = [
     "compare",
     "submit",
     "jobs",
+    "calibrate",
+    "serve-simulate",
     "cancel",
     "db",
     "gpus",
