@@ -38,8 +38,8 @@ TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\n" 
 POLICY = {"relaunch_s": 5.0, "min_gain_s": 0.5}
 # b (16 samples a step on 1 rank, as a's 16 a rank on 2, but without the all-reduce: up to ~3x a's
 # pace) must outlast a, the round that sees a finished and b's checkpoint by some steps, or it never
-# trains on 2 ranks; a round took up to ~11 s on a loaded CI VM
-A_STEPS, B_STEPS = 40, 300
+# trains on 2 ranks (here: a ended at b's step ~120); a round took up to ~11 s on a loaded CI VM
+A_STEPS, B_STEPS = 40, 400
 A_BATCH, B_BATCH = 32, 16
 # long runs turn the tiny model chaotic: summation-order drift across rank counts reached 3.4e-5 over
 # 200 steps at lr 0.02; at lr 0.01 it is ~1e-7, while one lost or repeated step moves the weights
