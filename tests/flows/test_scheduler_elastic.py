@@ -36,11 +36,11 @@ TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\n" 
 )
 # seconds-long jobs: a relaunch priced at 5 s, and any gain above 0.5 s worth a switch
 POLICY = {"relaunch_s": 5.0, "min_gain_s": 0.5}
-# b (16 samples a step on 1 rank, as a's 16 a rank on 2, but without the all-reduce: up to ~3x a's
-# pace) must outlast a, the round that sees a finished and b's checkpoint by some steps, or it never
-# trains on 2 ranks (here: a ended at b's step ~120); a round took up to ~11 s on a loaded CI VM
-A_STEPS, B_STEPS = 40, 400
-A_BATCH, B_BATCH = 32, 16
+# b must outlast a, the round that sees a finished and b's checkpoint by some steps, or it never trains
+# on 2 ranks; a round took up to ~11 s on a loaded CI VM. With 16 samples a step b ran 3x a's pace (no
+# all-reduce) and reached step 227 before its resize; with 32 it reached step 123 (3x a's 40)
+A_STEPS, B_STEPS = 40, 300
+A_BATCH, B_BATCH = 32, 32
 # long runs turn the tiny model chaotic: summation-order drift across rank counts reached 3.4e-5 over
 # 200 steps at lr 0.02; at lr 0.01 it is ~1e-7, while one lost or repeated step moves the weights
 # ~9e-3 at lr 0.02 (tests/flows/test_replan_flow.py), about half that at 0.01 -- still 40x the tolerance
