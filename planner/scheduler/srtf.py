@@ -29,7 +29,7 @@ does not pay for itself. One round:
    growing into them now would only mean shrinking again.
 
 A lazy max-heap of each job's best move keeps a round to milliseconds: a popped move that no longer
-fits is re-priced for that job alone.
+fits, or would now take the reserve, is re-priced for that job alone.
 """
 
 from __future__ import annotations
