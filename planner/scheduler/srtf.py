@@ -29,7 +29,7 @@ does not pay for itself. One round:
    growing into them now would only mean shrinking again.
 
 A lazy max-heap of each job's best move keeps a round to milliseconds: a popped move that no longer
-fits is re-priced for that job alone.
+fits, or would now take the reserve, is re-priced for that job alone.
 """
 
 from __future__ import annotations
@@ -295,6 +295,13 @@ def _grow(cl: ClusterState, cur, opts, rem, run, started, jobs, policy, reserve:
     while heap and moves < policy.max_resizes * 64:
         neg, jid, o = heapq.heappop(heap)
         p, place = cur[jid]
+        extra = o.alloc.count - (p.alloc.count if o.alloc.kind == p.alloc.kind else 0)
+        if extra > free.get(o.alloc.kind, 0) - reserve.get(o.alloc.kind, 0):
+            # priced before another job's move took free GPUs: it would now grow into the reserve
+            m = best_move(jid)
+            if m is not None:
+                heapq.heappush(heap, (-m[0], jid, m[1]))
+            continue
         cl.release(place)
         new_place = cl.place(o.alloc)
         if new_place is None:

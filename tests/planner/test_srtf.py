@@ -95,6 +95,17 @@ def test_spare_gpus_go_to_the_job_nearest_its_end() -> None:
     assert got.get("short", 1) >= 4 and got.get("short", 1) >= got.get("long", 1)
 
 
+def test_growth_leaves_the_reserve_for_arrivals_free_however_many_jobs_grow() -> None:
+    """Two jobs arrive together on 4 a100: both start on one, and growth leaves the next round's
+    expected arrivals (the last hour's, rounded up: one a100) free — a move priced before another
+    job's took free GPUs is re-priced, not applied into the reserve."""
+    cl = ClusterState(["a100"], [4])
+    jobs = [Job("short", "m", 64, 40, 0.0), Job("long", "m", 64, 300, 1.0)]
+    d = decide(cl, jobs, [], Policy("srtf", relaunch_s=5.0, min_gain_s=0.5), TableSpeed(ROWS), 2.0)
+    got = {a.job_id: (a.placement.alloc.count, a.base.count) for a in d.actions}
+    assert got == {"short": (2, 1), "long": (1, 1)}
+
+
 def test_crius_starts_every_job_on_its_smallest_allocation_and_grows_it() -> None:
     cl = ClusterState(["a100", "a100", "v100"], [4, 4, 4])
     speed = TableSpeed(ROWS)
