@@ -3,6 +3,7 @@ flow that honours it, whole, and those flows read every field of their section."
 
 import ast
 import inspect
+import textwrap
 
 import pytest
 
@@ -78,9 +79,20 @@ def test_every_section_field_set_in_the_config_reaches_its_flow(tmp_path, monkey
     assert seen["plan"]["snapshot"] == "f" and seen["train"].plan_id == "p" and out.last_loss == 1.0
 
 
+def _reads(fn, name: str) -> set[str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "fn", fn))))
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == name}
+
+
 @pytest.mark.parametrize("flow, section, name", [(profile_flow, ProfileConfig, "p"), (plan_flow, SearchConfig, "s")])
 def test_a_flow_reads_every_field_of_its_section(flow, section, name):
-    """The flow binds its section to `name` and reads each field as `name.field`: none left unused."""
-    tree = ast.parse(inspect.getsource(flow.fn))
-    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == name}
+    """The flow binds its section to `name` and reads each field as `name.field`, or hands the section
+    whole to the one value built from it (plan_flow: `SearchJob.of(model, inputs, s)`, which reads the
+    rest as `search.field`): none left unused."""
+    from tasks.searching import SearchJob
+
+    read = _reads(flow, name)
+    if flow is plan_flow:
+        assert "SearchJob.of(model, inputs, s)" in inspect.getsource(plan_flow.fn)
+        read |= _reads(SearchJob.of, "search")
     assert set(section.model_fields) <= read, set(section.model_fields) - read
