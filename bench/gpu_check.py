@@ -35,7 +35,9 @@ sys.path.insert(0, str(ROOT))
 SETS: list[str] = []  # `--set section.key=value` for every meshplan call (--set of this script)
 
 
-def cli(state: Path, env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def cli(
+    state: Path, env: dict[str, str], *args: str, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess:
     sets = [x for kv in SETS for x in ("--set", kv)]
     p = subprocess.run(
         [sys.executable, "-m", "cli", "--state-dir", str(state), *sets, *args],
@@ -45,7 +47,7 @@ def cli(state: Path, env: dict[str, str], *args: str, timeout: float = 600) -> s
         env=env,
         cwd=ROOT,
     )
-    if p.returncode != 0:
+    if check and p.returncode != 0:
         raise SystemExit(f"meshplan {' '.join(args)} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
     return p
 
@@ -163,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                 "peak_gib": peak,
             }
         )
-    cli(state, env, "calibrate")
+    # calibration refuses (storing nothing) with fewer than 3 runs or a fit that does not beat the prior
+    # on its own runs: the "calibrated" column then repeats the profiled price, and the line says why
+    cal = cli(state, env, "calibrate", check=False)
+    refused = cal.stderr.strip().splitlines()[-1] if cal.returncode != 0 and cal.stderr.strip() else ""
+    if cal.returncode != 0 and "nothing stored" not in refused:
+        raise SystemExit(f"meshplan calibrate failed ({cal.returncode}): {cal.stderr.strip()[-2000:]}")
     for r in rows:
         after = predictions(state, r.pop("file"), model)
         r["calibrated_s"], r["calibrated_figures"] = after["predicted_s"], after["figures"]
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     lines.append("")
     lines.append(f"calibration: {rows[0]['calibrated_figures'] if rows else 'none'}")
+    if refused:
+        lines.append(f"calibration refused: {refused}")
     text = "\n".join(lines)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
