@@ -56,35 +56,62 @@ def holder_gone(holder: str) -> bool:
 
 
 def acquire(db_path: str | Path, name: str, holder: str, ttl_s: float) -> str | None:
-    """Take the lease `name` for `ttl_s` seconds; None when taken, else the live holder that has it."""
-    with connect(db_path) as con:
-        con.execute("BEGIN TRANSACTION")
-        now = utcnow()
-        row = con.execute("SELECT holder, expires_at FROM leases WHERE name = ?", [name]).fetchall()
-        current, expires = row[0] if row else (None, None)
-        expired = expires is None or expires < now
-        if current and current != holder and not expired and not holder_gone(current):
-            con.execute("ROLLBACK")
-            return current
-        until = now + dt.timedelta(seconds=ttl_s)
-        if row:
-            con.execute(
-                "UPDATE leases SET holder = ?, acquired_at = ?, expires_at = ? WHERE name = ?",
-                [holder, now, until, name],
-            )
-        else:
-            con.execute("INSERT INTO leases VALUES (?, ?, ?, ?, NULL)", [name, holder, now, until])
-        con.execute("COMMIT")
+    """Take the lease `name` for `ttl_s` seconds; None when taken, else the live holder that has it.
+
+    Two takers at once (two rounds of one process, each on its own connection) meet in DuckDB's
+    optimistic concurrency: the later writer's transaction conflicts and is rolled back, and it
+    reads again, now seeing the winner as the holder."""
+    import duckdb
+
+    for _ in range(20):
+        with connect(db_path) as con:
+            try:
+                return _acquire_once(con, name, holder, ttl_s)
+            except (duckdb.TransactionException, duckdb.ConstraintException):
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass  # DuckDB already aborted it
+    raise RuntimeError(f"lease {name!r}: 20 conflicting takers in a row")
+
+
+def _acquire_once(con, name: str, holder: str, ttl_s: float) -> str | None:
+    con.execute("BEGIN TRANSACTION")
+    now = utcnow()
+    row = con.execute("SELECT holder, expires_at FROM leases WHERE name = ?", [name]).fetchall()
+    current, expires = row[0] if row else (None, None)
+    expired = expires is None or expires < now
+    if current and current != holder and not expired and not holder_gone(current):
+        con.execute("ROLLBACK")
+        return current
+    until = now + dt.timedelta(seconds=ttl_s)
+    if row:
+        con.execute(
+            "UPDATE leases SET holder = ?, acquired_at = ?, expires_at = ? WHERE name = ?",
+            [holder, now, until, name],
+        )
+    else:
+        con.execute("INSERT INTO leases VALUES (?, ?, ?, ?, NULL)", [name, holder, now, until])
+    con.execute("COMMIT")
     return None
 
 
 def release(db_path: str | Path, name: str, holder: str) -> None:
-    """Let go of the lease (only if `holder` still has it) and record the end of its round."""
-    with connect(db_path) as con:
-        con.execute(
-            "UPDATE leases SET holder = NULL, expires_at = NULL, last_round_end = ? WHERE name = ? AND holder = ?",
-            [utcnow(), name, holder],
-        )
+    """Let go of the lease (only if `holder` still has it) and record the end of its round (retried when
+    a taker's transaction conflicts with it, as in `acquire`)."""
+    import duckdb
+
+    for attempt in range(20):
+        try:
+            with connect(db_path) as con:
+                con.execute(
+                    "UPDATE leases SET holder = NULL, expires_at = NULL, last_round_end = ? WHERE name = ? AND holder = ?",
+                    [utcnow(), name, holder],
+                )
+            return
+        except duckdb.TransactionException:
+            if attempt == 19:
+                raise
 
 
 def last_end(db_path: str | Path, name: str) -> dt.datetime | None:

@@ -78,12 +78,13 @@ import os, signal, sys
 from flows.scheduler import RUNNER
 from storage import lease
 from storage.jobs import set_job_run, transition
+from planner.specs.config import TrainConfig
 from tasks.scheduler import LEASE, start_runner
 db, cluster, runs = sys.argv[1:4]
 assert lease.acquire(db, LEASE, lease.new_holder(), 900) is None
 transition(db, "j", "running", "admitted by the round that dies", "1xcpu/1")
 set_job_run(db, "j", base_allocation="1xcpu/1")
-start_runner(RUNNER, db, "j", cluster, runs, 120.0)
+start_runner(RUNNER, db, "j", cluster, runs, TrainConfig(timeout_s=120.0))
 os.kill(os.getpid(), signal.SIGKILL)  # before set_job_run(runner_pid=...): the pid is never recorded
 """
 
