@@ -73,7 +73,7 @@ def job_flow(
     launch is an sbatch job on the allocation's kind and node count."""
     spec = read_cluster(cluster_path)
     row = get_job(db_path, job_id)
-    if live_runners(job_id):  # a second runner of one job would fight the first over its ranks
+    if live_runners(db_path, job_id):  # a second runner of one job would fight the first over its ranks
         raise MeshplanError(f"job {job_id}", "runner", "another runner of this job is alive; this one exits")
     try:
         options = job_options(row)  # typed at submission (storage.jobs.submit_job): read, not re-checked

@@ -140,7 +140,13 @@ def request_stop(run_dir: str) -> bool:
     return True
 
 
-RUNNER_TAG = "MESHPLAN_RUNNER"  # in a runner's environment: the job id it runs (runner_alive reads it)
+RUNNER_TAG = "MESHPLAN_RUNNER"  # in a runner's environment: runner_label, the job it runs (runner_alive reads it)
+
+
+def runner_label(db_path: str | Path, job_id: str) -> str:
+    """The tag's value for a runner of `job_id` in the store at `db_path`: job ids are unique in one
+    store only, so two state folders each with a job "j" never take each other's runner for theirs."""
+    return f"{job_id}@{Path(db_path).resolve()}"
 
 
 def start_runner(
@@ -165,7 +171,7 @@ def start_runner(
     paths = [str(Path(p).resolve()) for p in (db_path, cluster_path, runs_dir)]  # the runner's cwd may differ
     cmd = [*runner, paths[0], job_id, paths[1], "--runs-dir", paths[2]]
     cmd += ["--train", train.model_dump_json(exclude_defaults=True), *(runner_args or [])]
-    env = {RUNNER_TAG: job_id}
+    env = {RUNNER_TAG: runner_label(db_path, job_id)}
     api = PREFECT_API_URL.value()
     if api:  # reported there while it answers; a server that went away is retried once, not for minutes
         env["PREFECT_API_URL"] = api
@@ -194,7 +200,7 @@ def apply_round(
     for a in d.actions:
         alloc = alloc_text(a.placement.alloc)
         if a.kind == "start":
-            if get_job(db_path, a.job_id)["state"] != "queued" or live_runners(a.job_id):
+            if get_job(db_path, a.job_id)["state"] != "queued" or live_runners(db_path, a.job_id):
                 continue  # admitted already (a round that died after admitting it): never a second runner
             transition(db_path, a.job_id, "running", f"{a.reason}; plan {a.plan}", alloc)
             set_job_run(db_path, a.job_id, base_allocation=alloc_text(a.base or a.placement.alloc))
@@ -215,13 +221,13 @@ def apply_round(
     return done
 
 
-def live_runners(job_id: str) -> set[int]:
+def live_runners(db_path: str | Path, job_id: str) -> set[int]:
     """Live processes started as a runner of `job_id` (the tag in their environment; a runner does not
     pass it on to its children): found even when a round died before it recorded the pid."""
-    return labelled(RUNNER_TAG, job_id)
+    return labelled(RUNNER_TAG, runner_label(db_path, job_id))
 
 
-def runner_alive(pid: int | None, job_id: str) -> bool:
+def runner_alive(pid: int | None, db_path: str | Path, job_id: str) -> bool:
     """Is `pid` a live runner of `job_id`: its environment holds the tag start_runner set (Linux /proc)?
     A pid reused by another process, or by a process of another job, is not."""
     if not pid:
@@ -231,7 +237,7 @@ def runner_alive(pid: int | None, job_id: str) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state not in ("Z", "X") and f"{RUNNER_TAG}={job_id}".encode() in env
+    return state not in ("Z", "X") and f"{RUNNER_TAG}={runner_label(db_path, job_id)}".encode() in env
 
 
 @task(name="reconcile-runners", cache_policy=NO_CACHE, retries=0)
@@ -242,9 +248,9 @@ def reconcile_runners(db_path: str) -> list[str]:
     out = []
     for state in ("running", "resizing"):
         for r in list_jobs(db_path, state).iter_rows(named=True):
-            if runner_alive(r["runner_pid"], r["job_id"]):
+            if runner_alive(r["runner_pid"], db_path, r["job_id"]):
                 continue
-            found = live_runners(r["job_id"])
+            found = live_runners(db_path, r["job_id"])
             if found:  # started by a round that died before recording it: adopt it
                 set_job_run(db_path, r["job_id"], runner_pid=min(found))
             else:

@@ -102,7 +102,7 @@ def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_st
     import sys
 
     from storage.jobs import set_job_run, transition
-    from tasks.scheduler import RUNNER_TAG, reconcile_runners
+    from tasks.scheduler import RUNNER_TAG, reconcile_runners, runner_label
 
     db = str(tmp_path / "m.duckdb")
     for j in ("nopid", "dead", "reused", "named", "live"):
@@ -111,7 +111,7 @@ def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_st
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
-    live = subprocess.Popen(sleep, env={**os.environ, RUNNER_TAG: "live"})
+    live = subprocess.Popen(sleep, env={**os.environ, RUNNER_TAG: runner_label(db, "live")})
     named = subprocess.Popen([*sleep, "-m", "flows.job", "named"], env={**os.environ, RUNNER_TAG: "other"})
     try:
         set_job_run(db, "dead", runner_pid=dead.pid)
