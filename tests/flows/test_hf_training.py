@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from planner.specs.plan import parse_plan
 from storage.db import query
+from tests.flows.test_train_flow import _meshplan_main as _main
 from worker.data import batch_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
@@ -30,20 +31,6 @@ VOCAB, SEQ, BATCH = 384, 32, 4
 # (interleaved vs half-split RoPE rows, fused vs split GPT-2 projections): ~1e-6 apart.
 LOSS_ATOL = 1e-4
 LOGITS_ATOL = 1e-4
-
-
-def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from cli.main import main
-
-    monkeypatch.setattr("sys.argv", ["meshplan", *args])
-    capsys.readouterr()
-    try:
-        main()
-        rc = 0
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
