@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from planner.cost.nccl import link_fraction, pcie_p2p_fraction
 from planner.specs.cluster import ClusterSpec, NodeSpec
 
 
@@ -23,6 +24,10 @@ class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
     num_nodes: int = 1
+    # what NCCL's tuning model needs (planner.cost.nccl); empty for CPU ranks (gloo, α–β formulas):
+    intra_hw: str = ""  # the intra-node hop: "nvlink" or "pci"
+    arch: str = ""  # the GPUs' architecture (catalog), which enables protocols
+    nccl_bandwidth_bytes_per_s: float = 0.0  # the bus bandwidth at NCCL's rated link fractions (topo.h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +71,7 @@ class DeviceIndex:
         the two per-device NIC shares and the two intra-node hops, at the larger NIC latency."""
         ga, gb = self.group(a).spec, self.group(b).spec
         if self.node(a) == self.node(b):
-            return Link(ga.intra_link.bandwidth_bytes_per_s, ga.intra_link.latency_s)
+            return intra_link(ga)
         return cross_node_link([ga, gb])
 
     def ring_link(self, device_ids: list[int] | tuple[int, ...]) -> Link:
@@ -76,8 +81,7 @@ class DeviceIndex:
         not rail-aligned, so nothing better is assumed)."""
         nodes = [self.node(d) for d in device_ids]
         if len(set(nodes)) == 1:
-            spec = self.group(device_ids[0]).spec
-            return Link(spec.intra_link.bandwidth_bytes_per_s, spec.intra_link.latency_s)
+            return intra_link(self.group(device_ids[0]).spec)
         specs = {self.group(d).index: self.group(d).spec for d in device_ids}
         if len(specs) > 1:
             return cross_node_link(list(specs.values()))
@@ -111,15 +115,52 @@ def cross_node_link(specs: list[NodeSpec], ranks_per_node: int = 1, num_nodes: i
     8 NICs together (tests pin this). With k = 1 (one rank per node, e.g. dp across tp groups) the
     ring gets one NIC share, bounded by the device's path to it: min(b_nic, b_intra), as before.
     k is capped at the node's devices (a node has no more NICs than that)."""
-    bws = []
+    bws, nccl_bws = [], []
     for s in specs:
         k = max(1, min(ranks_per_node, s.num_devices))
+        share = k / (k - 1) if k > 1 else 1.0
         nic = k * s.inter_link.bandwidth_bytes_per_s
-        intra = s.intra_link.bandwidth_bytes_per_s * (k / (k - 1) if k > 1 else 1.0)
+        intra = s.intra_link.bandwidth_bytes_per_s * share
         bws.append(min(nic, intra))
+        # the same ring at NCCL's rated fraction of each link (planner.cost.nccl, topo.h)
+        nic_r = nic * link_fraction(s.inter_link.kind)
+        nccl_bws.append(min(nic_r, _nccl_intra_bw(s) * share))
+    hw = {_intra_hw(s) for s in specs}
+    arch = {s.gpu.architecture if s.gpu is not None else "" for s in specs}
     # num_nodes = 1 when unknown (a p2p path, a ring over unlike node groups): priced as a ring only
-    return Link(min(bws), max(s.inter_link.latency_s for s in specs), num_nodes=num_nodes)
+    return Link(
+        min(bws),
+        max(s.inter_link.latency_s for s in specs),
+        num_nodes=num_nodes,
+        intra_hw="pci" if "pci" in hw else hw.pop() if len(hw) == 1 else "",
+        arch=arch.pop() if len(arch) == 1 else "",
+        nccl_bandwidth_bytes_per_s=min(nccl_bws) if all(hw) else 0.0,
+    )
+
+
+def _intra_hw(spec: NodeSpec) -> str:
+    """NCCL's kind of a node's intra hop: "nvlink" (NVLink, xGMI), "pci" (PCIe or unknown kinds on
+    GPUs), "" on CPU ranks (gloo)."""
+    if spec.device == "cpu":
+        return ""
+    return "nvlink" if spec.intra_link.kind.startswith(("nvlink", "xgmi")) else "pci"
+
+
+def _nccl_intra_bw(spec: NodeSpec) -> float:
+    """A node's intra link as NCCL's topology rates it: its kind's fraction of the line rate, and over
+    PCIe the 6/5 TLP overhead of P2P through an Intel host bridge (no PCIe switch is stated)."""
+    bw = spec.intra_link.bandwidth_bytes_per_s * link_fraction(spec.intra_link.kind)
+    if spec.intra_link.kind.startswith("pcie"):
+        bw *= pcie_p2p_fraction()
+    return bw
 
 
 def intra_link(spec: NodeSpec) -> Link:
-    return Link(spec.intra_link.bandwidth_bytes_per_s, spec.intra_link.latency_s)
+    hw = _intra_hw(spec)
+    return Link(
+        spec.intra_link.bandwidth_bytes_per_s,
+        spec.intra_link.latency_s,
+        intra_hw=hw,
+        arch=spec.gpu.architecture if spec.gpu is not None else "",
+        nccl_bandwidth_bytes_per_s=_nccl_intra_bw(spec) if hw else 0.0,
+    )

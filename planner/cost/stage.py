@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from planner.cost import formulas as F
 from planner.cost import memory as M
+from planner.cost import nccl as N
 from planner.cost import overlap as OV
 from planner.cost.compute import (
     Device,
@@ -204,6 +205,9 @@ def _tp_allreduce_s(ctx: StageContext, hidden_bytes: float) -> float:
     if ar_fit is not None:
         return ar_fit.time_s(hidden_bytes, ctx.tp)
     tl = ctx.tp_link
+    if N.uses_nccl(tl):
+        # GPU ranks: NCCL's algorithm and protocol for this size (planner.cost.nccl)
+        return N.collective_s("all_reduce", hidden_bytes, ctx.tp, tl)
     return F.allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s, tl.num_nodes)
 
 
@@ -368,19 +372,32 @@ def _grad_ranks(ctx: StageContext) -> int:
     return ctx.dp * ctx.stack.cp
 
 
-def _dp_collectives(ctx: StageContext) -> tuple[OV.Collective, OV.Collective, OV.Collective]:
+def _dp_collectives(
+    ctx: StageContext, gather_bytes: float = 0.0, bucket_bytes: float = 0.0
+) -> tuple[OV.Collective, OV.Collective, OV.Collective]:
     """(all-gather, reduce-scatter, all-reduce) over the stage's d replicas, each as (latency s, s per
-    byte of the whole buffer): ring formulas on the ring's bus bandwidth (devices.cross_node_link: k
-    NIC shares per node), the all-reduce at NCCL's lower ring/tree latency, or the op's own measured
-    fit when calibrated. Under context parallelism gradients sum over dp × cp ranks (`_grad_ranks`)."""
+    byte of the whole buffer). On GPU ranks NCCL's choice of algorithm and protocol (planner.cost.nccl)
+    for the message each is priced at: a block's weights (`gather_bytes`: ZeRO's per-layer gathers and
+    scatters) and a gradient bucket (`bucket_bytes`); on CPU ranks (gloo) ring formulas on the ring's
+    bus bandwidth (devices.cross_node_link: k NIC shares per node), the all-reduce at the lower
+    ring/tree latency; the op's own measured fit when calibrated. Under context parallelism gradients
+    sum over dp × cp ranks (`_grad_ranks`)."""
     d, dl, cal = _grad_ranks(ctx), ctx.dp_link, ctx.calib
     bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
-    ag = OV.Collective((d - 1) * lat, (d - 1) / d / bw)
-    ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
+    if N.uses_nccl(dl) and d > 1:
+        g = N.choose("all_gather", max(gather_bytes, 1.0), d, dl)
+        r = N.choose("reduce_scatter", max(gather_bytes, 1.0), d, dl)
+        a = N.choose("all_reduce", max(bucket_bytes, 1.0), d, dl)
+        ag = OV.Collective(g.latency_s, 1.0 / g.algbw_bytes_per_s)
+        rs = OV.Collective(r.latency_s, 1.0 / r.algbw_bytes_per_s)
+        ar = OV.Collective(a.latency_s, 1.0 / a.algbw_bytes_per_s)
+    else:
+        ag = rs = OV.Collective((d - 1) * lat, (d - 1) / d / bw)
+        ar = OV.Collective(F.allreduce_latency_s(d, lat, dl.num_nodes), 2 * (d - 1) / d / bw)
     if cal is None:
-        return ag, ag, ar
+        return ag, rs, ar
     fits = [cal.fit(op) for op in (BenchOp.ALL_GATHER, BenchOp.REDUCE_SCATTER, BenchOp.ALL_REDUCE)]
-    ring = (ag, ag, ar)
+    ring = (ag, rs, ar)
     return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
 
 
@@ -403,10 +420,11 @@ def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
         (p * e, lt.slow * r.forward_s, lt.slow * r.backward_s)
         for r, p in zip(lt.rows_const, lt.const_params, strict=True)
     ]
+    bucket = OV.megatron_bucket_params(_grad_ranks(ctx)) * e if rt.bucketed_grad_sync else F.GRAD_BUCKET_BYTES
     dpt = OV.dp_terms(
         rt,
         ctx.sharding,
-        *_dp_collectives(ctx),
+        *_dp_collectives(ctx, params_a * e, bucket),
         (params_a * e, lt.slow_blk * lt.fwd_block_s, lt.backward_s_per_block),
         consts,
         (fs_a, fs_b),

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planner.cost import formulas as F
+from planner.cost import nccl as N
 from planner.cost import overlap as OV
 from planner.cost.overlap import MAX_HIDE_FRACTION
 from planner.measure.calibrate import Calibration
@@ -149,6 +150,8 @@ class Bounds:
                 ar = fit.time_s(pr.hidden_bytes(mbs), tp)
             else:
                 ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
+                if N.uses_nccl(c.intra):  # GPU ranks: NCCL's own choice, which can beat the α–β ring
+                    ar = min(ar, N.collective_s("all_reduce", pr.hidden_bytes(mbs), tp, c.intra))
             rows = [self.table.lookup(ProfileKey(c.kind, "block", mbs, self.seq, tp, r, self.dtype)) for r in self.recs]
 
             def slow(r: LayerProfile) -> float:  # as stage_coeffs slows a block row
