@@ -9,7 +9,7 @@ source; this module is the arithmetic:
 - Algorithms: Ring (all-reduce, all-gather, reduce-scatter) and Tree (all-reduce only). NVLS
   (NVLink SHARP) and CollNet need switch support the catalog does not state: not priced.
 - Protocols: LL (8-byte lines, 4 of them data: ¼ of the bus bandwidth for all-reduce or across nodes,
-  ⅓ otherwise), LL128 (0.92, or 0.7 with one rank per node; enabled by NCCL only with NVLink inside
+  ⅓ otherwise, capped by llMaxBws: by GPU in a node, by CPU across nodes), LL128 (0.92, or 0.7 with one rank per node; enabled by NCCL only with NVLink inside
   the node on Volta, Ampere or Hopper) and Simple (the whole bus bandwidth, the highest latency).
 - Bus bandwidth: the ring's (cost.devices.Link.nccl_bandwidth_bytes_per_s: each link at NCCL's rated
   fraction of its line rate, topo.h, k NIC shares for k ranks per node). Algorithm bandwidth = bus
@@ -77,6 +77,7 @@ class Tuning:
 
     latency_us: dict[str, float]
     bandwidth: dict[str, float]
+    ll_max_gbps: dict[str, float]
     tree_correction: dict[str, tuple[float, ...]]
     link_fraction: dict[str, float]
 
@@ -100,6 +101,9 @@ def parse_tuning(text: str) -> Tuning:
         missing, extra = sorted(need - have.keys()), sorted(have.keys() - need)
         if missing or extra:
             raise ValueError(f"{FILE} [{table}]: missing {missing or 'nothing'}, unknown {extra or 'nothing'}")
+    llmax = {k: _number("ll_max_gbps", k, v, 0.1, 10000.0) for k, v in _figures(doc, "ll_max_gbps").items()}
+    if set(llmax) != {"volta", "ampere", "hopper", "two_nodes", "more_nodes"}:
+        raise ValueError(f"{FILE} [ll_max_gbps]: want volta, ampere, hopper, two_nodes, more_nodes")
     corr: dict[str, tuple[float, ...]] = {}
     for p, v in _figures(doc, "tree_correction").items():
         if p not in PROTOCOLS or not isinstance(v, list) or len(v) != 23:
@@ -110,7 +114,7 @@ def parse_tuning(text: str) -> Tuning:
     links = {k: _number("link", k, v, 0.01, 1.0) for k, v in _figures(doc, "link").items()}
     if "pcie_p2p_through_cpu" not in links:
         raise ValueError(f"{FILE} [link]: missing pcie_p2p_through_cpu")
-    return Tuning(lat, bw, corr, links)
+    return Tuning(lat, bw, llmax, corr, links)
 
 
 TUNING = parse_tuning(resources.files("planner.specs").joinpath(FILE).read_text(encoding="utf-8"))
@@ -140,6 +144,16 @@ class Choice:
         return self.latency_s + nbytes / self.algbw_bytes_per_s
 
 
+def ll_max_bytes_per_s(link: Link) -> float:
+    """LL's cap on the bus bandwidth (llMaxBws): by GPU inside a node, by CPU (Intel) across nodes."""
+    m, nodes = TUNING.ll_max_gbps, max(1, link.num_nodes)
+    if nodes == 2:
+        return m["two_nodes"] * 1e9
+    if nodes > 2:
+        return m["more_nodes"] * 1e9
+    return m["hopper" if link.arch in ("Hopper", "Blackwell") else "ampere" if link.arch in ("Ampere", "Ada") else "volta"] * 1e9
+
+
 def _enabled(algo: str, proto: str, op: str, link: Link) -> bool:
     if algo == "tree" and op != "all_reduce":
         return False
@@ -157,6 +171,7 @@ def _candidate(op: str, algo: str, proto: str, nbytes: float, n: int, link: Link
     if algo == "ring":
         if proto == "ll":
             bus *= b["ring_ll"] if nodes > 1 or op == "all_reduce" else b["ring_ll_single_node"]
+            bus = min(bus, ll_max_bytes_per_s(link))
         elif proto == "ll128":
             bus *= b["ring_ll128_one_per_node"] if ppn < 2 else b["ring_ll128"]
         nsteps = 2 * (n - 1) if op == "all_reduce" else n - 1
@@ -165,7 +180,7 @@ def _candidate(op: str, algo: str, proto: str, nbytes: float, n: int, link: Link
     else:
         bus *= b["tree"]
         if proto == "ll":
-            bus *= b["tree_ll"]
+            bus = min(bus * b["tree_ll"], ll_max_bytes_per_s(link))
         elif proto == "ll128":
             bus *= b["tree_ll128_single_node"] if nodes == 1 else b["tree_ll128"]
         algbw = bus * b["tree_ratio"]
