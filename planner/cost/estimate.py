@@ -165,7 +165,11 @@ def _stage_context(
         next_link=None if nxt is None else idx.link(place.devs[0], place.b0),
         next_tp=nxt.tp if nxt is not None else s.tp,
         calib=calibration,
-        stack=replace(stage_stack(plan, s), fp8_weight_cached=plan.fp8 and rt.fp8_weight_cached),
+        stack=replace(
+            stage_stack(plan, s),
+            fp8_weight_cached=plan.fp8 and rt.fp8_weight_cached,
+            selective_op=s.recompute == "selective" and rt.selective_per_op,
+        ),
         device=gpu_device(spec, plan.dtype, kernels),
         next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,
         runtime=rt,

@@ -39,6 +39,8 @@ class Stack:
     # fp8 weights cast once a step and cached across micro-batches (Transformer Engine under
     # Megatron-core: is_first_microbatch), not kept per micro-batch in flight (torchao)
     fp8_weight_cached: bool = False
+    # selective recompute as torchtitan's per-op policy (op_sac_kept_bytes), not the attention core's
+    selective_op: bool = False
 
 
 RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
@@ -93,6 +95,8 @@ def block_kept_bytes(
     − under selective recompute with SDPA, the kernel's own output (SDPA saves it for its backward;
       the projection keeps its transposed copy), rebuilt in backward with the core;
     """
+    if stack.selective and stack.selective_op:
+        return op_sac_kept_bytes(m, batch, seq, tp, dtype, stack.sequence_parallel)
     out = runtime_bytes
     if stack.attention == "flash" or (stack.attention == "sdpa" and stack.selective):
         out -= flops.block_input_bytes(m, batch, seq, dtype) / tp
@@ -107,6 +111,52 @@ def block_kept_bytes(
         if stack.fp8_weight_cached:
             out -= linear_weight_params(m, tp)  # held once per block instead: fp8_cached_weight_bytes
     return out
+
+
+# The matrix multiplies of a Llama block in forward order (torchtitan's Attention and FeedForward):
+# wq, wk, wv, [SDPA], wo, w1, w3, w2. torchtitan's per-op policy saves every odd one.
+OP_SAC_SAVED_MMS = ("wq", "wv", "w1", "w2")
+OP_SAC_RECOMPUTED_MMS = ("wk", "wo", "w3")
+
+
+def _mm_out_elems(m: ModelSpec, name: str, tp: int) -> float:
+    """Output elements per token of one of a block's matrix multiplies on one tp rank. Column-parallel
+    projections (wq, wk, wv, w1, w3) keep 1/t of their outputs; the row-parallel ones (wo, w2) produce
+    partial sums of the whole h before their all-reduce / reduce-scatter."""
+    kv = m.kv_heads * m.head_dim
+    return {"wq": m.hidden / tp, "wk": kv / tp, "wv": kv / tp, "wo": m.hidden, "w1": m.ffn / tp,
+            "w3": m.ffn / tp, "w2": m.hidden}[name]  # fmt: skip
+
+
+def op_sac_kept_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, sequence_parallel: bool) -> float:
+    """What one block keeps under torchtitan's per-op selective activation checkpointing, per tp rank.
+
+    torchtitan (torchtitan/parallelisms/parallelize_llama.py, 2024: `_apply_ac_to_transformer_block`
+    with selective_ac_option "op") wraps each block in a non-reentrant checkpoint whose policy saves the
+    outputs of aten.mm, the SDPA flash / efficient kernels and functional reduce_scatter, "except every
+    second mm"; every other op is recomputed in backward. So a block keeps
+    - its input (the checkpoint's argument): b·s·h, b·s·h/t under sequence parallelism;
+    - the outputs of the 1st, 3rd, 5th and 7th mm of wq, wk, wv, wo, w1, w3, w2: wq (h/t), wv (kv/t),
+      w1 (f/t) and w2 (the row-parallel partial sum, h per token);
+    - the SDPA output (h/t) and its fp32 log-sum-exp (4 bytes per head and token, a/t heads);
+    - with sequence parallelism on tp > 1, the reduce-scatter outputs after wo and w2 (2·h/t).
+    Everything is e bytes per element except the log-sum-exp. GELU (gpt) blocks have no w3: the odd mms
+    are then wq, wv, w1 (the up projection) and the attention's wo — priced as the Llama block."""
+    e = DTYPE_BYTES[dtype]
+    sp = sequence_parallel and tp > 1
+    per_token = m.hidden / (tp if sp else 1)
+    per_token += sum(_mm_out_elems(m, n, tp) for n in OP_SAC_SAVED_MMS) + m.hidden / tp
+    if sp:
+        per_token += 2 * m.hidden / tp
+    lse = 4.0 * batch * seq * m.num_heads / tp
+    return e * batch * seq * per_token + lse
+
+
+def op_sac_recompute_flops(m: ModelSpec, batch: int, seq: int, tp: int) -> float:
+    """Forward FLOPs torchtitan's per-op policy runs again in backward: the mms it does not save (wk,
+    wo, w3: 2·b·s·h·(kv + h + f)/t); norms, RoPE and the activation are memory-bound and left out."""
+    kv = m.kv_heads * m.head_dim
+    return 2.0 * batch * seq * m.hidden * (kv + m.hidden + m.ffn) / tp
 
 
 def fp8_cached_weight_bytes(m: ModelSpec, tp: int, stack: Stack) -> float:

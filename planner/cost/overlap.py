@@ -103,6 +103,8 @@ class Runtime:
     cp_overlap: float = 0.0
     # fp8 weights cast once a step and cached across micro-batches (memory.Stack.fp8_weight_cached)
     fp8_weight_cached: bool = False
+    # selective recompute is torchtitan's per-op policy (planner.cost.memory.op_sac_kept_bytes)
+    selective_per_op: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -138,6 +140,10 @@ def _from_row(row: dict) -> Runtime:
 
 # The runtimes' figures are data (planner/specs/data/runtimes.toml, each with its source).
 RUNTIMES = {name: _from_row(row) for name, row in OVERLAP_ROWS.items()}
+# torchtitan's "selective" is its per-op policy (torchtitan/parallelisms/parallelize_llama.py,
+# selective_ac_option = "op"): a mechanism, not a figure, stated here until the runtime table has a
+# column for it
+RUNTIMES["torchtitan"] = replace(RUNTIMES["torchtitan"], selective_per_op=True)
 MESHPLAN = RUNTIMES["meshplan"]
 TORCHTITAN = RUNTIMES["torchtitan"]
 MEGATRON = RUNTIMES["megatron"]

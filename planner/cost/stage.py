@@ -219,7 +219,12 @@ def _block_times(
     st = ctx.stack
     bwd_block = f_rec * blk.backward_s + (1 - f_rec) * plain.backward_s
     shape = (model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype)
-    if st.selective and not ctx.recompute:
+    if st.selective and st.selective_op and not ctx.recompute:
+        # torchtitan's per-op policy runs the mms it did not save again (memory.op_sac_recompute_flops),
+        # at the block forward's rate
+        redo = M.op_sac_recompute_flops(model, ctx.mbs, ctx.seq, ctx.tp)
+        bwd_block += plain.forward_s * redo / flops.block_forward_flops(model, ctx.mbs, ctx.seq, ctx.tp)
+    elif st.selective and not ctx.recompute:
         # selective recompute runs the attention core (QKᵀ, softmax, A·V) forward again in backward:
         # on a GPU that kernel's own time (planner.cost.compute), else its share of the block's
         # forward FLOPs (flops.attention_core_forward_flops)

@@ -1,0 +1,45 @@
+"""torchtitan's per-op selective recompute (planner.cost.memory.op_sac_kept_bytes): what a block keeps
+and what it runs again, pinned to hand-computed numbers, and priced end to end under the torchtitan
+runtime (the Llama 2 70B "selective op" run of torchtitan's 2024-08 table fits in 80 GB)."""
+
+from planner.cost import memory as M
+from planner.cost.runtimes import MEGATRON_RT, TORCHTITAN_RT, price_under
+from planner.measure.runs_file import row_plan
+from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec
+from planner.specs.model import ModelSpec
+
+L70 = ModelSpec(
+    name="llama2-70b", family="llama", num_layers=80, hidden=8192, num_heads=64, num_kv_heads=8,
+    ffn_hidden=28672, vocab_size=32000, seq_len=4096, tie_embeddings=False,
+)  # fmt: skip
+
+
+def test_kept_bytes_by_hand():
+    # tp 1: input h + wq h + wv kv + w1 f + w2 h + SDPA out h = 4·8192 + 1024 + 28672 = 62464 per token,
+    # × 2 B × 4096 tokens, + the fp32 log-sum-exp 4 × 4096 × 64 heads
+    assert M.op_sac_kept_bytes(L70, 1, 4096, 1, "bf16", False) == 62464 * 2 * 4096 + 4 * 4096 * 64
+    # tp 8 with sequence parallelism: input h/8, wq h/8, wv kv/8, w1 f/8, w2's partial sum h, SDPA h/8,
+    # two reduce-scatter outputs 2h/8: 1024 + 1024 + 128 + 3584 + 8192 + 1024 + 2048 = 17024
+    assert M.op_sac_kept_bytes(L70, 1, 4096, 8, "bf16", True) == 17024 * 2 * 4096 + 4 * 4096 * 8
+    # the attention-core kind keeps Korthikanti's 34·s·b·h bytes here: per-op keeps less than half
+    assert M.op_sac_kept_bytes(L70, 1, 4096, 1, "bf16", False) < 0.5 * 34 * 4096 * 8192
+    # what it runs again: wk, wo, w3 = 2·b·s·h·(kv + h + f)
+    assert M.op_sac_recompute_flops(L70, 1, 4096, 1) == 2 * 4096 * 8192 * (1024 + 8192 + 28672)
+
+
+def test_torchtitan_selective_op_70b_fits_where_the_attention_core_kind_does_not():
+    node = NodeSpec(
+        name="n", device="A100-SXM4-80GB", num_devices=8, count=8,
+        intra_link=LINK_PRESETS["nvlink3"], inter_link=LINK_PRESETS["ib-hdr"],
+    )  # fmt: skip
+    cluster = ClusterSpec(name="c", nodes=(node,))
+    plan = row_plan(
+        L70, "c", tp=1, pp=1, dp=64, cp=1, vpp=1, global_batch=64, micro_batch=1, recompute="selective",
+        sharding="zero3", dtype="bf16", fp8=False, recompute_every=1, sequence_parallel=False, attention="flash",
+        loss="torch", dropout=False,
+    )  # fmt: skip
+    titan = price_under(plan, L70, cluster, TORCHTITAN_RT, restack=False)
+    core = price_under(plan, L70, cluster, MEGATRON_RT, restack=False)
+    assert titan.feasible and not core.feasible
+    cap = titan.memory_capacity_bytes[0]
+    assert titan.peak_memory_bytes[0] < 0.9 * cap < core.peak_memory_bytes[0]
