@@ -151,7 +151,10 @@ def ll_max_bytes_per_s(link: Link) -> float:
         return m["two_nodes"] * 1e9
     if nodes > 2:
         return m["more_nodes"] * 1e9
-    return m["hopper" if link.arch in ("Hopper", "Blackwell") else "ampere" if link.arch in ("Ampere", "Ada") else "volta"] * 1e9
+    return (
+        m["hopper" if link.arch in ("Hopper", "Blackwell") else "ampere" if link.arch in ("Ampere", "Ada") else "volta"]
+        * 1e9
+    )
 
 
 def _enabled(algo: str, proto: str, op: str, link: Link) -> bool:
@@ -209,12 +212,7 @@ def choose(op: str, nbytes: float, n: int, link: Link) -> Choice:
     num_nodes, intra_hw, arch and its NCCL-rated bus bandwidth): the lowest predicted time."""
     if op not in OPS:
         raise ValueError(f"collective {op!r}: one of {', '.join(OPS)}")
-    cands = [
-        _candidate(op, a, p, nbytes, n, link)
-        for a in ALGORITHMS
-        for p in PROTOCOLS
-        if _enabled(a, p, op, link)
-    ]
+    cands = [_candidate(op, a, p, nbytes, n, link) for a in ALGORITHMS for p in PROTOCOLS if _enabled(a, p, op, link)]
     return min(cands, key=lambda c: c.time_s(nbytes))
 
 

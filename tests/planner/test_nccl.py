@@ -15,7 +15,12 @@ GB = 1e9
 
 def node(device: str, n: int, count: int, intra: str, inter: str) -> NodeSpec:
     return NodeSpec(
-        name="n", device=device, num_devices=n, count=count, intra_link=LINK_PRESETS[intra], inter_link=LINK_PRESETS[inter]
+        name="n",
+        device=device,
+        num_devices=n,
+        count=count,
+        intra_link=LINK_PRESETS[intra],
+        inter_link=LINK_PRESETS[inter],
     )
 
 
@@ -94,7 +99,11 @@ def test_ring_or_tree_across_nodes_and_ll128_on_nvlink():
 @pytest.mark.parametrize(
     ("old", "new", "match"),
     [
-        ('ring_simple = 8.4\nring_simple_source = "tuning.cc baseLat[Ring][Simple] = 8.4 us"', "ring_simple = 8.4", "source"),
+        (
+            'ring_simple = 8.4\nring_simple_source = "tuning.cc baseLat[Ring][Simple] = 8.4 us"',
+            "ring_simple = 8.4",
+            "source",
+        ),
         ("tree_ratio = 0.5", "tree_ratio = 1.5", "tree_ratio"),
         ("net_overhead = 1.0", "net_overheads = 1.0", "net_overhead"),
         ("simple = [0.9, 0.9, ", "simple = [0.9, ", "tree_correction"),
