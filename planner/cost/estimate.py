@@ -169,6 +169,7 @@ def _stage_context(
             stage_stack(plan, s),
             fp8_weight_cached=plan.fp8 and rt.fp8_weight_cached,
             selective_op=s.recompute == "selective" and rt.selective_per_op,
+            fused_block=rt.fused_block,
         ),
         device=gpu_device(spec, plan.dtype, kernels),
         next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,

@@ -41,6 +41,8 @@ class Stack:
     fp8_weight_cached: bool = False
     # selective recompute as torchtitan's per-op policy (op_sac_kept_bytes), not the attention core's
     selective_op: bool = False
+    # Megatron-core + Transformer Engine's fused block kernels (fused_block_kept_delta_bytes)
+    fused_block: bool = False
 
 
 RUNTIME = Stack()  # what meshplan's runtime (and so every profile row) does
@@ -104,6 +106,8 @@ def block_kept_bytes(
         out += eager_attention_kept_bytes(m, batch, seq, tp, dtype, stack.dropout)
     if stack.dropout:
         out += hidden_dropout_mask_bytes(m, batch, seq)
+    out -= gqa_repeat_bytes(m, batch, seq, tp, dtype, stack)
+    out -= fused_block_saved_bytes(m, batch, seq, tp, dtype, stack)
     if stack.sequence_parallel and tp > 1:
         out -= replicated_bytes(m, batch, seq, dtype, stack.dropout) * (1 - 1 / tp)
     if stack.fp8:
@@ -157,6 +161,35 @@ def op_sac_recompute_flops(m: ModelSpec, batch: int, seq: int, tp: int) -> float
     wo, w3: 2·b·s·h·(kv + h + f)/t); norms, RoPE and the activation are memory-bound and left out."""
     kv = m.kv_heads * m.head_dim
     return 2.0 * batch * seq * m.hidden * (kv + m.hidden + m.ffn) / tp
+
+
+def gqa_repeat_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:
+    """What a flash kernel does not keep of the runtime's K, V repeated to every query head: the
+    runtime block (flops.block_activation_bytes) keeps k and v at h each under GQA; FlashAttention-2
+    and Transformer Engine's attention read the g kv heads themselves ("MQA/GQA by passing in KV with
+    fewer heads than Q", flash_attn_interface.flash_attn_func), so they keep 2·kv: e·b·s·(2h − 2kv)/t.
+    0 for other kernels and for multi-head attention."""
+    kv = m.kv_heads * m.head_dim
+    if stack.attention != "flash" or m.family == "gpt" or kv >= m.hidden:
+        return 0.0
+    return DTYPE_BYTES[dtype] * batch * seq * 2 * (m.hidden - kv) / tp
+
+
+def fused_block_saved_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:
+    """What Megatron-core with Transformer Engine's fused kernels does not keep of a Llama block that
+    the runtime block keeps (`Stack.fused_block`; 0 for GPT blocks, whose LayerNorms keep input and
+    output either way, and for other stacks):
+    - RMSNorm fused into the following linear (TE LayerNormLinear / LayerNormMLP: the norm's input,
+      its output as the GEMM's input and fp32 rstd are saved), not the un-fused x·rstd intermediate:
+      2·b·s·h for the two norms (1/t of it under sequence parallelism);
+    - SwiGLU as one fused function that saves only its input, the fc1 output of w1 and w3 (2f), whose
+      f output is the fc2 input (megatron/core/fusions/fused_bias_swiglu.py, SwiGLUFunction): 3f of the
+      runtime's 4f (w1 out, SiLU out, w3 out, product), e·b·s·f/t less."""
+    if not stack.fused_block or m.family == "gpt":
+        return 0.0
+    e, b, s = DTYPE_BYTES[dtype], batch, seq
+    norms = 2 * b * s * m.hidden / (tp if stack.sequence_parallel and tp > 1 else 1)
+    return e * (norms + b * s * m.ffn / tp)
 
 
 def fp8_cached_weight_bytes(m: ModelSpec, tp: int, stack: Stack) -> float:

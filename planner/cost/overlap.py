@@ -105,6 +105,8 @@ class Runtime:
     fp8_weight_cached: bool = False
     # selective recompute is torchtitan's per-op policy (planner.cost.memory.op_sac_kept_bytes)
     selective_per_op: bool = False
+    # Megatron-core + Transformer Engine's fused norm-linear and SwiGLU kernels (memory.fused_block_saved_bytes)
+    fused_block: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -144,6 +146,9 @@ RUNTIMES = {name: _from_row(row) for name, row in OVERLAP_ROWS.items()}
 # selective_ac_option = "op"): a mechanism, not a figure, stated here until the runtime table has a
 # column for it
 RUNTIMES["torchtitan"] = replace(RUNTIMES["torchtitan"], selective_per_op=True)
+# Megatron-core as exported plans and NeMo run it: TE's LayerNormLinear / LayerNormMLP and the fused
+# SwiGLU (planner.cost.memory.fused_block_saved_bytes)
+RUNTIMES["megatron"] = replace(RUNTIMES["megatron"], fused_block=True)
 MESHPLAN = RUNTIMES["meshplan"]
 TORCHTITAN = RUNTIMES["torchtitan"]
 MEGATRON = RUNTIMES["megatron"]

@@ -2,6 +2,8 @@
 and what it runs again, pinned to hand-computed numbers, and priced end to end under the torchtitan
 runtime (the Llama 2 70B "selective op" run of torchtitan's 2024-08 table fits in 80 GB)."""
 
+import pytest
+
 from planner.cost import memory as M
 from planner.cost.runtimes import MEGATRON_RT, TORCHTITAN_RT, price_under
 from planner.measure.runs_file import row_plan
@@ -43,3 +45,31 @@ def test_torchtitan_selective_op_70b_fits_where_the_attention_core_kind_does_not
     assert titan.feasible and not core.feasible
     cap = titan.memory_capacity_bytes[0]
     assert titan.peak_memory_bytes[0] < 0.9 * cap < core.peak_memory_bytes[0]
+
+
+def test_megatron_te_block_keeps_less_than_the_runtime_block():
+    """Llama 3.1 405B block, tp 8 with sequence parallelism, s/cp = 4096 tokens, bf16. The runtime block
+    (flops.block_activation_bytes) keeps 6h (un-fused RMSNorms, 1/t under SP) + (3h + 2h + 4f)/t per
+    token; flash drops the transposed copy (h/t). Megatron-core + TE also drop the GQA repeat
+    (2h − 2kv)/t, the norms' x·rstd (2h/t under SP) and SwiGLU's 4th tensor (f/t):
+    (6h + 2kv + 3f)/8 = (98304 + 2048 + 159744)/8 = 32512 elements per token."""
+    m = ModelSpec(
+        name="405b", family="llama", num_layers=126, hidden=16384, num_heads=128, num_kv_heads=8,
+        ffn_hidden=53248, vocab_size=128256, seq_len=8192, tie_embeddings=False,
+    )  # fmt: skip
+    from planner.specs import flops
+
+    runtime = flops.block_activation_bytes(m, 1, 4096, 8, "bf16")
+    te = M.Stack(attention="flash", sequence_parallel=True, fused_block=True)
+    assert M.gqa_repeat_bytes(m, 1, 4096, 8, "bf16", te) == 2 * 4096 * 2 * (16384 - 1024) / 8
+    assert M.fused_block_saved_bytes(m, 1, 4096, 8, "bf16", te) == 2 * 4096 * (2 * 16384 / 8 + 53248 / 8)
+    assert M.block_kept_bytes(m, 1, 4096, 8, "bf16", te, runtime) == pytest.approx(32512 * 2 * 4096)
+    # without the fused kernels (flash alone): (10h − 2h + 2kv + 4f)/8 … the GQA term only
+    flash = M.Stack(attention="flash", sequence_parallel=True)
+    assert M.block_kept_bytes(m, 1, 4096, 8, "bf16", flash, runtime) == pytest.approx(
+        (32512 + (2 * 16384 + 53248) / 8) * 2 * 4096
+    )
+    # GPT blocks and SDPA stacks are untouched
+    gpt = ModelSpec(name="g", family="gpt", num_layers=2, hidden=1024, num_heads=16, vocab_size=50257, seq_len=1024)
+    assert M.fused_block_saved_bytes(gpt, 1, 1024, 1, "bf16", te) == 0.0
+    assert M.gqa_repeat_bytes(m, 1, 4096, 8, "bf16", M.Stack(attention="sdpa")) == 0.0
