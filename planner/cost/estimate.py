@@ -350,7 +350,9 @@ def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> 
     )
 
 
-def memory_per_stage(plan: Plan, priced: _Priced) -> tuple[list[int], list[int]]:
+def memory_per_stage(
+    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION
+) -> tuple[list[int], list[int]]:
     """Per pipeline rank: the peak memory (formulas.peak_memory_bytes of the allocated bytes: blocks, fixed
     terms and the largest workspace) on its worst replica, and the smallest device memory it runs on."""
     ns = [s.num_layers for s in plan.stages]
@@ -363,7 +365,7 @@ def memory_per_stage(plan: Plan, priced: _Priced) -> tuple[list[int], list[int]]
             alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
             alloc += max(co[i].workspace_bytes for i in own)
             spec, cap = priced.specs[r][j]
-            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
+            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
         cap_mem.append(int(worst_cap or 0))
@@ -474,7 +476,8 @@ def estimate(
     tail_s = parts[jt][0] + parts[jt][1]  # the tail summed first: the same floats as before the split
     step = pipe.times[pipe.rc] + share_pipe + tail_s + share_opt
     crit = critical_terms(plan, priced.coeffs, pipe)
-    peak_mem, cap_mem = memory_per_stage(plan, priced)
+    frag = F.FRAGMENTATION_FRACTION_EXPANDABLE if runtime.expandable_segments else F.FRAGMENTATION_FRACTION
+    peak_mem, cap_mem = memory_per_stage(plan, priced, frag)
     terms = {
         "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
         "pipeline bubble": crit.bubble,

@@ -107,6 +107,8 @@ class Runtime:
     selective_per_op: bool = False
     # Megatron-core + Transformer Engine's fused norm-linear and SwiGLU kernels (memory.fused_block_saved_bytes)
     fused_block: bool = False
+    # the caching allocator runs with expandable segments (formulas.FRAGMENTATION_FRACTION_EXPANDABLE)
+    expandable_segments: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -143,9 +145,10 @@ def _from_row(row: dict) -> Runtime:
 # The runtimes' figures are data (planner/specs/data/runtimes.toml, each with its source).
 RUNTIMES = {name: _from_row(row) for name, row in OVERLAP_ROWS.items()}
 # torchtitan's "selective" is its per-op policy (torchtitan/parallelisms/parallelize_llama.py,
-# selective_ac_option = "op"): a mechanism, not a figure, stated here until the runtime table has a
-# column for it
-RUNTIMES["torchtitan"] = replace(RUNTIMES["torchtitan"], selective_per_op=True)
+# selective_ac_option = "op"), and its launch script runs the allocator with expandable segments
+# (run_llama_train.sh: PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"): mechanisms, not figures,
+# stated here until the runtime table has a column for them
+RUNTIMES["torchtitan"] = replace(RUNTIMES["torchtitan"], selective_per_op=True, expandable_segments=True)
 # Megatron-core as exported plans and NeMo run it: TE's LayerNormLinear / LayerNormMLP and the fused
 # SwiGLU (planner.cost.memory.fused_block_saved_bytes)
 RUNTIMES["megatron"] = replace(RUNTIMES["megatron"], fused_block=True)

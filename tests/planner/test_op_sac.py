@@ -73,3 +73,30 @@ def test_megatron_te_block_keeps_less_than_the_runtime_block():
     gpt = ModelSpec(name="g", family="gpt", num_layers=2, hidden=1024, num_heads=16, vocab_size=50257, seq_len=1024)
     assert M.fused_block_saved_bytes(gpt, 1, 1024, 1, "bf16", te) == 0.0
     assert M.gqa_repeat_bytes(m, 1, 4096, 8, "bf16", M.Stack(attention="sdpa")) == 0.0
+
+
+def test_expandable_segments_charge_no_fragmentation():
+    """torchtitan runs the allocator with expandable segments: peak = allocated + the 1 GiB reserve,
+    where the same plan with the default allocator pays 10 % on the allocations."""
+    from dataclasses import replace
+
+    from planner.cost import formulas as F
+    from planner.cost import overlap as OV
+    from planner.cost.estimate import estimate
+
+    assert F.peak_memory_bytes(2**30, "H100-SXM5-80GB", F.FRAGMENTATION_FRACTION_EXPANDABLE) == 2 * 2**30
+    node = NodeSpec(
+        name="n", device="A100-SXM4-80GB", num_devices=8, count=1,
+        intra_link=LINK_PRESETS["nvlink3"], inter_link=LINK_PRESETS["ib-hdr"],
+    )  # fmt: skip
+    small = L70.model_copy(update={"num_layers": 4})
+    plan = row_plan(
+        small, "c", tp=1, pp=1, dp=8, cp=1, vpp=1, global_batch=8, micro_batch=1, recompute="none",
+        sharding="zero3", dtype="bf16", fp8=False, recompute_every=1, sequence_parallel=False, attention="sdpa",
+        loss="torch", dropout=False,
+    )  # fmt: skip
+    cluster = ClusterSpec(name="c", nodes=(node,))
+    reserve = F.RUNTIME_RESERVE_BYTES_GPU
+    titan = estimate(plan, small, cluster, runtime=OV.TORCHTITAN).peak_memory_bytes[0] - reserve
+    plain = estimate(plan, small, cluster, runtime=replace(OV.TORCHTITAN, expandable_segments=False))
+    assert plain.peak_memory_bytes[0] - reserve == pytest.approx(titan * (1 + F.FRAGMENTATION_FRACTION), rel=1e-6)
