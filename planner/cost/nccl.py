@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from planner.measure.ops import COLLECTIVE_OPS, BenchOp
+
 if TYPE_CHECKING:
     from planner.cost.devices import Link
 
@@ -42,7 +44,7 @@ FILE = "data/nccl.toml"
 ALGORITHMS = ("ring", "tree")
 PROTOCOLS = ("ll", "ll128", "simple")
 HOPS = ("nvlink", "pci", "net")
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
+OPS = COLLECTIVE_OPS
 # GPUs NCCL enables LL128 on by default (tuning.cc: compute capability 7.0, 8.0, 9.0 with NVLink)
 LL128_ARCHS = ("Volta", "Ampere", "Hopper")
 PRE_AMPERE = ("Pascal", "Volta", "Turing")
@@ -158,7 +160,7 @@ def ll_max_bytes_per_s(link: Link) -> float:
 
 
 def _enabled(algo: str, proto: str, op: str, link: Link) -> bool:
-    if algo == "tree" and op != "all_reduce":
+    if algo == "tree" and op != BenchOp.ALL_REDUCE:
         return False
     if proto == "ll128":
         return link.intra_hw == "nvlink" and link.arch in LL128_ARCHS
@@ -173,12 +175,12 @@ def _candidate(op: str, algo: str, proto: str, nbytes: float, n: int, link: Link
     bus = link.nccl_bandwidth_bytes_per_s or link.bandwidth_bytes_per_s
     if algo == "ring":
         if proto == "ll":
-            bus *= b["ring_ll"] if nodes > 1 or op == "all_reduce" else b["ring_ll_single_node"]
+            bus *= b["ring_ll"] if nodes > 1 or op == BenchOp.ALL_REDUCE else b["ring_ll_single_node"]
             bus = min(bus, ll_max_bytes_per_s(link))
         elif proto == "ll128":
             bus *= b["ring_ll128_one_per_node"] if ppn < 2 else b["ring_ll128"]
-        nsteps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        inter_steps = (2 * nodes if nodes > 1 else 0) if op == "all_reduce" else nodes - 1
+        nsteps = 2 * (n - 1) if op == BenchOp.ALL_REDUCE else n - 1
+        inter_steps = (2 * nodes if nodes > 1 else 0) if op == BenchOp.ALL_REDUCE else nodes - 1
         algbw = bus * n / nsteps
     else:
         bus *= b["tree"]
@@ -199,7 +201,7 @@ def _candidate(op: str, algo: str, proto: str, nbytes: float, n: int, link: Link
             overhead = t.lat("net_overhead") * (3 if proto == "simple" else 1)
             intra = max(intra, overhead)
         lat += (nsteps - inter_steps) * intra + inter_steps * net
-        if proto == "simple" and nodes > 1 and op == "all_reduce" and nbytes / n >= 64:
+        if proto == "simple" and nodes > 1 and op == BenchOp.ALL_REDUCE and nbytes / n >= 64:
             lat *= t.lat("ring_plateau_pre_ampere") if link.arch in PRE_AMPERE else t.lat("ring_plateau")
     else:
         lat += 2 * ((n // nodes - 1) * intra + int(math.log2(nodes)) * net)

@@ -207,7 +207,7 @@ def _tp_allreduce_s(ctx: StageContext, hidden_bytes: float) -> float:
     tl = ctx.tp_link
     if N.uses_nccl(tl):
         # GPU ranks: NCCL's algorithm and protocol for this size (planner.cost.nccl)
-        return N.collective_s("all_reduce", hidden_bytes, ctx.tp, tl)
+        return N.collective_s(BenchOp.ALL_REDUCE, hidden_bytes, ctx.tp, tl)
     return F.allreduce_s(hidden_bytes, ctx.tp, tl.bandwidth_bytes_per_s, tl.latency_s, tl.num_nodes)
 
 
@@ -390,9 +390,9 @@ def _dp_collectives(
     d, dl, cal = _grad_ranks(ctx), ctx.dp_link, ctx.calib
     bw, lat = dl.bandwidth_bytes_per_s, dl.latency_s
     if N.uses_nccl(dl) and d > 1:
-        g = N.choose("all_gather", max(gather_bytes, 1.0), d, dl)
-        r = N.choose("reduce_scatter", max(gather_bytes, 1.0), d, dl)
-        a = N.choose("all_reduce", max(bucket_bytes, 1.0), d, dl)
+        g = N.choose(BenchOp.ALL_GATHER, max(gather_bytes, 1.0), d, dl)
+        r = N.choose(BenchOp.REDUCE_SCATTER, max(gather_bytes, 1.0), d, dl)
+        a = N.choose(BenchOp.ALL_REDUCE, max(bucket_bytes, 1.0), d, dl)
         ag = OV.Collective(g.latency_s, 1.0 / g.algbw_bytes_per_s)
         rs = OV.Collective(r.latency_s, 1.0 / r.algbw_bytes_per_s)
         ar = OV.Collective(a.latency_s, 1.0 / a.algbw_bytes_per_s)

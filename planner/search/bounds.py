@@ -151,7 +151,7 @@ class Bounds:
             else:
                 ar = F.ring_allreduce_s(pr.hidden_bytes(mbs), tp, c.intra.bandwidth_bytes_per_s, c.intra.latency_s)
                 if N.uses_nccl(c.intra):  # GPU ranks: NCCL's own choice, which can beat the α–β ring
-                    ar = min(ar, N.collective_s("all_reduce", pr.hidden_bytes(mbs), tp, c.intra))
+                    ar = min(ar, N.collective_s(BenchOp.ALL_REDUCE, pr.hidden_bytes(mbs), tp, c.intra))
             rows = [self.table.lookup(ProfileKey(c.kind, "block", mbs, self.seq, tp, r, self.dtype)) for r in self.recs]
 
             def slow(r: LayerProfile) -> float:  # as stage_coeffs slows a block row
