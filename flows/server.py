@@ -14,15 +14,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from launcher import group
 from launcher.lifeline import tie_children  # noqa: F401 - the CLI's entry point ties what it starts to itself
 from planner.errors import MeshplanError
 from rundir import StateDir
-
-if TYPE_CHECKING:
-    import subprocess
 
 _SERVER_MODULE = "prefect.server.api.server"  # where Prefect starts its temporary uvicorn server
 
@@ -78,7 +74,7 @@ def check_port_free(host: str, port: int) -> None:
 
 def start_server(
     state_dir: str | Path, host: str = "127.0.0.1", port: int = 4200, wait_s: float = 120.0
-) -> subprocess.Popen:
+) -> group.Process:
     """Start `prefect server start` on host:port (a group of launcher/group.py, never told of another
     API: PREFECT_API_URL dropped) and wait until /api/health answers."""
     check_port_free(host, port)
@@ -106,7 +102,7 @@ def start_server(
     return proc
 
 
-def stop_server(proc: subprocess.Popen, state_dir: str | Path) -> None:
+def stop_server(proc: group.Process, state_dir: str | Path) -> None:
     """Forget the server's address, then stop its group (SIGTERM, SIGKILL, until none is alive)."""
     server_file(state_dir).unlink(missing_ok=True)
     group.stop(proc)

@@ -33,6 +33,8 @@ from launcher.lifeline import LIFELINE_TAG
 JOB_TAG = "MESHPLAN_JOB"  # a fresh value per started group
 RUN_TAG = "MESHPLAN_RUN"  # a training launch's run folder (resolved path): every generation of a run shares it
 GEN_TAG = "MESHPLAN_GENERATION"  # the launch's generation (launcher/control.py begin_generation)
+Process = subprocess.Popen  # what `start` returns (the group's leader): callers need not import subprocess
+Finished = subprocess.CompletedProcess  # what `run` returns
 _job_tags: dict[int, str] = {}  # group leader pid -> its tag, until stop / forget
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from tasks.caching import stable_inputs
 WORKER = [sys.executable, "-m", "worker.profile_layers"]
 
 
-def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> group.Finished[str]:
     """Run as a group of its own (launcher/group.py: stopped whole on a timeout or when this process is
     interrupted or SIGTERMed); one thread so timings stay stable."""
     return group.run(cmd, timeout_s, "profiler", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, None, show_stderr)

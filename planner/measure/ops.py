@@ -1,4 +1,5 @@
-"""`BenchOp`: the names of what discovery's network bench (worker/netbench.py) times.
+"""`BenchOp`: the names of what discovery's network bench (worker/netbench.py) times; `NetbenchSpec`:
+what the bench's ranks are told (its command line, RunSpec's argv codec).
 
 The ranks write these names into their measurement rows, DuckDB stores them (`hardware_measurements.op`,
 `hardware_fits.op`), and the calibration (planner/measure/calibrate.py, discovery.py, targets.py)
@@ -10,6 +11,13 @@ plain strings they always were and rows read back from DuckDB compare equal to t
 from __future__ import annotations
 
 from enum import StrEnum
+
+from pydantic import Field
+
+from planner.specs.config import DiscoverConfig
+from planner.specs.runspec import ArgvModel
+
+_DISCOVER = DiscoverConfig()
 
 
 class BenchOp(StrEnum):
@@ -31,3 +39,15 @@ COLLECTIVE_OPS = (BenchOp.ALL_REDUCE, BenchOp.ALL_GATHER, BenchOp.REDUCE_SCATTER
 FSDP_OPS = (BenchOp.FSDP_MODULE, BenchOp.FSDP_TENSOR)
 CONCURRENCY_OPS = (BenchOp.COMPUTE_ALONE, BenchOp.COMPUTE_FREE, BenchOp.COMPUTE_LOCKSTEP)
 OVERHEAD_OPS = frozenset({BenchOp.PIPELINE_MICROBATCH, *FSDP_OPS, *CONCURRENCY_OPS})
+
+
+class NetbenchSpec(ArgvModel):
+    """`python -m worker.netbench`'s command line, written by tasks/discover.py (`to_argv`) and parsed
+    by every rank (`from_argv`); the defaults are `[discover]`'s."""
+
+    out: str = Field(description="snapshot JSON written by rank 0")
+    message_sizes: tuple[int, ...] = Field(
+        default=_DISCOVER.message_sizes, min_length=1, description="bytes per message for the α–β fit"
+    )
+    repeats: int = Field(default=_DISCOVER.repeats, gt=0, description="timed repetitions (median reported)")
+    matmul_size: int = Field(default=_DISCOVER.matmul_size, gt=0, description="square matmul size of the FLOP/s probe")
