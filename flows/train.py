@@ -416,7 +416,7 @@ def _launch_and_close(
     if stopped is not None:  # the ranks refused to start or stopped (diverged): one line, no traceback
         if stopped.get("field"):
             raise MeshplanError(stopped["field"], stopped.get("value"), stopped.get("fix", ""))
-        raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
+        raise MeshplanError("checkpoints", str(rundir.checkpoints_dir(run_dir)), refusal.split(": ", 1)[-1])
     if job_failed:
         log = rundir.node_log(run_dir)
         raise RuntimeError(f"torchrun exited {supervised.returncode} ({log}):\n{log_tail(log)}")

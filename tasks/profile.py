@@ -19,6 +19,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import rundir
 from launcher import group
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
 from planner.measure.ops import ProfilerSpec
@@ -67,7 +68,7 @@ def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Pa
     k = keys[0]
     blob = json.dumps([model.fingerprint(), [dataclasses.astuple(x) for x in keys]])
     digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    return Path(run_dir) / f"{k.device_kind}-seq{k.seq_len}-tp{k.tp}-{digest}.jsonl"
+    return rundir.profile_out_path(run_dir, k.device_kind, k.seq_len, k.tp, digest)
 
 
 @task(
