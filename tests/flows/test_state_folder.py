@@ -93,7 +93,7 @@ def test_with_db_elsewhere_train_jobs_serving_and_discovery_share_the_state_fold
     round with schedule-cluster's parameters, its runner training 2 ranks), a serving run's and a
     discovery's are all in <state-dir>/runs; nothing is written beside the database but the database.
     Every command runs in this process (cli.main), so all of them and the job's runner use the test
-    session's one Prefect server instead of starting one each."""
+    session's one Prefect server instead of starting one each; discover and serve run while the job does."""
     from cli.app import G, load_settings
     from cli.commands.jobs import scheduler_parameters
     from flows.scheduler import scheduler_flow
@@ -133,18 +133,9 @@ def test_with_db_elsewhere_train_jobs_serving_and_discovery_share_the_state_fold
     try:
         out = scheduler_flow(**params)
         pid = out.applied[0]["runner_pid"]
-        # while the job's runner trains: a discovery and a serving run (each store write retries the lock)
-        cli(
-            "--set",
-            "discover.message_sizes=[1024]",
-            "--set",
-            "discover.repeats=1",
-            "--set",
-            "discover.matmul_size=64",
-            "discover",
-            "--num-ranks",
-            "2",
-        )
+        # while the job's runner trains: a discovery, then a serving run (each store write retries the lock)
+        sets = ["discover.message_sizes=[1024]", "discover.repeats=1", "discover.matmul_size=64"]
+        cli(*(a for kv in sets for a in ("--set", kv)), "discover", "--num-ranks", "2")
         served = ["--placement", str(tmp_path / "placement.json"), "--cluster", CLUSTER]
         assert "requests recorded in" in cli("serve", *served, "--replay", str(tmp_path / "trace.csv"), "--port", "0")
         wait_until(lambda: get_job(db, "j")["state"] in ("finished", "failed"), "job j to end", 240.0)
