@@ -287,6 +287,7 @@ def measure_optimizer() -> dict:
         "-m",
         "worker.profile_layers",
         "--optimizer",
+        "true",
         "--spec-json",
         FIDELITY_MODEL.model_dump_json(),
         "--tp-group",

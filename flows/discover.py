@@ -19,6 +19,7 @@ from prefect import flow
 
 from flows.outcomes import DiscoverOutcome
 from planner.errors import MeshplanError
+from planner.specs.config import DiscoverConfig
 from planner.specs.slurm import SlurmOptions
 from tasks.discover import (
     ingest_snapshot,
@@ -31,8 +32,6 @@ from tasks.discover import (
     run_netbench_slurm,
     snapshot_exists,
 )
-
-DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 
 
 def slurm_discovery(nodes: int, partition: str | None, nodelist: str | None) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def discover_flow(
     message_sizes: list[int] | None = None,
     repeats: int = 5,
     matmul_size: int = 1024,
-    timeout_s: float = 300.0,
+    timeout_s: float = DiscoverConfig().timeout_s,
     run_dir: str | None = None,
     snapshot_file: str | None = None,
     slurm_nodes: int = 0,
@@ -72,7 +71,7 @@ def discover_flow(
         if run_dir is None:
             raise MeshplanError("--executor", "slurm", "discovery through Slurm needs a run folder the nodes share")
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        sizes = list(message_sizes or DEFAULT_SIZES)
+        sizes = list(message_sizes or DiscoverConfig().message_sizes)
         bench = run_netbench_slurm.with_options(timeout_seconds=timeout_s + 60)
         path = bench(run_dir, slurm_nodes, num_ranks, sizes, repeats, matmul_size, timeout_s, slurm or SlurmOptions())
         return _summary(ingest_snapshot(db_path, path), False, "probe", db_path)
@@ -81,7 +80,7 @@ def discover_flow(
     if not refresh and snapshot_exists(db_path, ident["fingerprint"]):
         return _summary(ident["fingerprint"], True, "probe", db_path)
 
-    sizes = list(message_sizes or DEFAULT_SIZES)
+    sizes = list(message_sizes or DiscoverConfig().message_sizes)
     bench = run_netbench.with_options(timeout_seconds=timeout_s + 60)
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)

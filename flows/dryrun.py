@@ -15,31 +15,26 @@ ranks (gloo, torchrun through launcher.launch, one thread per rank), with the mo
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-import rundir
 from flows.outcomes import DryRunOutcome
-from launcher.launch import Launch
-from planner.errors import MeshplanError
-from planner.inputs import read_input
+from flows.requests import TrainRequest
+from flows.train import launch_for, new_run_id, read_plan_file, request_model, request_plan, run_launch
 from planner.report.dryrun import dry_run_report
 from planner.runtime import check_launchable
 from planner.specs.dryrun import dry_run_model, dry_run_plan
 from planner.specs.model import ModelSpec, get_model
-from planner.specs.plan import Plan, check_plan_against, parse_plan_json
+from planner.specs.plan import Plan, check_plan_against
 from planner.specs.runspec import RunSpec
-from rundir import StateDir
 from storage.runs import step_metrics
-from tasks.train import close_run, ingest_telemetry, launch_training, load_stored_plan, open_generation, record_run
+from tasks.train import close_run
 
-
-def read_plan_file(plan_path: str) -> Plan:
-    text = read_input(plan_path, "--plan", "plan", "e.g. from `meshplan plan --out`")
-    return parse_plan_json(text, origin=Path(plan_path).name)
+# what a dry run's ranks do whatever the request's options: synthetic data, from scratch, one
+# checkpoint after the last step
+DRY_RUN_OPTIONS = {"data": "synthetic", "checkpoint_every": 0, "resume": "none"}
 
 
 def check_real_plan(plan: Plan, model: ModelSpec | None = None) -> ModelSpec:
@@ -57,69 +52,34 @@ def refuse_unlaunchable(plan_path: str | Path) -> None:
 
 
 @flow(name="dry-run", log_prints=True)
-def dry_run_flow(
-    db_path: str,
-    plan_path: str | None = None,
-    plan_id: str | None = None,
-    model: ModelSpec | None = None,
-    steps: int = 2,
-    run_id: str | None = None,
-    runs_dir: str | None = None,
-    timeout_s: float = 600.0,
-    collective_timeout_s: float = 120.0,
-    show_progress: bool = False,
-) -> DryRunOutcome:
-    """Dry-run a plan (file or stored id) for `steps` steps; returns the report (planner/report/dryrun.py)
-    with run_id, run_dir and wall_s. `model` is the plan's model (default: its preset)."""
-    if (plan_path is None) == (plan_id is None):
-        raise MeshplanError(
-            "--plan/--plan-id", plan_path or plan_id, "give exactly one: a plan file or a stored plan id"
-        )
-    if steps < 1:
-        raise MeshplanError("--steps", steps, "a dry run takes at least one step")
-    plan = read_plan_file(plan_path) if plan_path else load_stored_plan(db_path, plan_id)
-    real = check_real_plan(plan, model)
+def dry_run_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -> DryRunOutcome:
+    """Dry-run the request's plan (file or stored id) for `request.spec.steps` steps, through
+    train_flow's own parts (flows/train.py: `launch_for`, `run_launch`) with the plan and model scaled
+    down; returns the report (planner/report/dryrun.py) with run_id, run_dir and wall_s.
+
+    Of the request: the plan, its model (`request_model`), `timeout_s`, `runs_dir`, `show_progress`,
+    and the spec's `steps` and `collective_timeout_s`; the ranks run synthetic data from scratch, one
+    checkpoint after the last step (the layout's save path runs too)."""
+    plan = request_plan(db_path, request)
+    real = check_real_plan(plan, request_model(request, plan))
     tiny = dry_run_model(real, plan)
     dry = dry_run_plan(plan, tiny)
     check_launchable(dry, dry.num_devices, tiny)  # scaling keeps the layout launchable (planner/specs/dryrun.py)
-
-    run_id = run_id or f"dry-{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = StateDir.of_db(db_path, runs_dir).run(run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rundir.plan_path(run_dir).write_text(dry.to_json())
-    rundir.model_path(run_dir).write_text(tiny.model_dump_json(indent=2))
-    record_run(db_path, run_id, dry, steps, str(run_dir))
-    generation = open_generation(db_path, run_id, str(run_dir))  # every launch of a run folder is fenced
-    launch = Launch(
-        plan_path=str(rundir.plan_path(run_dir)),
-        run_dir=str(run_dir),
-        run_id=run_id,
-        spec=RunSpec(
-            steps=steps,
-            model_json=str(rundir.model_path(run_dir)),
-            data="synthetic",
-            checkpoint_every=0,  # one checkpoint, after the last step: the layout's save path runs too
-            resume="none",
-            collective_timeout_s=collective_timeout_s,
-        ),
-        nproc_per_node=dry.num_devices,
-        generation=generation,
-    )
-    print(f"dry run {run_id}: {dry.num_devices} CPU ranks, {steps} steps of plan {plan.fingerprint()}")
-    state = launch_training(launch, timeout_s, show_progress, return_state=True)
-    ingest_telemetry(db_path, run_id, str(run_dir))
-    launched = state.is_completed()
-    summary = close_run(
-        db_path, run_id, "completed" if launched else "failed", None if launched else str(state.message)
-    )
-    if not launched:
-        state.result()  # re-raises the launch error (torchrun's exit code and its log's tail)
-    report = dry_run_report(plan, tiny, step_metrics(db_path, run_id).to_dicts(), steps, [r["loss"] for r in summary])
+    steps = request.spec.steps
+    spec = RunSpec(steps=steps, collective_timeout_s=request.spec.collective_timeout_s, **DRY_RUN_OPTIONS)
+    r = request.model_copy(update={"spec": spec, "nproc_per_node": None, "nnodes": 1, "replan": False})
+    # CPU ranks whatever the plan's devices: this machine's GPUs are not counted
+    launch = launch_for(db_path, r, dry, tiny, run_id or new_run_id(plan, "dry-"), check_machine=False)
+    print(f"dry run {launch.run_id}: {dry.num_devices} CPU ranks, {steps} steps of plan {plan.fingerprint()}")
+    out = run_launch(db_path, r, dry, tiny, launch)  # a failed launch raises its error (torchrun's log tail)
+    run_id = launch.run_id
+    report = dry_run_report(plan, tiny, step_metrics(db_path, run_id).to_dicts(), steps, out.losses)
     text = "\n".join(report.lines())
     create_markdown_artifact(key="dry-run-report", markdown=f"```\n{text}\n```", description=f"dry run {run_id}")
     if not report.ok:
         close_run(db_path, run_id, "failed", "; ".join(report.problems))
         raise RuntimeError(f"dry run {run_id} launched but did not run the plan's layout:\n{text}")
     print(text)
-    wall_s = state.result()["wall_s"]
-    return DryRunOutcome(**report.as_dict(), lines=report.lines(), run_id=run_id, run_dir=str(run_dir), wall_s=wall_s)
+    return DryRunOutcome(
+        **report.as_dict(), lines=report.lines(), run_id=run_id, run_dir=out.run_dir, wall_s=out.launch_wall_s
+    )

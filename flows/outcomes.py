@@ -49,6 +49,7 @@ class TrainOutcome(_Outcome):
     events: list[dict[str, Any]] = []  # restarts, checkpoint fallbacks, resumes (storage/runs.py run_events)
     slurm_job_id: str | None = None  # the sbatch job that ran it (executor slurm)
     val_losses: list[tuple[int, float]] = []  # (steps done, validation loss) per evaluation (--eval-every)
+    launch_wall_s: float | None = None  # torchrun's wall time (unsupervised launches)
 
 
 class ReplanOutcome(_Outcome):

@@ -55,7 +55,7 @@ from tasks.train import (
 )
 
 
-def _read_plan(plan_path: str) -> Plan:
+def read_plan_file(plan_path: str) -> Plan:
     text = read_input(plan_path, "--plan", "plan", "e.g. from `meshplan plan --out`")
     return parse_plan_json(text, origin=Path(plan_path).name)
 
@@ -185,23 +185,49 @@ def check_run_files(run: RunSpec, spec: ModelSpec, plan: Plan) -> RunSpec:
     return run.model_copy(update=update)
 
 
+def request_plan(db_path: str, r: TrainRequest) -> Plan:
+    """The plan a request names: a plan file or a stored plan id, exactly one."""
+    if (r.plan_path is None) == (r.plan_id is None):
+        raise MeshplanError(
+            "--plan/--plan-id", r.plan_path or r.plan_id, "give exactly one: a plan file or a stored plan id"
+        )
+    return read_plan_file(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
+
+
+def new_run_id(plan: Plan, prefix: str = "") -> str:
+    """A run's id when none is given: the plan's fingerprint and the time."""
+    return f"{prefix}{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
 def prepare_launch(
     db_path: str, request: TrainRequest, run_id: str | None = None, check_files: bool = True
 ) -> tuple[Plan, ModelSpec, Launch]:
     """Check the request against its plan and model, make the run folder with the plan the ranks read,
     and build the launch: what `train_flow` runs, and what `--executor slurm --dry-run` prints (which
     does not check `--data`/`--init` folders: the batch script reads them on the cluster's nodes)."""
-    r = request
-    if (r.plan_path is None) == (r.plan_id is None):
-        raise MeshplanError(
-            "--plan/--plan-id", r.plan_path or r.plan_id, "give exactly one: a plan file or a stored plan id"
-        )
-    plan = _read_plan(r.plan_path) if r.plan_path else load_stored_plan(db_path, r.plan_id)
-    spec = request_model(r, plan)
+    plan = request_plan(db_path, request)
+    spec = request_model(request, plan)
     if any(d >= plan.num_devices for s in plan.stages for d in s.device_ids):
         # a plan on some devices of a bigger (discovered) cluster, e.g. [0, 2, 3] of 4: its ranks are
         # 0..n-1 in the runtime's rank map whatever the ids, so it launches on n ranks
         plan = rank_plan(plan)
+    return plan, spec, launch_for(db_path, request, plan, spec, run_id, check_files=check_files)
+
+
+def launch_for(
+    db_path: str,
+    request: TrainRequest,
+    plan: Plan,
+    spec: ModelSpec,
+    run_id: str | None = None,
+    check_files: bool = True,
+    check_machine: bool = True,
+) -> Launch:
+    """The launch of `plan` on `spec` as `request` asks: checked (its files, its nodes, this machine
+    unless `check_machine` is off: a dry run's CPU ranks), then the run folder made with the plan,
+    the model and the RunSpec the ranks read. `train_flow` and `dry_run_flow` (its scaled plan and
+    model) both launch through it."""
+    r = request
     run_spec = check_run_files(r.spec, spec, plan) if check_files else r.spec
     check_plan_against(plan, spec.num_layers, plan.num_devices)  # fail before launching
     nproc = r.nproc_per_node or max(1, plan.num_devices // r.nnodes)  # None: the plan's devices per node
@@ -214,7 +240,7 @@ def prepare_launch(
             f"the plan uses {n} devices, so nnodes × nproc_per_node must be {n}: pass {' or '.join(shapes)}"
             f" (or re-plan with `meshplan plan` for {r.nnodes} node(s) of {nproc})",
         )
-    if r.executor == "local":  # a plan this machine cannot hold is refused before any rank starts
+    if r.executor == "local" and check_machine:  # a plan this machine cannot hold is refused before any rank starts
         ranks_here = nproc * (r.nnodes if r.local_nodes else 1)
         why = machine_problem(plan, spec, ranks_here, *local_capacity())
         if why:
@@ -224,20 +250,27 @@ def prepare_launch(
                 f"{why}; check its layout on this machine with `meshplan train --dry-run` (the model scaled down)",
             )
     check_launch_inputs(r, plan.num_devices)  # refused here: no run row, no run folder
-    run_id = run_id or f"{plan.fingerprint()[:8]}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    run_id = run_id or new_run_id(plan)
     run_dir = StateDir.of_db(db_path, r.runs_dir).run(run_id)  # the id checked: it cannot leave runs/
     run_dir.mkdir(parents=True, exist_ok=True)
     rundir.plan_path(run_dir).write_text(plan.to_json())
+    by_name = run_spec.model or plan.model  # what the ranks build without a model file
+    if r.spec.model_json:
+        model_json: str | None = str(Path(r.spec.model_json).resolve())  # the ranks may start elsewhere
+    elif by_name in PRESETS and get_model(by_name).fingerprint() == spec.fingerprint():
+        model_json = None
+    else:  # dimensions no preset has (a dry run's scaled model): the ranks read the run folder's copy
+        rundir.model_path(run_dir).write_text(spec.model_dump_json(indent=2))
+        model_json = str(rundir.model_path(run_dir))
     if not rundir.model_path(run_dir).exists():  # a job's runner wrote its custom model there already
         rundir.model_path(run_dir).write_text(spec.model_dump_json(indent=2))  # what export-weights rebuilds
     rundir.spec_path(run_dir).write_text(run_spec.model_dump_json(indent=2))
 
-    model_json = str(Path(r.spec.model_json).resolve()) if r.spec.model_json else None
-    launch = Launch(
+    return Launch(
         plan_path=str(rundir.plan_path(run_dir)),
         run_dir=str(run_dir),
         run_id=run_id,
-        spec=run_spec.model_copy(update={"model_json": model_json}),  # the ranks may start elsewhere
+        spec=run_spec.model_copy(update={"model_json": model_json}),
         nproc_per_node=nproc,
         nnodes=r.nnodes,
         node_rank=r.node_rank,
@@ -251,7 +284,6 @@ def prepare_launch(
         if r.control_from_version is None
         else r.control_from_version,
     )
-    return plan, spec, launch
 
 
 def write_batch_script(db_path: str, request: TrainRequest, run_id: str | None = None) -> Path:
@@ -276,8 +308,14 @@ def train_flow(db_path: str, request: TrainRequest, run_id: str | None = None) -
     else a line on stdout every few steps. `control_from_version`: control.json messages up to this
     version are not this launch's (default: every message already in the run folder).
     """
-    r = request
-    plan, spec, launch = prepare_launch(db_path, r, run_id)
+    plan, spec, launch = prepare_launch(db_path, request, run_id)
+    return run_launch(db_path, request, plan, spec, launch)
+
+
+def run_launch(db_path: str, r: TrainRequest, plan: Plan, spec: ModelSpec, launch: Launch) -> TrainOutcome:
+    """Record the run, fence its earlier launches, launch (supervised or not), ingest its telemetry and
+    close its row — closed `killed`/`failed` when interrupted, never left running. `train_flow` and
+    `dry_run_flow` run every launch through it."""
     run_id, run_dir = launch.run_id, Path(launch.run_dir)
     record_run(db_path, run_id, plan, r.spec.steps, str(run_dir))
     try:
@@ -378,7 +416,7 @@ def _launch_and_close(
     if stopped is not None:  # the ranks refused to start or stopped (diverged): one line, no traceback
         if stopped.get("field"):
             raise MeshplanError(stopped["field"], stopped.get("value"), stopped.get("fix", ""))
-        raise MeshplanError("checkpoints", str(run_dir / "checkpoints"), refusal.split(": ", 1)[-1])
+        raise MeshplanError("checkpoints", str(rundir.checkpoints_dir(run_dir)), refusal.split(": ", 1)[-1])
     if job_failed:
         log = rundir.node_log(run_dir)
         raise RuntimeError(f"torchrun exited {supervised.returncode} ({log}):\n{log_tail(log)}")
@@ -403,5 +441,6 @@ def _launch_and_close(
         final_plan_json=supervised.plan.to_json() if supervised else plan.to_json(),
         events=events,
         slurm_job_id=slurm_job,
+        launch_wall_s=launched.get("wall_s") if isinstance(launched, dict) else None,
         val_losses=[(int(r["step"]), float(r["val_loss"])) for r in eval_metrics(db_path, run_id).to_dicts()],
     )

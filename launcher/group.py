@@ -15,10 +15,16 @@ travels on, so nothing outlives the command that started it.
 
 from __future__ import annotations
 
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -27,6 +33,8 @@ from launcher.lifeline import LIFELINE_TAG
 JOB_TAG = "MESHPLAN_JOB"  # a fresh value per started group
 RUN_TAG = "MESHPLAN_RUN"  # a training launch's run folder (resolved path): every generation of a run shares it
 GEN_TAG = "MESHPLAN_GENERATION"  # the launch's generation (launcher/control.py begin_generation)
+Process = subprocess.Popen  # what `start` returns (the group's leader): callers need not import subprocess
+Finished = subprocess.CompletedProcess  # what `run` returns
 _job_tags: dict[int, str] = {}  # group leader pid -> its tag, until stop / forget
 
 
@@ -142,13 +150,17 @@ def start(
     capture: bool = False,
     show_stderr: bool = False,
     detached: bool = False,
+    drop_env: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """Start `cmd` as a tagged group in its own session: output appended to `log_path`, or captured
     (`capture`: stdout, and stderr unless `show_stderr`), or inherited. Wait for it, then call
     `forget` — or `stop` to take it down. `detached`: it outlives this command (no lifeline label,
-    launcher/lifeline.py) — only what something else tracks, such as a job's runner."""
+    launcher/lifeline.py) — only what something else tracks, such as a job's runner. `drop_env`:
+    names of this process's environment the group must not inherit (a Prefect server must not be
+    told to talk to an API: it is one)."""
     tag = uuid.uuid4().hex
-    env = {**os.environ, **(extra_env or {}), JOB_TAG: tag}
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env = {**env, **(extra_env or {}), JOB_TAG: tag}
     if detached:
         env.pop(LIFELINE_TAG, None)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -164,6 +176,47 @@ def start(
         proc = subprocess.Popen(cmd, **kw)
     _job_tags[proc.pid] = tag
     return proc
+
+
+def _own_session(module: object) -> None:
+    """Make `module` start its subprocesses in a session of their own (its `subprocess` name only)."""
+    shim = types.SimpleNamespace(**vars(subprocess))
+    shim.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    module.subprocess = shim  # type: ignore[attr-defined]
+
+
+class _SessionHook(importlib.abc.MetaPathFinder):
+    """Patches one module as it is imported (so that a module costly to import is only paid for by
+    a command that imports it anyway)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run(module)
+            _own_session(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def own_sessions_for(module_name: str) -> None:
+    """The processes a third-party module starts itself (through its `subprocess` name) start in a
+    session of their own, as this module's groups do: a Ctrl-C at the terminal reaches this command
+    alone, which then stops them in order. Applied now if the module is imported, else when it is."""
+    if module_name in sys.modules:
+        _own_session(sys.modules[module_name])
+    elif not any(isinstance(f, _SessionHook) and f.name == module_name for f in sys.meta_path):
+        sys.meta_path.insert(0, _SessionHook(module_name))
 
 
 def forget(proc: subprocess.Popen) -> None:

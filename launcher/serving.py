@@ -32,6 +32,7 @@ from launcher import group as procs
 from launcher.router import Router, post, replay
 from planner.serve.placement import Placement
 from planner.serve.workload import Trace
+from planner.specs.config import SERVE_START_TIMEOUT_S
 from planner.specs.servespec import ServeSpec
 
 MAX_RESTARTS = 5  # per group and run
@@ -91,7 +92,7 @@ class Serving:
         log = rundir.serve_log(self.run_dir, gi)
         self.procs[gi] = procs.start(serve_command(spec, g.pp * g.tp), log)
 
-    def start(self, timeout_s: float = 300.0) -> None:
+    def start(self, timeout_s: float = SERVE_START_TIMEOUT_S) -> None:
         """Start every group and wait until each is up; a group whose ranks exit first fails the start."""
         with self.lock:
             for gi in range(len(self.specs)):
@@ -185,7 +186,7 @@ def serve_session(
     port: int = 0,
     warmup: int = 3,
     serve_s: float | None = None,
-    start_timeout_s: float = 300.0,
+    start_timeout_s: float = SERVE_START_TIMEOUT_S,
 ) -> SessionResult:
     """One serving run (module docstring)."""
     placement = rundir.serve_placement_path(run_dir)

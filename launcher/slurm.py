@@ -84,7 +84,7 @@ def batch_script(
         f"--job-name={opts.job_name or job_name}",
         f"--nodes={nnodes}",
         "--ntasks-per-node=1",
-        f"--output={run_dir / 'slurm-%j.out'}",
+        f"--output={rundir.slurm_log(run_dir, '%j')}",
     ]
     sbatch += [f"--partition={opts.partition}"] if opts.partition else []
     sbatch += [f"--account={opts.account}"] if opts.account else []
@@ -314,4 +314,4 @@ def lost_node_rank(job_id: str) -> int:
 
 def job_log(run_dir: str | Path, job_id: str) -> Path:
     """The batch job's output (every node's torchrun, through srun)."""
-    return Path(run_dir) / f"slurm-{job_id}.out"
+    return rundir.slurm_log(run_dir, job_id)

@@ -20,6 +20,8 @@ and the scheduler reads the latest checkpoint's step with the same code the rank
     <run>/.control.lock              held while control.json is read-modified-written
     <run>/exit.json                  rank 0's note of a requested checkpoint-and-exit
     <run>/sbatch.sh                  the batch script of a Slurm launch or discovery (launcher/slurm.py)
+    <run>/slurm-<job id>.out         that batch job's output
+    <profile>/<kind>-seq<S>-tp<T>-<digest>.jsonl   a layer profiler's rows (tasks/profile.py)
 
 A serving run folder (`meshplan serve`, launcher/serving.py):
 
@@ -90,6 +92,17 @@ def snapshot_path(run_dir: str | Path) -> Path:
 
 def job_log(run_dir: str | Path) -> Path:
     return Path(run_dir) / JOB_LOG
+
+
+def slurm_log(run_dir: str | Path, job_id: str) -> Path:
+    """A Slurm batch job's output (every node's torchrun, through srun); `job_id` "%j" gives sbatch's pattern."""
+    return Path(run_dir) / f"slurm-{job_id}.out"
+
+
+def profile_out_path(profile_dir: str | Path, device_kind: str, seq_len: int, tp: int, digest: str) -> Path:
+    """A layer profiler's out file (one device kind, seq, tp group), named by its content's `digest`
+    so a retry or a rerun resumes it."""
+    return Path(profile_dir) / f"{device_kind}-seq{seq_len}-tp{tp}-{digest}.jsonl"
 
 
 def telemetry_dir(run_dir: str | Path) -> Path:

@@ -8,7 +8,6 @@ fingerprint). A MeshplanError is the user's to fix, so no task retries it.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,10 @@ from planner.measure.discovery import (
     node_identity,
     snapshot_fingerprint,
 )
+from planner.measure.ops import NetbenchSpec
 from planner.specs.cluster import ClusterSpec
 from planner.specs.slurm import SlurmOptions
+from planner.validation import parse
 from storage import files
 from storage.hardware import find_snapshot, load_snapshot, save_snapshot
 
@@ -70,10 +71,19 @@ def probe_identity(num_ranks: int) -> dict[str, Any]:
     return {"fingerprint": hardware_fingerprint([ident]), "num_ranks": ranks, "node": host["node"]}
 
 
-def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def _run_group(cmd: list[str], cwd: Path, timeout_s: float) -> group.Finished[str]:
     """Run cmd as a group of its own (launcher/group.py): stopped whole — torchrun's ranks included —
     on a timeout or when this process is interrupted."""
     return group.run(cmd, timeout_s, "netbench", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, cwd)
+
+
+def _bench_spec(out: Path, message_sizes: list[int], repeats: int, matmul_size: int) -> NetbenchSpec:
+    """What the bench's ranks are told (planner/measure/ops.py), checked here: a bad value is one line."""
+    return parse(
+        NetbenchSpec,
+        {"out": str(out), "message_sizes": message_sizes, "repeats": repeats, "matmul_size": matmul_size},
+        "discover",
+    )
 
 
 @task(
@@ -97,14 +107,7 @@ def run_netbench(
         "--max-restarts=0",
         "-m",
         "worker.netbench",
-        "--out",
-        str(out),
-        "--message-sizes",
-        ",".join(str(s) for s in message_sizes),
-        "--repeats",
-        str(repeats),
-        "--matmul-size",
-        str(matmul_size),
+        *_bench_spec(out, message_sizes, repeats, matmul_size).to_argv(),
     ]
     res = _run_group(cmd, Path(run_dir), timeout_s)
     if res.returncode != 0 or not out.is_file():
@@ -128,8 +131,7 @@ def run_netbench_slurm(
     between them measured too; returns the snapshot rank 0 wrote into the (shared) run folder."""
     out = rundir.snapshot_path(run_dir)
     out.unlink(missing_ok=True)
-    worker = ["-m", "worker.netbench", "--out", str(out), "--message-sizes", ",".join(map(str, message_sizes))]
-    worker += ["--repeats", str(repeats), "--matmul-size", str(matmul_size)]
+    worker = ["-m", "worker.netbench", *_bench_spec(out, message_sizes, repeats, matmul_size).to_argv()]
     script = rundir.sbatch_path(run_dir)
     script.write_text(batch_script("meshplan-discover", nodes, ranks_per_node, run_dir, worker, slurm, str(run_dir)))
     res = run_batch(script, timeout_s, on_submit=lambda j: get_run_logger().info(f"discovery: slurm job {j} submitted"))

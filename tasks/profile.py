@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+import rundir
 from launcher import group
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.measure.ops import ProfilerSpec
 from planner.measure.profiles import CommFit, ProfileKey, ProfileTable
 from planner.specs.model import ModelSpec
 from storage.profiles import (
@@ -33,10 +34,16 @@ from storage.profiles import (
 )
 from tasks.caching import stable_inputs
 
-WORKER = [sys.executable, "-m", "worker.profile_layers"]
+
+def _profiler(told: ProfilerSpec, ranks: int = 1) -> list[str]:
+    """The profiler's command: one process, or `ranks` real ranks under torchrun (worker.agent: loopback only)."""
+    if ranks == 1:
+        return [sys.executable, "-m", "worker.profile_layers", *told.to_argv()]
+    agent = [sys.executable, "-m", "worker.agent", "--nproc-per-node", str(ranks)]
+    return [*agent, "-m", "worker.profile_layers", *told.to_argv()]
 
 
-def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> group.Finished[str]:
     """Run as a group of its own (launcher/group.py: stopped whole on a timeout or when this process is
     interrupted or SIGTERMed); one thread so timings stay stable."""
     return group.run(cmd, timeout_s, "profiler", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, None, show_stderr)
@@ -45,7 +52,7 @@ def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> subprocess.Comp
 @task(name="local-device", retries=2, retry_delay_seconds=2, timeout_seconds=180, cache_policy=NO_CACHE)
 def local_device() -> dict[str, Any]:
     """{device, device_kind, dtype, torch_version} of this machine, as the profiler subprocess sees it."""
-    res = _run(WORKER + ["--print-device"], 150, show_stderr=False)
+    res = _run(_profiler(ProfilerSpec(print_device=True)), 150, show_stderr=False)
     if res.returncode != 0:
         raise RuntimeError(f"profiler --print-device exited {res.returncode}: {res.stderr.strip()[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -61,7 +68,7 @@ def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Pa
     k = keys[0]
     blob = json.dumps([model.fingerprint(), [dataclasses.astuple(x) for x in keys]])
     digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
-    return Path(run_dir) / f"{k.device_kind}-seq{k.seq_len}-tp{k.tp}-{digest}.jsonl"
+    return rundir.profile_out_path(run_dir, k.device_kind, k.seq_len, k.tp, digest)
 
 
 @task(
@@ -103,39 +110,20 @@ def profile_group(
     req_file.write_text(json.dumps(requests))
     spec_file = out.with_suffix(".spec.json")
     spec_file.write_text(model.model_dump_json())
-    cmd = WORKER + [
-        "--spec-json",
-        f"@{spec_file}",
-        "--out",
-        str(out),
-        "--requests-json",
-        str(req_file),
-        "--device-kind",
-        keys[0].device_kind,
-        "--dtype",
-        keys[0].dtype,
-        "--repeats",
-        str(repeats),
-        "--min-block-s",
-        str(min_block_s),
-    ]
-    if keys[0].device_kind == "cpu":
-        cmd += ["--device", "cpu"]
-    if show_progress:
-        cmd.append("--progress")
-    if real_tp and keys[0].tp > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "worker.agent",
-            "--nproc-per-node",
-            str(keys[0].tp),
-            "-m",
-            "worker.profile_layers",
-            *cmd[len(WORKER) :],
-            "--tp-group",
-            "real",
-        ]
+    real = real_tp and keys[0].tp > 1
+    told = ProfilerSpec(
+        spec_json=f"@{spec_file}",
+        out=str(out),
+        requests_json=str(req_file),
+        device_kind=keys[0].device_kind,
+        dtype=keys[0].dtype,
+        repeats=repeats,
+        min_block_s=min_block_s,
+        device="cpu" if keys[0].device_kind == "cpu" else "auto",
+        progress=show_progress,
+        tp_group="real" if real else "fake",
+    )
+    cmd = _profiler(told, keys[0].tp if real else 1)
     res = _run(cmd, timeout_s, show_stderr=show_progress)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:]) or "(stderr shown above)"
@@ -190,20 +178,8 @@ def profile_optimizer(
         folder.mkdir(parents=True, exist_ok=True)
         spec_file = folder / f"optimizer-{model.fingerprint()[:12]}.spec.json"
         spec_file.write_text(model.model_dump_json())
-        cmd = WORKER + ["--optimizer", "--spec-json", f"@{spec_file}"]
-        if num_ranks > 1:
-            cmd = [
-                sys.executable,
-                "-m",
-                "worker.agent",
-                "--nproc-per-node",
-                str(num_ranks),
-                "-m",
-                "worker.profile_layers",
-                *cmd[len(WORKER) :],
-                "--tp-group",
-                "real",
-            ]
+        told = ProfilerSpec(optimizer=True, spec_json=f"@{spec_file}", tp_group="real" if num_ranks > 1 else "fake")
+        cmd = _profiler(told, num_ranks)
         res = _run(cmd, timeout_s, show_stderr=False)
     if res.returncode != 0:
         tail = "\n".join(res.stderr.strip().splitlines()[-15:])

@@ -31,6 +31,7 @@ from planner.serve.placement import (
 )
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
+from planner.specs.config import SERVE_START_TIMEOUT_S
 from storage.serve import read_calibration, read_measured, record_requests  # noqa: F401 - read_calibration: tests
 from tasks.caching import stable_inputs
 
@@ -84,7 +85,7 @@ def run_serving(
     port: int = 0,
     warmup: int = 3,
     serve_s: float | None = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = SERVE_START_TIMEOUT_S,
 ) -> ServeRun:
     """Serve `pl` (launcher/serving.serve_session: ranks, router, replay), every request recorded
     into DuckDB as it is answered; then the simulator on the same trace, calibrated with the ranks'

@@ -16,12 +16,12 @@ reduce_scatter input). Rank 0 gathers everything and writes one JSON snapshot; o
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.measure.ops import BenchOp
+from planner.errors import MeshplanError
+from planner.measure.ops import BenchOp, NetbenchSpec
 from worker.probe import GPU_MIN_MATMUL, cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
 from worker.telemetry import sync_device
 
 SNAPSHOT_VERSION = 1
-DEFAULT_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 # Pairs to ping-pong: every pair on small worlds; beyond that rank 0 to each rank plus ring neighbours.
 ALL_PAIRS_MAX_WORLD = 8
 
@@ -400,14 +400,15 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="snapshot JSON written by rank 0")
-    p.add_argument("--message-sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(DEFAULT_SIZES))
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--matmul-size", type=int, default=1024)
-    a = p.parse_args(argv)
+    """Parse what the rank is told (`NetbenchSpec`, planner/measure/ops.py; one line naming a bad
+    flag) and run the bench."""
+    try:
+        a = NetbenchSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    except MeshplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     start = time.perf_counter()
-    run(a.out, sorted(a.message_sizes), a.repeats, a.matmul_size)
+    run(Path(a.out), sorted(a.message_sizes), a.repeats, a.matmul_size)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"netbench: wrote {a.out} in {time.perf_counter() - start:.1f} s")
 

@@ -1,14 +1,16 @@
 """Layer profiler subprocess: measure each requested layer shape and append one JSON line per result.
 
     python -m worker.profile_layers --spec-json '{"name": "tiny", ...}' --out rows.jsonl \
-        --layers block head --mbs 1 2 --seq 64 --tp 1 2 --recompute 0 1
+        --layers block,head --mbs 1,2 --seq 64 --tp 1,2 --recompute 0,1
+
+(a `ProfilerSpec`, planner/measure/ops.py: RunSpec's argv codec; flags `--print-device true` etc.)
 
 or `--requests-json FILE` with a list of {layer_kind, micro_batch_size, seq_len, tp, recompute}.
 Each line is written and flushed as soon as it is measured, so a crash or OOM loses nothing already
 measured; when the out file already holds some requests (a retried run), those are skipped. The
 embedding and the head have no recompute variant (full recompute checkpoints blocks), so one
-measurement answers both flags. `--print-device` prints the local device kind and torch version.
-`--optimizer` (with `--spec-json`, CPU only) prints torch AdamW's step time per parameter over one
+measurement answers both flags. `--print-device true` prints the local device kind and torch version.
+`--optimizer true` (with `--spec-json`, CPU only) prints torch AdamW's step time per parameter over one
 block of the model, for plain, tensor-parallel and FSDP2-sharded parameters
 (worker.layer_bench.adamw_s_per_param), as one JSON line, and writes nothing; with `--tp-group real`
 every rank of the torchrun group steps at once on it, and rank 0 prints the ranks' median.
@@ -22,7 +24,6 @@ on that real group, collectives included (worker.layer_bench), and rank 0 writes
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
@@ -36,8 +37,9 @@ from typing import Any
 
 import torch
 
-from planner.errors import UnknownNameError
+from planner.errors import MeshplanError, UnknownNameError
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
+from planner.measure.ops import ProfilerSpec
 from planner.measure.targets import catalog_peak
 from planner.specs import flops
 from planner.specs.catalog import lookup
@@ -126,7 +128,7 @@ def join_tp_group(device: str) -> TpGroup:
 
 
 def time_request(
-    spec: ModelSpec, req: Request, device: str, dtype: str, args: argparse.Namespace, group: TpGroup | None = None
+    spec: ModelSpec, req: Request, device: str, dtype: str, args: ProfilerSpec, group: TpGroup | None = None
 ) -> dict[str, Any]:
     """One timing round of a layer shape (median of blocks, worker.layer_bench.time_case). A TP block
     is timed as the runtime's DTensor block (build_runtime_tp_case): on the real tp `group` when
@@ -154,7 +156,7 @@ def typical(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(
-    spec: ModelSpec, req: Request, device: str, dtype: str, args: argparse.Namespace, timing: dict[str, Any]
+    spec: ModelSpec, req: Request, device: str, dtype: str, args: ProfilerSpec, timing: dict[str, Any]
 ) -> dict[str, Any]:
     """One layer shape: its (median-round) timings, bytes, and achieved FLOP/s."""
     memory = measure_memory(spec, req, device, dtype)
@@ -170,7 +172,7 @@ def measure(
     }
 
 
-def requests_from_args(args: argparse.Namespace, spec: ModelSpec) -> list[Request]:
+def requests_from_args(args: ProfilerSpec, spec: ModelSpec) -> list[Request]:
     if args.requests_json:
         text = Path(args.requests_json).read_text() if Path(args.requests_json).is_file() else args.requests_json
         return [Request(**r) for r in json.loads(text)]
@@ -179,7 +181,7 @@ def requests_from_args(args: argparse.Namespace, spec: ModelSpec) -> list[Reques
     return [Request(k, b, s, t, r) for k, b, s, t, r in combos]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: ProfilerSpec) -> int:
     """Measure every request not yet in the out file; returns how many rows were written."""
     spec_text = Path(args.spec_json[1:]).read_text() if args.spec_json.startswith("@") else args.spec_json
     spec = ModelSpec.model_validate_json(spec_text)
@@ -280,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     return written
 
 
-def measure_optimizer(args: argparse.Namespace) -> dict[str, Any]:
+def measure_optimizer(args: ProfilerSpec) -> dict[str, Any]:
     """AdamW's step time per local parameter over one block of the model, per parameter layout
     (planner.measure.calibrate.OPTIMIZER_LAYOUTS), on one CPU thread (load-guarded inside
     adamw_s_per_param): in this process on a fake group, or with `--tp-group real` on every rank of
@@ -324,45 +326,13 @@ def _progress(total: int):  # noqa: ANN202 (rich types stay out of the signature
     return p, p.add_task("", total=total)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m worker.profile_layers", description=__doc__.splitlines()[0])
-    p.add_argument("--spec-json", help="ModelSpec as JSON text, or @file")
-    p.add_argument("--out", help="JSONL file to append rows to")
-    p.add_argument("--requests-json", default="", help="JSON list of requests (text or file); overrides the grid")
-    p.add_argument("--layers", nargs="+", default=list(flops.LAYER_KINDS), choices=flops.LAYER_KINDS)
-    p.add_argument("--mbs", nargs="+", type=int, default=[1])
-    p.add_argument("--seq", nargs="+", type=int, default=[], help="default: the model's seq_len")
-    p.add_argument("--tp", nargs="+", type=int, default=[1])
-    p.add_argument("--recompute", nargs="+", type=int, default=[0], choices=[0, 1])
-    p.add_argument("--device", default="auto", help="auto (first CUDA GPU, else cpu), cpu or cuda:N")
-    p.add_argument("--device-kind", default="", help="name rows are stored under (default: catalog name of --device)")
-    p.add_argument(
-        "--dtype", default="", choices=["", "fp32", "bf16", "fp16"], help="default: bf16 on GPU, fp32 on CPU"
-    )
-    p.add_argument("--repeats", type=int, default=5, help="timed blocks; the median is reported")
-    p.add_argument("--rounds", type=int, default=3, help="round-robin timing passes; the median one is kept")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--min-block-s", type=float, default=0.05, help="minimum duration of one timed block")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (1: stable timings on shared machines)")
-    p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
-    p.add_argument(
-        "--tp-group",
-        choices=("fake", "real"),
-        default="fake",
-        help="time tp blocks on a fake in-process group, or as one of tp real ranks under torchrun",
-    )
-    p.add_argument("--print-device", action="store_true", help="print the local device kind and exit")
-    p.add_argument(
-        "--optimizer",
-        action="store_true",
-        help="print AdamW's CPU step time per parameter (plain, tp, fsdp) for --spec-json and exit",
-    )
-    args = p.parse_args(argv)
-    if args.optimizer and not args.spec_json:
-        p.error("--optimizer needs --spec-json")
-    if not args.print_device and not args.optimizer and not (args.spec_json and args.out):
-        p.error("--spec-json and --out are required")
-    return args
+def parse_args(argv: list[str] | None = None) -> ProfilerSpec:
+    """What the profiler is told (`ProfilerSpec`, planner/measure/ops.py): a bad flag is one line, exit 2."""
+    try:
+        return ProfilerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    except MeshplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -227,22 +227,23 @@ def print_outcome(out) -> None:
 
 def _dry_run(cfg, plan: Path | None, plan_id: str | None, steps: int | None, run_id: str | None, as_json: bool) -> None:
     from flows.dryrun import dry_run_flow, refuse_unlaunchable
+    from flows.requests import TrainRequest
+    from planner.specs.runspec import RunSpec
 
     if plan is not None:
         refuse_unlaunchable(plan)  # at once, before Prefect starts: the flow checks again (a stored plan too)
     t = cfg.train
+    request = TrainRequest(
+        plan_path=str(plan) if plan else None,
+        plan_id=plan_id,
+        # a few steps prove the layout; train.steps is for training
+        spec=RunSpec(steps=steps or 2, collective_timeout_s=t.collective_timeout_s),
+        runs_dir=str(state(cfg).runs),
+        timeout_s=t.timeout_s,
+        show_progress=not as_json,
+    )
     try:
-        out = dry_run_flow(
-            db_path=str(db_path(cfg)),
-            plan_path=str(plan) if plan else None,
-            plan_id=plan_id,
-            steps=steps or 2,  # a few steps prove the layout; train.steps is for training
-            run_id=run_id,
-            runs_dir=str(state(cfg).runs),
-            timeout_s=t.timeout_s,
-            collective_timeout_s=t.collective_timeout_s,
-            show_progress=not as_json,
-        )
+        out = dry_run_flow(db_path=str(db_path(cfg)), request=request, run_id=run_id)
     except RuntimeError as exc:  # the ranks failed: the launch problem and its reason (torchrun's log tail)
         typer.echo(f"dry run failed: {exc}", err=True)
         raise typer.Exit(1) from None

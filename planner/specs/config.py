@@ -22,6 +22,9 @@ from planner.validation import parse, parse_toml
 # re-planning's relayout search, the scheduler's speed model and planner.search.search itself. The
 # search is anytime (it stops at the budget once it holds a plan, and says what it may have missed).
 SEARCH_BUDGET_S = 2.0
+# How long `meshplan serve` waits for its groups of ranks to come up (weights built, connected to the
+# router) before it stops them: the serving session's one launch timeout (tasks/serve.py, launcher/serving.py).
+SERVE_START_TIMEOUT_S = 300.0
 
 
 class _Section(BaseModel):

@@ -13,13 +13,13 @@ launcher's `Launch` holds it, writes it onto the rank command line (`to_argv`), 
   launcher fill in per launch, not options; on the same command line, with the same codec.
 
 The command line is `--<field-with-dashes> VALUE` for every field off its default; a nested model
-(faults) is its compact JSON. A bad or unknown flag is one MeshplanError naming it.
+(faults) is its compact JSON, a tuple of numbers comma-joined (`--message-sizes 1024,16384`). A bad or unknown flag is one MeshplanError naming it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,6 +46,8 @@ class ArgvModel(BaseModel):
                 text = value.to_arg() if hasattr(value, "to_arg") else value.model_dump_json(exclude_defaults=True)
             elif isinstance(value, bool):
                 text = "true" if value else "false"
+            elif isinstance(value, tuple | list):
+                text = ",".join(map(str, value))
             else:
                 text = str(value)  # str(float) round-trips exactly
             out += [flag(name), text]
@@ -66,6 +68,8 @@ class ArgvModel(BaseModel):
             kind = info.annotation
             if isinstance(kind, type) and hasattr(kind, "from_arg"):
                 data[name] = kind.from_arg(text)  # errors name the nested field: `--faults: slow_factor`
+            elif get_origin(kind) in (tuple, list):
+                data[name] = [x.strip() for x in text.split(",") if x.strip()]  # items validated below
             elif isinstance(kind, type) and issubclass(kind, BaseModel):
                 try:
                     data[name] = json.loads(text) if text.strip() else {}

@@ -125,10 +125,11 @@ def test_a_plan_the_runtime_refuses_is_refused_with_its_reason_before_launching(
 
 def test_the_dry_run_flow_refuses_it_too(tmp_path):
     from flows.dryrun import dry_run_flow
+    from flows.requests import TrainRequest
     from planner.errors import MeshplanError
 
     bad = tmp_path / "refused.json"
     bad.write_text(json.dumps(REFUSED))
     with pytest.raises(MeshplanError, match="heads=12"):
-        dry_run_flow(str(tmp_path / "m.duckdb"), plan_path=str(bad), runs_dir=str(tmp_path / "runs"))
+        dry_run_flow(str(tmp_path / "m.duckdb"), TrainRequest(plan_path=str(bad), runs_dir=str(tmp_path / "runs")))
     assert not (tmp_path / "runs").exists()

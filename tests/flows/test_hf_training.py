@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from planner.specs.plan import parse_plan
 from storage.db import query
-from tests.flows.test_train_flow import _meshplan_main as _main
+from tests.support.cli import meshplan_main as _main
 from worker.data import batch_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]

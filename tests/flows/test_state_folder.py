@@ -13,7 +13,7 @@ import pytest
 
 import rundir
 from rundir import StateDir
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, meshplan_main
 from tests.worker.conftest import plan_dict
 
 CLUSTER = "tests/data/cpu-2ranks.toml"
@@ -75,15 +75,29 @@ def test_db_must_be_a_duckdb_file_or_absent(tmp_path):
     assert not (tmp_path / "meshplan.duckdb").exists()  # nothing was stored anywhere
 
 
+# the smallest placement `meshplan serve` runs: one model of one layer on one CPU rank
+SERVED = {
+    "name": "m",
+    "dims": {"name": "m", "num_layers": 1, "hidden": 32, "num_heads": 2, "vocab_size": 64, "seq_len": 16},
+    "seq": 8,
+    "rate": 2,
+    "cv": 1,
+    "slo_s": 30.0,
+}
+
+
 @pytest.mark.dist
 @pytest.mark.flow
-def test_with_db_elsewhere_train_jobs_and_discovery_share_the_state_folders_runs(tmp_path):
+def test_with_db_elsewhere_train_jobs_serving_and_discovery_share_the_state_folders_runs(tmp_path, monkeypatch, capsys):
     """--db outside --state-dir: a trained run's folder, a queued job's (started by a real scheduler
-    round with schedule-cluster's parameters, its runner training 2 ranks) and a discovery's are
-    all in <state-dir>/runs; nothing is written beside the database but the database."""
+    round with schedule-cluster's parameters, its runner training 2 ranks), a serving run's and a
+    discovery's are all in <state-dir>/runs; nothing is written beside the database but the database.
+    Every command runs in this process (cli.main), so all of them and the job's runner use the test
+    session's one Prefect server instead of starting one each; discover and serve run while the job does."""
     from cli.app import G, load_settings
     from cli.commands.jobs import scheduler_parameters
     from flows.scheduler import scheduler_flow
+    from storage.db import query
     from storage.jobs import get_job
     from tests.flows.test_elastic_job import wait_until
 
@@ -92,17 +106,24 @@ def test_with_db_elsewhere_train_jobs_and_discovery_share_the_state_folders_runs
     elsewhere.mkdir()
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps(plan_dict([(0, 4)], dp=2)))
+    placement = {
+        "method": "manual",
+        "cluster": "cpu-2ranks",
+        "dtype": "fp32",
+        "models": [SERVED],
+        "groups": [{"devices": [0], "kind": "cpu", "pp": 1, "tp": 1, "models": ["m"]}],
+    }
+    (tmp_path / "placement.json").write_text(json.dumps(placement))
+    (tmp_path / "trace.csv").write_text("model,arrival_s\nm,0.0\nm,0.05\n")
 
-    def cli(*args: str):
-        out = meshplan(state, "--db", str(db), *args, timeout=600)
-        assert out.returncode == 0, out.stderr
+    def cli(*args: str) -> str:
+        rc, out, err = meshplan_main(monkeypatch, capsys, "--state-dir", str(state), "--db", str(db), *args)
+        assert rc == 0, err
         return out
 
     cli("train", "--plan", str(plan), "--executor", "slurm", "--dry-run", "--run-id", "t", "--nproc-per-node", "2")
-    cli("--set", "discover.message_sizes=[1024]", "--set", "discover.repeats=1", "discover", "--num-ranks", "2")
     job = ["submit", "--model", "tiny", "--global-batch", "4", "--iterations", "2", "--job-id", "j"]
     cli(*job, "--data", "synthetic", "--checkpoint-every", "1000")
-
     G.state_dir, G.db = state, db  # what `meshplan --state-dir S --db D schedule-cluster` resolves
     try:
         params = scheduler_parameters(load_settings(), Path(CLUSTER))
@@ -112,6 +133,11 @@ def test_with_db_elsewhere_train_jobs_and_discovery_share_the_state_folders_runs
     try:
         out = scheduler_flow(**params)
         pid = out.applied[0]["runner_pid"]
+        # while the job's runner trains: a discovery, then a serving run (each store write retries the lock)
+        sets = ["discover.message_sizes=[1024]", "discover.repeats=1", "discover.matmul_size=64"]
+        cli(*(a for kv in sets for a in ("--set", kv)), "discover", "--num-ranks", "2")
+        served = ["--placement", str(tmp_path / "placement.json"), "--cluster", CLUSTER]
+        assert "requests recorded in" in cli("serve", *served, "--replay", str(tmp_path / "trace.csv"), "--port", "0")
         wait_until(lambda: get_job(db, "j")["state"] in ("finished", "failed"), "job j to end", 240.0)
     finally:
         if pid:
@@ -122,4 +148,7 @@ def test_with_db_elsewhere_train_jobs_and_discovery_share_the_state_folders_runs
     assert get_job(db, "j")["run_dir"] == str((runs / "j").resolve())
     assert (runs / "t" / "sbatch.sh").is_file() and (runs / "j" / "torchrun.log").is_file()
     assert [p.name for p in runs.glob("discover-*/snapshot.json")], sorted(p.name for p in runs.iterdir())
+    serving = [p for p in runs.glob("serve-*") if rundir.serve_placement_path(p).is_file()]
+    assert len(serving) == 1 and rundir.serve_calib_files(serving[0]), sorted(p.name for p in runs.iterdir())
+    assert query(db, "SELECT count(*) AS n FROM serve_requests WHERE phase = 'serve'")["n"][0] == 2
     assert sorted(p.name for p in elsewhere.iterdir() if not p.name.startswith("m.duckdb")) == []

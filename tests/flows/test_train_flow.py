@@ -13,6 +13,7 @@ from planner.specs.plan import CostBreakdown, parse_plan
 from planner.specs.runspec import RunSpec
 from storage.db import query
 from storage.runs import load_run
+from tests.support.cli import meshplan_main
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
 PROGRESS = re.compile(
@@ -79,21 +80,6 @@ def _artifact(key: str, flow_run_id) -> str:
 
 def _progress_lines(text: str) -> list[tuple[int, int, str]]:
     return [(int(m[1]), int(m[2]), m[0]) for m in PROGRESS.finditer(text)]
-
-
-def _meshplan_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`meshplan ARGS` through cli.main.main in this process (so it uses the test's Prefect server)."""
-    from cli.main import main
-
-    monkeypatch.setattr("sys.argv", ["meshplan", *args])
-    capsys.readouterr()
-    try:
-        main()
-        rc = 0
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def _logs_with(text: str, wait_s: float = 20.0) -> list[str]:
@@ -165,7 +151,7 @@ def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys, m
     shard.write_bytes(bytes(data))
     cli = ["--state-dir", str(tmp_path), "--db", db, "train", "--plan", _plan_file(tmp_path), "--steps", "4"]
     cli += ["--nproc-per-node", "2", "--data", "synthetic", "--run-id", "flow-run", "--no-replan"]
-    rc, stdout, stderr = _meshplan_main(monkeypatch, capsys, *cli)
+    rc, stdout, stderr = meshplan_main(monkeypatch, capsys, *cli)
     assert rc == 0, stderr
     assert "run flow-run completed" in stdout
     assert f"fallback: checkpoint {ckpts / 'step_00000004'} skipped: __1_0.distcp sha256" in stdout
@@ -179,7 +165,7 @@ def test_train_flow_launches_torchrun_and_lands_step_metrics(tmp_path, capsys, m
     # silently training from step 0.
     for meta in ckpts.glob("step_*/meta.json"):
         meta.write_text("{garbage")
-    rc, stdout, stderr = _meshplan_main(monkeypatch, capsys, *cli)
+    rc, stdout, stderr = meshplan_main(monkeypatch, capsys, *cli)
     lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
     assert rc == 1 and "Traceback" not in stderr and len(lines) == 1, stderr
     assert str(ckpts) in lines[0] and "checkpoints are unreadable" in lines[0] and "--fresh-start" in lines[0]

@@ -89,3 +89,34 @@ def test_sigterm_to_meshplan_profile_leaves_no_profiler_alive(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         cli.wait(timeout=10)
+
+
+def test_a_group_can_be_started_without_names_of_this_environment(monkeypatch):
+    """`drop_env`: a Prefect server started by `meshplan ui` must not inherit PREFECT_API_URL (it is the API)."""
+    monkeypatch.setenv("MESHPLAN_TEST_DROPPED", "x")
+    monkeypatch.setenv("MESHPLAN_TEST_KEPT", "y")
+    code = "import os; print(os.environ.get('MESHPLAN_TEST_DROPPED'), os.environ.get('MESHPLAN_TEST_KEPT'))"
+    proc = group.start([sys.executable, "-c", code], capture=True, drop_env=("MESHPLAN_TEST_DROPPED",))
+    out, _ = proc.communicate(timeout=30)
+    group.forget(proc)
+    assert out.split() == ["None", "y"]
+
+
+def test_a_module_imported_later_starts_its_processes_in_a_session_of_their_own(tmp_path, monkeypatch):
+    """`own_sessions_for` (Prefect's temporary server, flows/server.py): the module's `subprocess.Popen`
+    puts every child in a new session, applied when the module is first imported."""
+    (tmp_path / "meshplan_late_mod.py").write_text(
+        "import subprocess, sys\n"
+        "def child():\n"
+        "    return subprocess.Popen([sys.executable, '-c', 'import os; print(os.getsid(0) == os.getpid())'],"
+        " stdout=subprocess.PIPE, text=True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    group.own_sessions_for("meshplan_late_mod")
+    try:
+        import meshplan_late_mod
+
+        assert meshplan_late_mod.child().communicate(timeout=30)[0].strip() == "True"
+        assert subprocess.Popen is not meshplan_late_mod.subprocess.Popen  # the module's name only
+    finally:
+        sys.modules.pop("meshplan_late_mod", None)

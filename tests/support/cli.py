@@ -1,4 +1,5 @@
-"""`meshplan` as a user runs it: a real CLI process on a state folder of the test's own."""
+"""`meshplan` as a user runs it: a real CLI process on a state folder of the test's own, or the same
+entry point in the test's process (`meshplan_main`), where it uses the test session's Prefect server."""
 
 from __future__ import annotations
 
@@ -20,3 +21,19 @@ def meshplan(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Com
         timeout=timeout,
         env=env,
     )
+
+
+def meshplan_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`meshplan ARGS` through cli.main.main in this process (so it uses the test's Prefect server
+    instead of starting one per command): (exit code, stdout, stderr)."""
+    from cli.main import main
+
+    monkeypatch.setattr("sys.argv", ["meshplan", *args])
+    capsys.readouterr()
+    try:
+        main()
+        rc = 0
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return rc, out.out, out.err
