@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 from planner.cost.compute import PRIOR, KernelEfficiency, attention_kernels
 from planner.cost.estimate import estimate
 from planner.cost.overlap import RUNTIMES, Runtime
-from planner.cost.stage import Overheads
 from planner.cost.runtime_table import RUNTIME_ROWS
+from planner.cost.stage import Overheads
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -235,6 +235,18 @@ class Pricing:
 
     def label(self, device_kind: str) -> str:
         return self.figures.label(device_kind, self.profile.name)
+
+
+def device_kind_of(cluster: ClusterSpec) -> str:
+    """The device kind a runtime's figures are calibrated and looked up for: the first node group's
+    (a mixed cluster's label names it)."""
+    return cluster.nodes[0].device_kind
+
+
+def pricing_named(runtime: str, figures: Figures | None = None) -> Pricing:
+    """The Pricing of runtime `runtime` (MeshplanError naming the choices for another name) on the
+    figures calibrated for it (storage.calibrations reads them), its priors when None."""
+    return Pricing(profile_named(runtime), figures or PRIOR_FIGURES)
 
 
 def price(plan: Plan, model: ModelSpec, cluster: ClusterSpec, pricing: Pricing | None, **kw) -> CostBreakdown:

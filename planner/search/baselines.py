@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from planner.cost.runtimes import Pricing, price
 from planner.cost.devices import DeviceIndex
+from planner.cost.runtimes import Pricing, price
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.build import balanced_microbatches

@@ -160,7 +160,9 @@ def search(
     # one exact pass per stack variant (and, for context parallelism, per cp degree over the
     # cp-folded classes where planner.search.cp's rule says cp can help), all explored together on
     # one frontier (Explorer.share): best-first over every pass, pruned against the best plan of any
-    plain: list[tuple[Folding | None, Stack, list]] = [(None, v, shapes) for v in stack_variants(space, classes, pricing)]
+    plain: list[tuple[Folding | None, Stack, list]] = [
+        (None, v, shapes) for v in stack_variants(space, classes, pricing)
+    ]
     folds: dict[int, Folding] = {}
 
     def cp_passes(found_plain: bool) -> list[tuple[Folding | None, Stack, list]]:
@@ -340,7 +342,13 @@ def _gap(stats: SearchStats, left_s: float | None, costs: list[float]) -> None:
 
 
 def _fingerprint(
-    gb: int, seq: int, dtype: str, k: int, space: SearchSpace, calib: Calibration | None = None, pricing: Pricing | None = None
+    gb: int,
+    seq: int,
+    dtype: str,
+    k: int,
+    space: SearchSpace,
+    calib: Calibration | None = None,
+    pricing: Pricing | None = None,
 ) -> str:
     extra = ([repr(calib)] if calib is not None else []) + ([repr(pricing)] if pricing is not None else [])
     blob = json.dumps([gb, seq, dtype, k, repr(space)] + extra, sort_keys=True)
