@@ -21,7 +21,9 @@ from tests.planner.test_search_oracle import cheapest, instances
 def layout(p) -> tuple:
     """What a plan decides besides the runtime's stack: micro-batch, schedule, and each stage's blocks,
     widths, recompute and sharding."""
-    stages = tuple((s.layer_start, s.layer_end, s.tp, s.dp, s.recompute, s.recompute_every, s.sharding) for s in p.stages)
+    stages = tuple(
+        (s.layer_start, s.layer_end, s.tp, s.dp, s.recompute, s.recompute_every, s.sharding) for s in p.stages
+    )
     return p.micro_batch_size, p.schedule, p.virtual_stages, stages
 
 
