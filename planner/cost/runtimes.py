@@ -12,10 +12,12 @@ the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` pri
 - `sequence_parallel`: norms and residuals on T/t tokens when tp > 1 (memory and element-wise time);
 - `launch_s` × `kernels_per_block`: the host's fixed cost of issuing one block's kernels (eager
   PyTorch: the dispatcher plus cudaLaunchKernel, about 5–10 µs an op; backward issues twice the
-  forward's kernels). A stage's micro-batch cannot run faster than its host issues it, so
-  max(0, host − GPU) is exposed per micro-batch (small shapes on small GPUs; nothing at large ones);
-- `microbatch_s`: a fixed, serialised cost per micro-batch slot (schedule bookkeeping, loss
-  `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted;
+  forward's kernels, a recomputed block's once more). A GPU block cannot run faster than its host
+  issues it: its forward + backward take at least 3 × launch_s × kernels_per_block (small shapes on
+  small GPUs; nothing at large ones), a term of every stage (planner.cost.stage.Overheads);
+- `microbatch_s`: a fixed, serialised cost per micro-batch on every stage (schedule bookkeeping, loss
+  `.item()` syncs, blocking p2p handshakes), so m + pp − 1 slots of it on a 1F1B step (`slots`);
+  priors 0 where no source gives a number: fitted;
 - `step_kernels`: kernels and syncs the host issues once a step (zero_grad, gradient clipping, loss
   scaling, the loss sync): a per-step fixed cost, prior launch_s × step_kernels on GPUs;
 - `kernels`: the derived (uncalibrated) kernel fractions: cuBLAS GEMMs and the runtime's attention
@@ -31,6 +33,11 @@ replaces the profile's fixed per-micro-batch cost (`step_s` the per-step one). E
 runs it was fitted. From 3 runs kernel_scale and the per-micro-batch cost are fitted jointly,
 regularised toward the runtime's priors and never below 0 (fit_terms).
 Measured layer profiles still win over the shape-based compute that kernel_scale moves.
+
+`Pricing` is a profile with its figures as one value: what the search (planner.search.search, its
+Pricer and bounds), its oracle and `price` take, so `plan --runtime X` searches under X's prices.
+Every fixed cost is a stage term (linear in a stage's blocks), so the search's split solver and
+bounds stay exact under any runtime.
 """
 
 from __future__ import annotations
