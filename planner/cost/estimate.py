@@ -466,6 +466,9 @@ def estimate(
     kinds = {g.spec.device_kind for g in idx.groups}
     table = complete_profiles(model, cluster, profiles, plan_profile_needs(plan), kinds=kinds, kernels=kernels)
     notes = head_notes(plan, model, runtime, calibration)
+    if overheads.microbatch_s and plan.schedule == "interleaved-1f1b":
+        # a rank pays the per-micro-batch cost once, not once a chunk (planner.cost.stage.Overheads)
+        overheads = overheads._replace(microbatch_s=overheads.microbatch_s / plan.virtual_stages)
     priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule), overheads)
     pipe = pipeline_times(plan, priced.coeffs, calibration)
     parts, jt = stage_tails(plan, priced.coeffs, pipe.rc)

@@ -15,8 +15,9 @@ the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` pri
   forward's kernels, a recomputed block's once more). A GPU block cannot run faster than its host
   issues it: its forward + backward take at least 3 × launch_s × kernels_per_block (small shapes on
   small GPUs; nothing at large ones), a term of every stage (planner.cost.stage.Overheads);
-- `microbatch_s`: a fixed, serialised cost per micro-batch on every stage (schedule bookkeeping, loss
-  `.item()` syncs, blocking p2p handshakes), so m + pp − 1 slots of it on a 1F1B step (`slots`);
+- `microbatch_s`: a fixed, serialised cost per micro-batch on every pipeline rank (schedule
+  bookkeeping, loss `.item()` syncs, blocking p2p handshakes), so m + pp − 1 slots of it on a 1F1B
+  step, m + (pp − 1)/v interleaved (`slots`);
   priors 0 where no source gives a number: fitted;
 - `step_kernels`: kernels and syncs the host issues once a step (zero_grad, gradient clipping, loss
   scaling, the loss sync): a per-step fixed cost, prior launch_s × step_kernels on GPUs;
@@ -174,14 +175,16 @@ def apply_stack(plan: Plan, profile: RuntimeProfile) -> Plan:
     )
 
 
-def slots(plan: Plan) -> int:
-    """Micro-batch slots on the critical path of one step: what one more second of every stage's
+def slots(plan: Plan) -> float:
+    """Micro-batch slots on the critical path of one step: what one more second of every rank's
     per-micro-batch cost adds to the pipeline (planner.cost.stage.Overheads): m + pp − 1 under
-    GPipe / 1F1B (the pipeline's fill and drain), m·v + pp − 1 under interleaved 1F1B (every chunk
-    pays it), m the largest replica's micro-batch count."""
+    GPipe / 1F1B (the pipeline's fill and drain), m + (pp − 1)/v under interleaved 1F1B (its
+    pipeline time (1/v)·Σ τ + (m − 1/v)·max τ, formulas.interleaved_time_s), m the largest
+    replica's micro-batch count."""
     m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
-    v = plan.virtual_stages if plan.schedule == "interleaved-1f1b" else 1
-    return m * v + plan.pp - 1
+    if plan.schedule == "interleaved-1f1b":
+        return m + (plan.pp - 1) / plan.virtual_stages
+    return m + plan.pp - 1
 
 
 def is_gpu(cluster: ClusterSpec) -> bool:

@@ -47,8 +47,9 @@ class Overheads(NamedTuple):
     """A runtime's fixed costs as terms of every stage (planner.cost.runtimes.Pricing), so that the
     search, which prices stages, and `estimate` price them alike: on a GPU a block's forward and
     backward take at least the host's time to issue their kernels (3 × `issue_s`: the backward issues
-    twice the forward's kernels; a recomputed block 4 ×), and every micro-batch of a stage pays
-    `microbatch_s` (schedule bookkeeping, syncs, blocking handshakes). Zero: meshplan's plain prices."""
+    twice the forward's kernels; a recomputed block 4 ×), and every micro-batch of a pipeline rank pays
+    `microbatch_s` (schedule bookkeeping, syncs, blocking handshakes; under interleaved 1F1B a rank's
+    v chunks pay 1/v of it each: estimate and search/interleave.py). Zero: meshplan's plain prices."""
 
     issue_s: float = 0.0  # host time to issue one block's forward kernels (launch_s × kernels_per_block)
     microbatch_s: float = 0.0  # fixed serialised cost of one micro-batch on one stage

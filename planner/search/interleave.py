@@ -68,6 +68,8 @@ def interleaved_arrays(
             mem_b += co.state_bytes_fixed + kk * co.activation_bytes_fixed
             ws = max(ws, co.workspace_bytes)
         assert co is not None
+        if pr.overheads.microbatch_s:
+            b -= (v - 1) * pr.overheads.microbatch_s  # paid once a rank, not once a chunk (stage.Overheads)
         a, mem_a, shift = co.time_s_per_block, co.state_bytes_per_block + kk * co.activation_bytes_per_block, v - 1
         rows.append(
             (

@@ -127,9 +127,9 @@ def test_fixed_costs_are_stage_terms_pinned_by_hand(name):
     assert step(p, fig=Figures(step_s=0.0, microbatch_s=0.002)) - step(p) == pytest.approx(32 * 0.002, rel=1e-9)
     assert step(p, fig=Figures()) - step(p) == pytest.approx(STEP[name], rel=1e-9)  # the step's prior
     assert step(p, fig=Figures(step_s=0.05)) - step(p) == pytest.approx(0.05, rel=1e-9)
-    # a stage's micro-batch cost in every slot of the pipeline: 32 + 2 − 1 under 1F1B at pp 2; 32·2 + 2 − 1
-    # interleaved over 2 chunks a rank
-    for q, n in ((one_gpu(pp=2), 33), (one_gpu("interleaved-1f1b", pp=2, v=2), 65)):
+    # a rank's micro-batch cost in every slot of the pipeline: 32 + 2 − 1 under 1F1B at pp 2; 32 + 1/2
+    # interleaved over 2 chunks a rank (each chunk pays half)
+    for q, n in ((one_gpu(pp=2), 33), (one_gpu("interleaved-1f1b", pp=2, v=2), 32.5)):
         assert slots(q) == n
         assert step(q, fig=Figures(step_s=0.0, microbatch_s=0.002)) - step(q) == pytest.approx(n * 0.002, rel=1e-9)
     # CPU ranks: their compute is the host's (no floor), no per-step prior; meshplan's then prices as estimate

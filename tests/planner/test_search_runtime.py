@@ -109,8 +109,9 @@ def test_interleaved_search_under_megatron_hides_its_p2p_as_the_oracle_prices_it
     cluster = parse_cluster({"name": "two", "nodes": [dict(node, intra_link="nvlink3", inter_link="eth-10g")]})
     model = ModelSpec(name="m", num_layers=6, hidden=2048, num_heads=4, vocab_size=512, seq_len=128)
     space = SearchSpace(micro_batch_sizes=(1,), shardings=("none",), tps=(1,), families=("pipeline",))
-    pricing = Pricing(profile_named("megatron"))
-    oracle = oracle_search(model, cluster, global_batch=4, space=space, pricing=pricing)
-    fast = search(model, cluster, global_batch=4, space=space, baselines=False, top_k=1, pricing=pricing)
-    assert cheapest(fast) == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
-    assert fast.best.schedule == "interleaved-1f1b"
+    for figures in FIGURES:  # the calibrated ones: a rank's micro-batch cost, 1/v a chunk (stage.Overheads)
+        pricing = Pricing(profile_named("megatron"), figures)
+        oracle = oracle_search(model, cluster, global_batch=4, space=space, pricing=pricing)
+        fast = search(model, cluster, global_batch=4, space=space, baselines=False, top_k=1, pricing=pricing)
+        assert cheapest(fast) == pytest.approx(oracle.predicted.step_time_s, rel=1e-9)
+        assert fast.best.schedule == "interleaved-1f1b"
