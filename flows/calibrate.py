@@ -21,6 +21,7 @@ from planner.cost.runtimes import (
     PRIOR_FIGURES,
     REG,
     Figures,
+    device_kind_of,
     fit_terms,
     golden,
     price_under,
@@ -34,7 +35,7 @@ from planner.measure.runs_file import read_runs
 from planner.specs.model import ModelSpec, get_model
 from planner.specs.plan import parse_plan_json
 from storage.calibrations import completed_run_steps, save_figures
-from storage.pricing import PricingInputs, device_kind_of, pricing_inputs
+from storage.pricing import PricingInputs, pricing_inputs
 
 # Fewer distinct runs of a device kind than this and calibration says so and stores nothing: a fit on
 # one or two runs cannot be checked (no held-out run) and flips plans on noise.

@@ -7,19 +7,17 @@ artifact (best plan's bottleneck and memory per stage).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.outcomes import PlanOutcome
+from flows.queries import runtime_pricing
 from launcher.progress import say, working
 from planner.report.ranking import markdown_report, ranking_rows
 from planner.report.timeline import schedule_picture
 from planner.search import NoFeasiblePlan
 from planner.specs.config import ProfileConfig, SearchConfig
 from planner.specs.model import get_model
-from storage.pricing import rerank_for_runtime
 from tasks.plan import prepare_search, search_plans, store_plans
 from tasks.searching import SearchJob
 
@@ -40,16 +38,18 @@ def plan_flow(
     lost on the way. Cluster, profiles, calibration and dtype come from storage.pricing.pricing_inputs,
     as for `meshplan plan` without --flow: plans train in bf16 on GPUs and in `cpu_dtype` (the config's
     profile.dtype) on CPU ranks, and a discovered CPU machine is priced with its measured corrections.
-    The plans found are re-priced and re-ranked under `search.runtime` (storage.pricing.rerank_for_runtime),
-    as `meshplan plan --runtime` does."""
+    The search prices under `search.runtime` with the figures stored for it (flows.queries.runtime_pricing,
+    planner.cost.runtimes.Pricing), as `meshplan plan --runtime` does."""
     s = search or SearchConfig()
     model = get_model(model_name)
     inputs = prepare_search(db_path, model, cluster_file, snapshot, cpu_dtype)
     cluster, profiles = inputs.cluster, inputs.profiles
+    pricing = runtime_pricing(db_path, cluster, s.runtime)
+    say(f"plan: priced for runtime {pricing.label(cluster.nodes[0].device_kind)}")
     if inputs.calibration is not None:
         say(f"plan: calibrated to {inputs.calibration.source}")
     with working(f"plan: searching {model.name} on {cluster.name} ({cluster.num_devices} devices)…"):
-        searched = search_plans(SearchJob.of(model, inputs, s), return_state=True)
+        searched = search_plans(SearchJob.of(model, inputs, s, pricing), return_state=True)
     result, cached = searched.result(), searched.name == "Cached"
     if cached:
         say("plan: search result reused from the cache (same model, cluster, profiles and options)")
@@ -59,9 +59,6 @@ def plan_flow(
             f"plan: {st.candidates} candidates priced ({st.pruned} pruned, {st.infeasible} infeasible) "
             f"in {st.wall_s:.2f} s; {st.summary()}"
         )
-    if not isinstance(result, NoFeasiblePlan):  # the config's runtime orders what the search found
-        result, label = rerank_for_runtime(Path(db_path), result, model, inputs, s.runtime)
-        say(f"plan: priced for runtime {label}")
     title = f"{model.name} on {cluster.name} (batch {s.global_batch})"
     report = markdown_report(result, title)
     if not isinstance(result, NoFeasiblePlan):

@@ -23,7 +23,9 @@ from storage.pricing import PricingInputs
 if TYPE_CHECKING:  # types only: `estimate` and `compare` need neither the search (numpy) nor polars
     import polars as pl
 
+    from planner.cost.runtimes import Pricing
     from planner.search import NoFeasiblePlan, SearchResult
+    from planner.specs.cluster import ClusterSpec
     from planner.specs.plan import CostBreakdown, Plan
     from planner.specs.runspec import RunOptions
     from storage.hardware import HardwareSnapshot
@@ -45,31 +47,43 @@ def pricing_inputs(
     return _pricing.pricing_inputs(db, model, cluster_file, snapshot, cpu_dtype)
 
 
+def runtime_pricing(db: str | Path, cluster: ClusterSpec, runtime: str) -> Pricing:
+    """What `runtime` prices plans with on `cluster` (planner.cost.runtimes.Pricing): its profile and the
+    figures `meshplan calibrate` stored for (the cluster's device kind, runtime), its priors when none
+    (no state folder yet: none, read without opening DuckDB). The search takes it whole."""
+    from planner.cost.runtimes import device_kind_of, pricing_named, profile_named
+
+    profile_named(runtime)  # an unknown name: one line naming the choices, before any read
+    figures = None
+    if Path(db).exists():
+        from storage.calibrations import load_figures
+
+        figures = load_figures(db, device_kind_of(cluster), runtime)
+    return pricing_named(runtime, figures)
+
+
 def price_for_runtime(
     db: Path, plan: Plan, model: ModelSpec, inputs: PricingInputs, runtime: str
 ) -> tuple[CostBreakdown, str]:
     """A plan's CostBreakdown under `runtime`'s figures (calibrated ones when stored), and their label."""
-    return _pricing.price_for_runtime(db, plan, model, inputs, runtime)
+    from planner.cost.runtimes import device_kind_of, price
 
-
-def rerank_for_runtime(
-    db: Path, res: SearchResult, model: ModelSpec, inputs: PricingInputs, runtime: str
-) -> tuple[SearchResult, str]:
-    """A search result re-priced and re-ranked under `runtime`, and the figures' label."""
-    return _pricing.rerank_for_runtime(db, res, model, inputs, runtime)
+    pricing = runtime_pricing(db, inputs.cluster, runtime)
+    cost = price(plan, model, inputs.cluster, pricing, profiles=inputs.profiles, calibration=inputs.calibration)
+    return cost, pricing.label(device_kind_of(inputs.cluster))
 
 
 # ---- the plan search in this process (`meshplan plan` without --flow)
 
 
 def search_now(
-    model: ModelSpec, inputs: PricingInputs, search: SearchConfig | None = None
+    model: ModelSpec, inputs: PricingInputs, search: SearchConfig | None = None, pricing: Pricing | None = None
 ) -> SearchResult | NoFeasiblePlan:
     """plan_flow's search function on plan_flow's arguments, called in this process with no Prefect
-    task (and no cache): the same config ranks alike either way."""
+    task (and no cache): the same config ranks alike either way; under `pricing` (runtime_pricing)."""
     from tasks.searching import SearchJob, run_search  # no Prefect: tasks.plan imports it
 
-    return run_search(SearchJob.of(model, inputs, search or SearchConfig()))
+    return run_search(SearchJob.of(model, inputs, search or SearchConfig(), pricing))
 
 
 def store_search(db: str | Path, result: SearchResult) -> str:

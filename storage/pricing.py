@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration, cpu_calibration, pipeline_overhead_from
@@ -113,73 +113,3 @@ def machine_calibration(db_path: str | Path, model: ModelSpec) -> Calibration | 
         return load_calibration(db_path, model)
     except MeshplanError:  # never discovered: the datasheet model, as for a cluster file
         return None
-
-
-# --- pricing under a named runtime (planner/cost/runtimes.py) with the figures calibrated for it ---
-
-
-def device_kind_of(cluster: Any) -> str:
-    """The kind figures are looked up for: the first node group's (mixed clusters: named in the label)."""
-    return cluster.nodes[0].device_kind
-
-
-def price_for_runtime(
-    path: Path, plan: Any, model: Any, inputs: Any, runtime: str, stored: tuple[Any] | None = None
-) -> tuple[Any, str]:
-    """(CostBreakdown, label) of `plan` priced as `inputs` says, under `runtime` and the figures stored
-    for (device kind, runtime) (`stored`: those figures, read already, as a 1-tuple). meshplan's runtime on
-    CPU ranks with nothing calibrated prices exactly as planner.cost.estimate (its fixed overheads are GPU
-    host costs, and its per-micro-batch prior is 0)."""
-    from planner.cost import estimate
-    from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
-
-    kind = device_kind_of(inputs.cluster)
-    figures = (stored or _stored_figures(path, kind, runtime))[0]
-    label = (figures or PRIOR_FIGURES).label(kind, runtime)
-    gpu = any(n.device != "cpu" for n in inputs.cluster.nodes)
-    if runtime == "meshplan" and figures is None and not gpu:  # CPU ranks: no fixed overheads to add
-        return estimate(plan, model, inputs.cluster, inputs.profiles, calibration=inputs.calibration), label
-    cost = price_under(
-        plan,
-        model,
-        inputs.cluster,
-        profile_named(runtime),
-        figures or PRIOR_FIGURES,
-        restack=runtime != "meshplan",
-        profiles=inputs.profiles,
-        calibration=inputs.calibration,
-    )
-    return cost, label
-
-
-def _stored_figures(path: Path, kind: str, runtime: str) -> tuple[Any]:
-    """The figures stored for (kind, runtime), None when none, as a 1-tuple (price_for_runtime's `stored`);
-    no state folder yet: none, read without opening DuckDB."""
-    if not Path(path).exists():
-        return (None,)
-    from storage.calibrations import load_figures
-
-    return (load_figures(path, kind, runtime),)
-
-
-def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
-    """The search's plans and baselines re-priced under `runtime` (its kernels, memory, overlap and
-    calibrated figures) and re-ranked: fitting plans first, then by step time. The search enumerates
-    with meshplan's own prices; the runtime decides the order of what it found. Unchanged (and the
-    label says so) for meshplan's runtime with nothing calibrated."""
-    import dataclasses
-
-    stored = _stored_figures(path, device_kind_of(inputs.cluster), runtime)  # one read for every plan
-
-    def priced(p: Any) -> tuple[Any, str]:
-        c, label = price_for_runtime(path, p.model_copy(update={"predicted": None}), model, inputs, runtime, stored)
-        return p.model_copy(update={"predicted": c}), label
-
-    label = ""
-    plans = []
-    for p in res.plans:
-        q, label = priced(p)
-        plans.append(q)
-    plans.sort(key=lambda p: (not p.predicted.feasible, p.predicted.step_time_s))
-    baselines = {k: (priced(b)[0] if b is not None else None) for k, b in res.baselines.items()}
-    return dataclasses.replace(res, plans=tuple(plans), baselines=baselines), label

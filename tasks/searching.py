@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.runtimes import Pricing
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search import NoFeasiblePlan, SearchResult, SearchSpace, search
@@ -32,10 +33,16 @@ class SearchJob:
     calibration: Calibration | None = None
     dtype: str = "bf16"
     fp8: bool = False  # search fp8 linears too (SearchSpace.fp8)
+    # the runtime plans are searched under, with its calibrated figures (planner.cost.runtimes.Pricing);
+    # None: meshplan's plain estimate
+    pricing: Pricing | None = None
 
     @classmethod
-    def of(cls, model: ModelSpec, inputs: PricingInputs, search: SearchConfig) -> SearchJob:
-        """The search `[search]` asks for on these inputs; seq 0 = the model's."""
+    def of(
+        cls, model: ModelSpec, inputs: PricingInputs, search: SearchConfig, pricing: Pricing | None = None
+    ) -> SearchJob:
+        """The search `[search]` asks for on these inputs, under `pricing` (flows.queries.runtime_pricing:
+        `search.runtime` or --runtime with its stored figures); seq 0 = the model's."""
         return cls(
             model=model,
             cluster=inputs.cluster,
@@ -47,6 +54,7 @@ class SearchJob:
             calibration=inputs.calibration,
             dtype=inputs.dtype,
             fp8=search.fp8,
+            pricing=pricing,
         )
 
 
@@ -63,4 +71,5 @@ def run_search(job: SearchJob) -> SearchResult | NoFeasiblePlan:
         time_budget_s=job.time_budget_s,
         calibration=job.calibration,
         space=SearchSpace(fp8=True) if job.fp8 else None,
+        pricing=job.pricing,
     )

@@ -98,7 +98,7 @@ def price_for_runtime(path: Path, plan: Any, model: Any, inputs: Any, runtime: s
     return f(path, plan, model, inputs, runtime)
 
 
-def rerank_for_runtime(path: Path, res: Any, model: Any, inputs: Any, runtime: str) -> tuple[Any, str]:
-    from flows.queries import rerank_for_runtime as f
+def runtime_pricing(path: Path, cluster: Any, runtime: str) -> Any:
+    from flows.queries import runtime_pricing as f
 
-    return f(path, res, model, inputs, runtime)
+    return f(path, cluster, runtime)

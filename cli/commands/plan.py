@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.app import SMALL_WRITE_BYTES, app, check_output, db_path, load_settings, need_space, prefect_env
-from cli.commands.calibrate import RuntimeOpt, price_for_runtime, rerank_for_runtime, runtime_name
+from cli.commands.calibrate import RuntimeOpt, price_for_runtime, runtime_name, runtime_pricing
 from cli.commands.model_options import model_for_plan, model_option_flags
 from planner.limits import MAX_GLOBAL_BATCH, MAX_SECONDS, MAX_SEQ, MAX_TOP
 
@@ -87,7 +87,7 @@ def plan(
         summary = plan_flow(
             str(path),
             cfg.model,
-            cfg.search,
+            cfg.search.model_copy(update={"runtime": runtime_name(runtime, cfg)}),
             str(cluster) if cluster else None,
             snapshot,
             cfg.profile.dtype,
@@ -106,14 +106,16 @@ def plan(
     inputs = pricing_inputs(path, m, cluster, snapshot, cfg.profile.dtype)
     spec, source = inputs.cluster, inputs.profile_source
     s = cfg.search
-    res = search_now(m, inputs, s)
+    # the search prices under the runtime (its kernels, memory, overlap, fixed costs and stored figures)
+    rt = runtime_name(runtime, cfg)
+    pricing = runtime_pricing(path, spec, rt)
+    figures = pricing.label(spec.nodes[0].device_kind)
+    res = search_now(m, inputs, s, pricing)
     if isinstance(res, NoFeasiblePlan):
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))
             raise typer.Exit(1)
         raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
-    rt = runtime_name(runtime, cfg)
-    res, figures = rerank_for_runtime(path, res, m, inputs, rt)
     if out is not None:
         out.write_text(res.best.to_json())
     rows = ranking_rows(res, m)

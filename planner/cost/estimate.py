@@ -22,7 +22,7 @@ from planner.cost.devices import DeviceIndex, intra_link
 from planner.cost.fitted import DEFAULT_KERNELS
 from planner.cost.memory import Stack
 from planner.cost.overlap import MESHPLAN, Runtime
-from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
+from planner.cost.stage import NO_OVERHEADS, Overheads, StageCoeffs, StageContext, stage_coeffs
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -139,6 +139,7 @@ def _stage_context(
     calibration: Calibration | None,
     kernels: KernelEfficiency | None,
     rt: Runtime,
+    overheads: Overheads = NO_OVERHEADS,
 ) -> StageContext:
     """Everything stage i of replica r is priced from (planner.cost.stage.StageContext), on its slowest group
     `spec`; with stages of different dp, each prices on a slice of the micro-batch (planner.runtime.slice_size)
@@ -175,6 +176,7 @@ def _stage_context(
         next_mbs=0 if nxt is None or next_mbs == mbs else next_mbs,
         runtime=rt,
         cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
+        overheads=overheads,
     )
 
 
@@ -193,6 +195,7 @@ def price_stages(
     calibration: Calibration | None,
     kernels: KernelEfficiency | None,
     rt: Runtime,
+    overheads: Overheads = NO_OVERHEADS,
 ) -> _Priced:
     """Each stage of each pipeline replica priced by planner.cost.stage on the slowest group its replicas
     use (the smallest memory of them for capacity); alike replicas (_place's key) and alike contexts once."""
@@ -207,7 +210,7 @@ def price_stages(
             if hit is None:
                 groups = {g.index: g.spec for g in place.groups}
                 spec = min(groups.values(), key=lambda g: g.peak_flop_per_s(plan.dtype))
-                ctx = _stage_context(plan, idx, i, r, place, spec, calibration, kernels, rt)
+                ctx = _stage_context(plan, idx, i, r, place, spec, calibration, kernels, rt, overheads)
                 co = memo.get(ctx)
                 if co is None:
                     co = memo[ctx] = stage_coeffs(ctx, model, table)
@@ -456,17 +459,24 @@ def estimate(
     calibration: Calibration | None = None,
     kernels: KernelEfficiency | None = None,
     runtime: Runtime = MESHPLAN,
+    overheads: Overheads = NO_OVERHEADS,
+    step_s: float = 0.0,
 ) -> CostBreakdown:
     """The predicted cost of one optimizer step of `plan` (see the module docstring); `calibration`
     applies measured corrections (planner.measure.calibrate), e.g. for CPU ranks under gloo;
     `kernels` the GEMM / attention efficiencies of estimated GPU rows (planner.cost.fitted);
-    `runtime` what the training runtime overlaps (planner.cost.overlap; default meshplan's own)."""
+    `runtime` what the training runtime overlaps (planner.cost.overlap; default meshplan's own);
+    `overheads` and `step_s` its fixed costs per block and micro-batch (planner.cost.stage.Overheads)
+    and once a step (booked with the optimizer step): planner.cost.runtimes.Pricing gives all four."""
     check_plan_fits_model(plan, model, cluster)
     idx = index or DeviceIndex(cluster)
     kinds = {g.spec.device_kind for g in idx.groups}
     table = complete_profiles(model, cluster, profiles, plan_profile_needs(plan), kinds=kinds, kernels=kernels)
     notes = head_notes(plan, model, runtime, calibration)
-    priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule))
+    if overheads.microbatch_s and plan.schedule == "interleaved-1f1b":
+        # a rank pays the per-micro-batch cost once, not once a chunk (planner.cost.stage.Overheads)
+        overheads = overheads._replace(microbatch_s=overheads.microbatch_s / plan.virtual_stages)
+    priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule), overheads)
     pipe = pipeline_times(plan, priced.coeffs, calibration)
     parts, jt = stage_tails(plan, priced.coeffs, pipe.rc)
     share_pipe, share_opt = cpu_share(plan, priced.coeffs, pipe, parts[jt][1])
@@ -475,6 +485,8 @@ def estimate(
         notes.append(f"{plan.num_devices} ranks share {pipe.cores} cores: +{extra_ms:.1f} ms")
     tail_s = parts[jt][0] + parts[jt][1]  # the tail summed first: the same floats as before the split
     step = pipe.times[pipe.rc] + share_pipe + tail_s + share_opt
+    if step_s:
+        step += step_s
     crit = critical_terms(plan, priced.coeffs, pipe)
     frag = F.FRAGMENTATION_FRACTION_EXPANDABLE if runtime.expandable_segments else F.FRAGMENTATION_FRACTION
     peak_mem, cap_mem = memory_per_stage(plan, priced, frag)
@@ -485,7 +497,7 @@ def estimate(
         "tensor-parallel comm": crit.tp_comm - crit.cp_comm,
         "context-parallel comm": crit.cp_comm,
         "data-parallel comm": parts[jt][0] + crit.zero3,
-        "optimizer step": parts[jt][1] + share_opt,
+        "optimizer step": parts[jt][1] + share_opt + step_s,
     }
     kinds_rc = [spec.device_kind for spec, _ in priced.specs[pipe.rc]]
     if estimated := estimated_rows(plan, table, priced):

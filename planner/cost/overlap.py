@@ -69,8 +69,9 @@ attention (Megatron-core's cp_comm_type p2p, torch's context_parallel) hides eac
 behind the previous chunk's attention; it is priced for meshplan's all-gather, not as a ring. Approximations, stated: a
 hidden p2p is hidden in the pipeline's fill too (≤ 2(pp − 1) transfers a step); the distributed
 optimizer's last reduce-scatter is priced per module as FSDP's (first block + root), not per bucket;
-NCCL kernels' SM share taken from overlapped compute is not priced. The search prices `MESHPLAN`,
-whose TP and p2p overlaps are 0, so its bounds (compute + all TP traffic) stay below the priced time.
+NCCL kernels' SM share taken from overlapped compute is not priced. The search prices the user's
+runtime (planner.cost.runtimes.Pricing): its bounds keep (1 − tp_overlap) of the TP traffic and drop
+p2p, so they stay below the priced time.
 """
 
 from __future__ import annotations

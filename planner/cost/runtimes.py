@@ -12,10 +12,13 @@ the price, so that `plan`, `estimate`, `compare` and `export --runtime NAME` pri
 - `sequence_parallel`: norms and residuals on T/t tokens when tp > 1 (memory and element-wise time);
 - `launch_s` × `kernels_per_block`: the host's fixed cost of issuing one block's kernels (eager
   PyTorch: the dispatcher plus cudaLaunchKernel, about 5–10 µs an op; backward issues twice the
-  forward's kernels). A stage's micro-batch cannot run faster than its host issues it, so
-  max(0, host − GPU) is exposed per micro-batch (small shapes on small GPUs; nothing at large ones);
-- `microbatch_s`: a fixed, serialised cost per micro-batch slot (schedule bookkeeping, loss
-  `.item()` syncs, blocking p2p handshakes); priors 0 where no source gives a number: fitted;
+  forward's kernels, a recomputed block's once more). A GPU block cannot run faster than its host
+  issues it: its forward + backward take at least 3 × launch_s × kernels_per_block (small shapes on
+  small GPUs; nothing at large ones), a term of every stage (planner.cost.stage.Overheads);
+- `microbatch_s`: a fixed, serialised cost per micro-batch on every pipeline rank (schedule
+  bookkeeping, loss `.item()` syncs, blocking p2p handshakes), so m + pp − 1 slots of it on a 1F1B
+  step, m + (pp − 1)/v interleaved (`slots`);
+  priors 0 where no source gives a number: fitted;
 - `step_kernels`: kernels and syncs the host issues once a step (zero_grad, gradient clipping, loss
   scaling, the loss sync): a per-step fixed cost, prior launch_s × step_kernels on GPUs;
 - `kernels`: the derived (uncalibrated) kernel fractions: cuBLAS GEMMs and the runtime's attention
@@ -31,6 +34,11 @@ replaces the profile's fixed per-micro-batch cost (`step_s` the per-step one). E
 runs it was fitted. From 3 runs kernel_scale and the per-micro-batch cost are fitted jointly,
 regularised toward the runtime's priors and never below 0 (fit_terms).
 Measured layer profiles still win over the shape-based compute that kernel_scale moves.
+
+`Pricing` is a profile with its figures as one value: what the search (planner.search.search, its
+Pricer and bounds), its oracle and `price` take, so `plan --runtime X` searches under X's prices.
+Every fixed cost is a stage term (linear in a stage's blocks), so the search's split solver and
+bounds stay exact under any runtime.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from planner.cost.compute import PRIOR, KernelEfficiency, attention_kernels
 from planner.cost.estimate import estimate
 from planner.cost.overlap import RUNTIMES, Runtime
 from planner.cost.runtime_table import RUNTIME_ROWS
+from planner.cost.stage import Overheads
 from planner.errors import MeshplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.model import ModelSpec
@@ -166,46 +175,96 @@ def apply_stack(plan: Plan, profile: RuntimeProfile) -> Plan:
     )
 
 
-def slots(plan: Plan) -> int:
-    """Micro-batch slots on the critical path of one step: m + pp − 1 (the pipeline's fill and drain),
-    m the largest replica's micro-batch count."""
+def slots(plan: Plan) -> float:
+    """Micro-batch slots on the critical path of one step: what one more second of every rank's
+    per-micro-batch cost adds to the pipeline (planner.cost.stage.Overheads): m + pp − 1 under
+    GPipe / 1F1B (the pipeline's fill and drain), m + (pp − 1)/v under interleaved 1F1B (its
+    pipeline time (1/v)·Σ τ + (m − 1/v)·max τ, formulas.interleaved_time_s), m the largest
+    replica's micro-batch count."""
     m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
+    if plan.schedule == "interleaved-1f1b":
+        return m + (plan.pp - 1) / plan.virtual_stages
     return m + plan.pp - 1
 
 
-def fixed_overheads_s(
-    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
-) -> float:
-    """Seconds of fixed overheads a step adds (module docstring): per slot, the host's kernel issue
-    time beyond the GPU time of one micro-batch on the busiest stage (GPUs only: on CPU ranks the
-    host's time is the measured compute), plus the per-micro-batch cost; and once a step the per-step
-    fixed cost (prior launch_s × step_kernels on GPUs; on CPU ranks 0 unless calibrated)."""
-    m = max(plan.num_microbatches(r) for r in range(len(plan.batch_shares)))
-    blocks = max(s.num_layers for s in plan.stages) * plan.virtual_stages
-    host = profile.launch_s * profile.kernels_per_block * 3 * blocks if gpu else 0.0
-    device = cost.compute_s / max(1, m)
-    per = figures.microbatch_s if figures.microbatch_s is not None else profile.microbatch_s
-    step = figures.step_s if figures.step_s is not None else (step_prior_s(profile) if gpu else 0.0)
-    return slots(plan) * (max(0.0, host - device) + per) + step
+def is_gpu(cluster: ClusterSpec) -> bool:
+    """Whether any device is a GPU (fixed host costs are priced on GPUs; on CPU ranks the host's time
+    is the measured compute)."""
+    return any(n.device != "cpu" for n in cluster.nodes)
 
 
-def with_overheads(
-    plan: Plan, cost: CostBreakdown, profile: RuntimeProfile, figures: Figures, gpu: bool = True
-) -> CostBreakdown:
-    """`cost` with the fixed overheads added to the step (and throughput / MFU rescaled) and a note
-    saying which runtime priced it and on what figures."""
-    extra = fixed_overheads_s(plan, cost, profile, figures, gpu)
-    step = cost.step_time_s + extra
-    ratio = cost.step_time_s / step if step > 0 else 1.0
-    notes = (*cost.notes, f"priced for runtime {profile.name}; fixed overheads {extra * 1e3:.1f} ms")
-    return cost.model_copy(
-        update={
-            "step_time_s": step,
-            "tokens_per_s": cost.tokens_per_s * ratio,
-            "mfu": cost.mfu * ratio,
-            "notes": notes,
-        }
-    )
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """What plans are priced under, as one value: a runtime's profile and the figures calibrated for
+    it. The search (planner.search.search), its oracle and `price` take it whole, so a search under a
+    runtime enumerates with that runtime's prices and memory, bounds included:
+
+    - `kernels`: the runtime's derived kernel fractions × the calibrated kernel_scale (estimated rows);
+    - `overlap`: what it hides of each communication term (planner.cost.overlap.Runtime);
+    - `dress(plan)`: its stack on the plan (attention, loss, dropout, sequence parallelism; not for
+      meshplan's own runtime, whose stack the search chooses);
+    - `overheads` / `step_s`: its fixed costs as stage terms (planner.cost.stage.Overheads: the host's
+      kernel issue time floors a GPU block, a cost per micro-batch on every stage) and once a step.
+
+    meshplan's runtime with nothing calibrated on CPU ranks prices exactly as planner.cost.estimate
+    (`plain_on`): its host costs are GPU costs and its per-micro-batch prior is 0."""
+
+    profile: RuntimeProfile
+    figures: Figures = PRIOR_FIGURES
+
+    @property
+    def restack(self) -> bool:
+        return self.profile.name != "meshplan"
+
+    @property
+    def overlap(self) -> Runtime:
+        return self.profile.overlap
+
+    @property
+    def kernels(self) -> KernelEfficiency:
+        return scaled_kernels(self.profile.kernels, self.figures.kernel_scale)
+
+    @property
+    def overheads(self) -> Overheads:
+        per = self.figures.microbatch_s if self.figures.microbatch_s is not None else self.profile.microbatch_s
+        return Overheads(self.profile.launch_s * self.profile.kernels_per_block, per)
+
+    def step_s(self, gpu: bool) -> float:
+        """The fixed cost once a step: calibrated, else launch_s × step_kernels on GPUs, 0 on CPU ranks."""
+        if self.figures.step_s is not None:
+            return self.figures.step_s
+        return step_prior_s(self.profile) if gpu else 0.0
+
+    def dress(self, plan: Plan) -> Plan:
+        """The plan as this runtime runs it (apply_stack), or unchanged for meshplan's own."""
+        return apply_stack(plan, self.profile) if self.restack else plan
+
+    def plain_on(self, cluster: ClusterSpec) -> bool:
+        """True when this prices exactly as planner.cost.estimate on `cluster` (class docstring)."""
+        return self.profile.name == "meshplan" and self.figures == PRIOR_FIGURES and not is_gpu(cluster)
+
+    def label(self, device_kind: str) -> str:
+        return self.figures.label(device_kind, self.profile.name)
+
+
+def device_kind_of(cluster: ClusterSpec) -> str:
+    """The device kind a runtime's figures are calibrated and looked up for: the first node group's
+    (a mixed cluster's label names it)."""
+    return cluster.nodes[0].device_kind
+
+
+def pricing_named(runtime: str, figures: Figures | None = None) -> Pricing:
+    """The Pricing of runtime `runtime` (MeshplanError naming the choices for another name) on the
+    figures calibrated for it (storage.calibrations reads them), its priors when None."""
+    return Pricing(profile_named(runtime), figures or PRIOR_FIGURES)
+
+
+def price(plan: Plan, model: ModelSpec, cluster: ClusterSpec, pricing: Pricing | None, **kw) -> CostBreakdown:
+    """`plan` priced under `pricing` (None, or one that prices as estimate: planner.cost.estimate);
+    `kw` passes profiles / index / calibration."""
+    if pricing is None or pricing.plain_on(cluster):
+        return estimate(plan, model, cluster, **kw)
+    return price_under(plan, model, cluster, pricing.profile, pricing.figures, restack=pricing.restack, **kw)
 
 
 def price_under(
@@ -219,13 +278,19 @@ def price_under(
 ) -> CostBreakdown:
     """`estimate` of `plan` as `profile` runs it (its stack when `restack`, its overlap, its derived
     kernels (profile.kernels: the [[kernel]] rows of its GEMMs and attention family) scaled by the
-    calibrated figures, its fixed overheads); `kw` passes profiles / calibration / index, or other
-    `kernels`."""
+    calibrated figures, its fixed costs as stage terms and once a step: Pricing); `kw` passes
+    profiles / calibration / index, or other `kernels`."""
+    pricing = Pricing(profile, figures)
     kernels = scaled_kernels(kw.pop("kernels", None) or profile.kernels, figures.kernel_scale)
     p = apply_stack(plan, profile) if restack else plan
-    cost = estimate(p, model, cluster, kernels=kernels, runtime=profile.overlap, **kw)
-    gpu = any(n.device != "cpu" for n in cluster.nodes)
-    return with_overheads(p, cost, profile, figures, gpu)
+    gpu = is_gpu(cluster)
+    ov, step = pricing.overheads, pricing.step_s(gpu)
+    cost = estimate(p, model, cluster, kernels=kernels, runtime=profile.overlap, overheads=ov, step_s=step, **kw)
+    note = (
+        f"priced for runtime {profile.name}; fixed costs: {ov.microbatch_s * 1e3:.2f} ms a micro-batch a stage, "
+        f"{step * 1e3:.2f} ms a step" + (f", a GPU block issued in ≥ {3 * ov.issue_s * 1e6:.0f} µs" if gpu else "")
+    )
+    return cost.model_copy(update={"notes": (*cost.notes, note)})
 
 
 # Fewer measured runs than this fit kernel_scale alone (microbatch_s stays the prior): with 3 runs of

@@ -44,6 +44,21 @@ from planner.specs.flops import DTYPE_BYTES, LayerKind
 from planner.specs.model import ModelSpec
 
 
+class Overheads(NamedTuple):
+    """A runtime's fixed costs as terms of every stage (planner.cost.runtimes.Pricing), so that the
+    search, which prices stages, and `estimate` price them alike: on a GPU a block's forward and
+    backward take at least the host's time to issue their kernels (3 × `issue_s`: the backward issues
+    twice the forward's kernels; a recomputed block 4 ×), and every micro-batch of a pipeline rank pays
+    `microbatch_s` (schedule bookkeeping, syncs, blocking handshakes; under interleaved 1F1B a rank's
+    v chunks pay 1/v of it each: estimate and search/interleave.py). Zero: meshplan's plain prices."""
+
+    issue_s: float = 0.0  # host time to issue one block's forward kernels (launch_s × kernels_per_block)
+    microbatch_s: float = 0.0  # fixed serialised cost of one micro-batch on one stage
+
+
+NO_OVERHEADS = Overheads()
+
+
 class StageContext(NamedTuple):
     """What a stage's cost depends on besides its block count (hashable, so coefficients memoise; a
     named tuple: a search builds ~10,000 and hashes them, which a frozen dataclass makes slow)."""
@@ -73,6 +88,7 @@ class StageContext(NamedTuple):
     next_mbs: int = 0
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
     cp_link: Link | None = None  # the ring of the stage's cp group (stack.cp > 1)
+    overheads: Overheads = NO_OVERHEADS  # the runtime's fixed costs (Overheads)
 
 
 class StageCoeffs(NamedTuple):
@@ -333,6 +349,13 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
     kept_rec = float(blk.activation_bytes) / (ctx.tp if st.sequence_parallel and ctx.tp > 1 else 1) / c
     act_a = M.block_mixed_kept_bytes(kept_plain, kept_rec, st.recompute_every) if ctx.recompute else kept_plain
     e = DTYPE_BYTES[ctx.dtype]
+    compute_a, compute_b = slow_blk * (fwd_block + bwd_block), ends.compute_s
+    ov = ctx.overheads
+    if ov.issue_s and ctx.device is not None:
+        # a GPU block cannot run faster than its host issues its kernels (Overheads)
+        compute_a = max(compute_a, (3.0 + f_rec) * ov.issue_s)
+    if ov.microbatch_s:
+        compute_b += ov.microbatch_s
     return LocalTerms(
         blk=blk,
         plain=plain,
@@ -341,9 +364,9 @@ def local_terms(ctx: StageContext, model: ModelSpec, profiles: ProfileTable) -> 
         slow_blk=slow_blk,
         tp_comm_s_per_block=tp_a + cp_a,
         fwd_block_s=fwd_block,
-        compute_s_per_block=slow_blk * (fwd_block + bwd_block),
+        compute_s_per_block=compute_a,
         backward_s_per_block=slow_blk * bwd_block,
-        compute_s_fixed=ends.compute_s,
+        compute_s_fixed=compute_b,
         tp_comm_s_fixed=ends.tp_comm_s,
         backward_s_fixed=ends.backward_s,
         num_params_per_block=params_a,

@@ -21,7 +21,17 @@ from planner.cost.compute import stack_time_delta_s
 from planner.cost.devices import Link, cross_node_link, ring_ranks_per_node
 from planner.cost.estimate import gpu_device
 from planner.cost.memory import RUNTIME, Stack
-from planner.cost.stage import LocalTerms, StageCoeffs, StageContext, boundary_p2p_s, local_terms, stage_coeffs
+from planner.cost.overlap import MESHPLAN, Runtime
+from planner.cost.runtimes import Pricing
+from planner.cost.stage import (
+    NO_OVERHEADS,
+    LocalTerms,
+    StageCoeffs,
+    StageContext,
+    boundary_p2p_s,
+    local_terms,
+    stage_coeffs,
+)
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.classes import DeviceClass
@@ -50,6 +60,10 @@ class Pricer:
     # recompute_every; tests/planner/test_search_bounds.py checks the equality), so such stages
     # are asked of `plain` and priced once for both passes
     plain: Pricer | None = None
+    # the runtime every stage is priced under (planner.cost.runtimes.Pricing: its kernels on the
+    # devices' roofline, its overlap, its fixed costs as stage terms); None: meshplan's plain estimate.
+    # The stack above carries its attention, loss, dropout and sequence parallelism (search.stack_variants)
+    pricing: Pricing | None = None
 
     def __post_init__(self) -> None:
         self.memo: dict[StageContext, StageCoeffs] = {}
@@ -73,12 +87,17 @@ class Pricer:
         self.intra = [c.intra for c in self.classes]
         self.inter = [c.inter for c in self.classes]
         self.memory_bw = [c.spec.memory_bandwidth_bytes_per_s for c in self.classes]
-        self.devices = [gpu_device(c.spec, self.dtype, None) for c in self.classes]  # as estimate prices them
+        pc = self.pricing
+        self.runtime: Runtime = pc.overlap if pc is not None else MESHPLAN
+        self.overheads = pc.overheads if pc is not None else NO_OVERHEADS
+        kernels = pc.kernels if pc is not None else None
+        self.devices = [gpu_device(c.spec, self.dtype, kernels) for c in self.classes]  # as estimate prices them
+        self.keep_memo: dict[str, list[float] | None] = {}
         self.stacks = {False: replace(self.stack, sequence_parallel=False), True: self.stack}  # by tp > 1
         if self.plain is not None:
             pl = self.plain
-            assert (pl.model, pl.profiles, pl.dtype, pl.seq, pl.calib) == (self.model, self.profiles, self.dtype,
-                    self.seq, self.calib) and pl.classes is self.classes, "plain: the same search's pass"  # fmt: skip
+            assert (pl.model, pl.profiles, pl.dtype, pl.seq, pl.calib, pl.pricing) == (self.model, self.profiles,
+                    self.dtype, self.seq, self.calib, self.pricing) and pl.classes is self.classes, "plain: the same search's pass"  # fmt: skip
             assert replace(pl.stack, recompute_every=1) == replace(self.stack, recompute_every=1), "plain: its stack"
             # one Link object per ring for both passes, so the memos keyed by link id hit across them
             self.link_keep, self.link_intern, self.dplink_memo = pl.link_keep, pl.link_intern, pl.dplink_memo
@@ -130,6 +149,8 @@ class Pricer:
                 stack=self.stacks[tp > 1],
                 device=self.devices[cls],
                 cp_link=self.intra[cls] if self.stack.cp > 1 else None,  # a cp group is inside a node
+                runtime=self.runtime,
+                overheads=self.overheads,
             )
             # the local terms (profile rows, compute, activations) are shared by every dp, sharding and
             # ring of the stage: ~300 distinct local keys against ~5,000 contexts at 1,024 GPUs
@@ -160,7 +181,8 @@ class Pricer:
                 memory_bandwidth_bytes_per_s=self.memory_bw[cls], tp_link=self.intra[cls],
                 dp_link=self.intra[cls], next_link=None, next_tp=tp, calib=self.calib,
                 stack=self.stacks[tp > 1], device=self.devices[cls],
-                cp_link=self.intra[cls] if self.stack.cp > 1 else None,
+                cp_link=self.intra[cls] if self.stack.cp > 1 else None, runtime=self.runtime,
+                overheads=self.overheads,
             )  # fmt: skip
             lt = self.local_memo[lkey] = local_terms(ctx, self.model, self.profiles)
         return lt
@@ -305,6 +327,16 @@ class Pricer:
             v = self.p2p_memo[key] = boundary_p2p_s(self.hidden_bytes(mbs), tpa, tpb, ln, self.calib)
         return v
 
+    def p2p_keep(self, schedule: str) -> list[float] | None:
+        """Per class, the fraction of a boundary p2p its sending stage leaves exposed under `schedule`
+        (stage_coeffs: 1 − the runtime's p2p overlap for the schedule, none hidden on CPU ranks), or
+        None when the runtime hides none (p2p_s prices the whole transfer)."""
+        if schedule not in self.keep_memo:
+            rts = [(self.runtime.on_cpu() if k == "cpu" else self.runtime).for_schedule(schedule) for k in self.kinds]
+            keep = [1.0 - rt.p2p_overlap for rt in rts]
+            self.keep_memo[schedule] = None if all(k == 1.0 for k in keep) else keep
+        return self.keep_memo[schedule]
+
     def inflight(self, schedule: str, pp: int, m: int, v: int = 1) -> np.ndarray:
         """formulas.inflight_microbatches for every stage (rank) of a pipeline, memoised."""
         key = (schedule, pp, m, v)
@@ -426,7 +458,10 @@ def pipeline_arrays(
     fixed = pr.layout(mbs, segs, num_layers)
     peak = _peak_bytes(v, fixed, pr.inflight(schedule, sum(sg.stages for sg in segs), m))
     mem_ok = np.floor(peak) <= fixed.cap[:, None]
-    arrays = StageArrays(v[:, 0], v[:, 1] + fixed.p2p, v[:, 2], v[:, 3], v[:, 4], v[:, 5], mem_ok)
+    p2p, keep = fixed.p2p, pr.p2p_keep(schedule)
+    if keep is not None:  # what the runtime hides of each boundary (Pricer.p2p_keep)
+        p2p = p2p * np.repeat([keep[sg.cls] for sg in segs], [sg.stages for sg in segs])
+    arrays = StageArrays(v[:, 0], v[:, 1] + p2p, v[:, 2], v[:, 3], v[:, 4], v[:, 5], mem_ok)
     return arrays, coeffs
 
 

@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
+from planner.cost.runtimes import Pricing, price
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.build import balanced_microbatches
@@ -79,6 +79,7 @@ def megatron_baseline(
     dtype: str,
     index: DeviceIndex | None = None,
     calibration: Calibration | None = None,
+    pricing: Pricing | None = None,
 ) -> Plan | None:
     node = min(n.num_devices for n in cluster.nodes)
     tps = [t for t in range(node, 0, -1) if node % t == 0 and model.num_heads % t == 0 and model.kv_heads % t == 0]
@@ -105,7 +106,8 @@ def megatron_baseline(
                 sharding=sharding,
                 algorithm="baseline-megatron",
             )
-            cost = estimate(plan, model, cluster, table, idx, calibration)
+            plan = pricing.dress(plan) if pricing is not None else plan  # as the runtime runs it
+            cost = price(plan, model, cluster, pricing, profiles=table, index=idx, calibration=calibration)
             if cost.feasible:
                 return plan.model_copy(update={"predicted": cost})
     return None
@@ -128,6 +130,7 @@ def uniform_baseline(
     table: ProfileTable,
     index: DeviceIndex | None = None,
     calibration: Calibration | None = None,
+    pricing: Pricing | None = None,
 ) -> Plan | None:
     tp, pp, mbs = min(s.tp for s in best.stages), best.pp, best.micro_batch_size
     dp = min(cluster.num_devices // (tp * pp), best.global_batch_size // mbs)
@@ -152,7 +155,9 @@ def uniform_baseline(
             sharding=best.stages[0].sharding,
             algorithm="baseline-uniform",
         )
-        last = plan.model_copy(update={"predicted": estimate(plan, model, cluster, table, idx, calibration)})
+        plan = pricing.dress(plan) if pricing is not None else plan  # as the runtime runs it
+        cost = price(plan, model, cluster, pricing, profiles=table, index=idx, calibration=calibration)
+        last = plan.model_copy(update={"predicted": cost})
         if last.predicted.feasible:  # type: ignore[union-attr]
             return last
     return last

@@ -25,7 +25,6 @@ import numpy as np
 
 from planner.cost import formulas as F
 from planner.cost import nccl as N
-from planner.cost import overlap as OV
 from planner.cost.overlap import MAX_HIDE_FRACTION
 from planner.measure.calibrate import Calibration
 from planner.measure.ops import BenchOp
@@ -163,6 +162,10 @@ class Bounds:
             # k-th block costs at least the cheaper one
             df, db = pr.stack_delta_s(cls, tp, mbs)
             cp = pr.stack.cp  # a cp rank runs 1/cp of the block (local_terms), its K/V exchange ≥ 0 on top
+            rt = pr.runtime.on_cpu() if c.kind == "cpu" else pr.runtime  # as stage_coeffs keeps TP
+            if rt.tp_overlap:
+                ar *= 1 - rt.tp_overlap
+            # (a runtime's host issue floor, planner.cost.stage.Overheads, only raises the block's time)
             self._floor[key] = min(
                 slow(r) * (r.train_s + df + db + (df if r.key.recompute else 0.0)) / cp
                 + (0.0 if r.tp_comm_included else 4 * ar)
@@ -187,8 +190,15 @@ class Bounds:
                     self.table.lookup(ProfileKey(kind, "block", mbs, self.seq, g.tp, r, self.dtype))
                     for r in (False, True)
                 )
-                df = self.pr.stack_delta_s(g.cls, g.tp, mbs)[0]  # recompute runs the stack's forward again
+                df, db = self.pr.stack_delta_s(g.cls, g.tp, mbs)  # recompute runs the stack's forward again
                 d_train, d_bwd = rec.train_s - plain.train_s + df, rec.backward_s - plain.backward_s + df
+                issue = self.pr.overheads.issue_s if self.pr.devices[g.cls] is not None else 0.0
+                if issue:
+                    # a GPU block's time floored by its kernels' issue (planner.cost.stage.Overheads), one
+                    # block in k recomputed (local_terms): not linear in 1/k, so compared at the pass's k
+                    f, base = 1.0 / self.pr.stack.recompute_every, plain.train_s + df + db
+                    d_train = max(base + f * d_train, (3 + f) * issue) - max(base, 3 * issue)
+                    d_bwd *= f
                 self._dom[key] = d_train >= 0 and d_train >= MAX_HIDE_FRACTION * d_bwd
             out = out and self._dom[key]
         return out
@@ -486,7 +496,7 @@ class Bounds:
         return out
 
     def _local_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
-        rt = OV.MESHPLAN.on_cpu() if self.pr.kinds[cls] == "cpu" else OV.MESHPLAN  # as Pricer's contexts
+        rt = self.pr.runtime.on_cpu() if self.pr.kinds[cls] == "cpu" else self.pr.runtime  # as Pricer's contexts
         keep = 1 - rt.tp_overlap if rt.tp_overlap else 1.0
         lts = [self.pr.local(cls, tp, mbs, r, first, last, pp) for r in self.recs]
         # as stage_coeffs books TP: (1 − overlap) of it when the runtime hides some

@@ -39,6 +39,7 @@ def interleaved_arrays(
     ns = np.arange(1, nmax + 1, dtype=np.float64)
     kks = pr.inflight("interleaved-1f1b", pp, m, v)
     rows = []
+    keep = pr.p2p_keep("interleaved-1f1b")  # what the runtime hides of each boundary
     mids: dict[tuple, StageCoeffs] = {}
     for j, st in enumerate(ranks):
         kk = float(kks[j])
@@ -56,6 +57,8 @@ def interleaved_arrays(
         first = pr.stage(*args, True, entries == 1, *rest) if j == 0 else mid
         last = pr.stage(*args, False, True, *rest) if (entries - 1) % pp == j and entries > 1 else mid
         p2p_next = pr.p2p_s(mbs, st, ranks[(j + 1) % pp])
+        if keep is not None:
+            p2p_next *= keep[st.cls]
         for e in range(j, entries, pp):
             co = first if e == 0 else (last if e == entries - 1 else mid)
             p2p = p2p_next if e + 1 < entries else 0.0
@@ -65,6 +68,8 @@ def interleaved_arrays(
             mem_b += co.state_bytes_fixed + kk * co.activation_bytes_fixed
             ws = max(ws, co.workspace_bytes)
         assert co is not None
+        if pr.overheads.microbatch_s:
+            b -= (v - 1) * pr.overheads.microbatch_s  # paid once a rank, not once a chunk (stage.Overheads)
         a, mem_a, shift = co.time_s_per_block, co.state_bytes_per_block + kk * co.activation_bytes_per_block, v - 1
         rows.append(
             (

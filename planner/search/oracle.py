@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import combinations, permutations, product
 
-from planner.cost import estimate
 from planner.cost.devices import DeviceIndex
+from planner.cost.runtimes import Pricing, price
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
 from planner.search.build import Choice, build_plan
@@ -102,17 +102,21 @@ def oracle_search(
     dtype: str = "bf16",
     space: SearchSpace | None = None,
     calibration: Calibration | None = None,
+    pricing: Pricing | None = None,
 ) -> Plan | None:
-    """The cheapest feasible plan of the whole space (None when nothing fits)."""
+    """The cheapest feasible plan of the whole space (None when nothing fits), each plan priced under
+    `pricing` (planner.cost.runtimes.price: a runtime's stack, kernels, overlap and fixed costs; None:
+    planner.cost.estimate)."""
     space = space or SearchSpace()
     seq = seq or model.seq_len
     classes = device_classes(cluster, dtype)
     idx = DeviceIndex(cluster)
-    best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, classes, None, None)
+    best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, classes, None, None,
+                 pricing)  # fmt: skip
     for cp in cp_degrees(space, classes, seq, best is not None):
         fold = fold_classes(classes, cp)
         best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, fold.classes, fold,
-                     best)  # fmt: skip
+                     best, pricing)  # fmt: skip
     return best
 
 
@@ -129,6 +133,7 @@ def _best(
     classes: list,
     fold: Folding | None,
     best: Plan | None,
+    pricing: Pricing | None = None,
 ) -> Plan | None:
     """The cheapest of `best` and every plan over `classes` (cp-folded by `fold`)."""
     cp = fold.cp if fold is not None else 1
@@ -164,7 +169,10 @@ def _best(
                                 provenance=Provenance(algorithm="oracle"),
                                 folding=fold,
                             )
-                            cost = estimate(plan, model, cluster, profiles, idx, calibration)
+                            if pricing is not None:
+                                plan = pricing.dress(plan)
+                            cost = price(plan, model, cluster, pricing, profiles=profiles, index=idx,
+                                         calibration=calibration)  # fmt: skip
                             if cost.feasible and (best is None or cost.step_time_s < best.predicted.step_time_s):  # type: ignore[union-attr]
                                 best = plan.model_copy(update={"predicted": cost})
     return best

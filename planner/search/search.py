@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.cost import COST_MODEL_VERSION, estimate
+from planner.cost import COST_MODEL_VERSION
 from planner.cost.completion import ProfileNeed, complete_profiles, table_fingerprint
 from planner.cost.devices import DeviceIndex
 from planner.cost.memory import Stack
+from planner.cost.runtimes import Pricing, price
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
@@ -133,9 +134,15 @@ def search(
     space: SearchSpace | None = None,
     baselines: bool = True,
     calibration: Calibration | None = None,
+    pricing: Pricing | None = None,
 ) -> SearchResult | NoFeasiblePlan:
+    """The ranked plans of the space (module docstring), priced under `pricing` (a runtime's profile
+    and calibrated figures, planner.cost.runtimes.Pricing; None: meshplan's plain estimate) from the
+    stage terms the enumeration and its bounds read to the price of every plan returned."""
     t0 = time.perf_counter()
     space = space or SearchSpace()
+    if pricing is not None and pricing.plain_on(cluster):
+        pricing = None  # prices as estimate: the search is the plain one
     seq = seq or model.seq_len
     if global_batch <= 0:
         raise MeshplanError("global_batch", global_batch, "must be a positive number of samples")
@@ -145,14 +152,17 @@ def search(
         # even ZeRO-3 over every device cannot hold weights, grads and Adam states: no need to search
         stats.wall_s = time.perf_counter() - t0
         return NoFeasiblePlan(reasons(model, cluster, classes, space, seq, dtype, global_batch, stats), stats)
-    table = complete_profiles(model, cluster, profiles, _needs(model, classes, space, seq, dtype, global_batch))
+    needs = _needs(model, classes, space, seq, dtype, global_batch)
+    table = complete_profiles(model, cluster, profiles, needs, kernels=pricing.kernels if pricing else None)
     mbs_opts = [b for b in space.micro_batch_sizes if global_batch % b == 0]
     max_dp = max((global_batch // b for b in mbs_opts), default=0)
     shapes = _shapes(model, classes, space, max_dp)
     # one exact pass per stack variant (and, for context parallelism, per cp degree over the
     # cp-folded classes where planner.search.cp's rule says cp can help), all explored together on
     # one frontier (Explorer.share): best-first over every pass, pruned against the best plan of any
-    plain: list[tuple[Folding | None, Stack, list]] = [(None, v, shapes) for v in stack_variants(space, classes)]
+    plain: list[tuple[Folding | None, Stack, list]] = [
+        (None, v, shapes) for v in stack_variants(space, classes, pricing)
+    ]
     folds: dict[int, Folding] = {}
 
     def cp_passes(found_plain: bool) -> list[tuple[Folding | None, Stack, list]]:
@@ -160,7 +170,7 @@ def search(
         for c in cp_degrees(space, classes, seq, found_plain):
             folds[c] = fo = fold_classes(classes, c)
             cp_shapes = _shapes(model, fo.classes, space, max_dp)
-            out += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes)]
+            out += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes, pricing)]
         return out
 
     # from seq ≥ cp_min_seq cp is searched whatever the plain passes find: one group; below, only
@@ -172,7 +182,7 @@ def search(
     while groups and left_s is None:
         group = groups.pop(0)
         left_s = _explore(group, classes, model, table, space, seq, dtype, calibration, global_batch, top_k,
-                          found, stats, spent, time_budget_s)  # fmt: skip
+                          found, stats, spent, time_budget_s, pricing)  # fmt: skip
         if not found and left_s is None and not folds:
             groups = [g for g in [cp_passes(False)] if g]
     stats.timed_out = left_s is not None
@@ -183,7 +193,7 @@ def search(
     prov = Provenance(
         algorithm=ALGORITHM,
         cost_model_version=COST_MODEL_VERSION,
-        config_fingerprint=_fingerprint(global_batch, seq, dtype, top_k, space, calibration),
+        config_fingerprint=_fingerprint(global_batch, seq, dtype, top_k, space, calibration, pricing),
         profile_fingerprint=table_fingerprint(table),
         cluster_fingerprint=cluster.fingerprint(),
         model_fingerprint=model.fingerprint(),
@@ -203,7 +213,9 @@ def search(
             provenance=prov,
             folding=fo,
         )
-        cost = estimate(plan, model, cluster, table, idx, calibration)
+        if pricing is not None:
+            plan = pricing.dress(plan)  # the runtime's stack, which the passes priced
+        cost = price(plan, model, cluster, pricing, profiles=table, index=idx, calibration=calibration)
         if not cost.feasible:
             stats.rejected += 1
         elif plan.fingerprint() not in plans:
@@ -220,9 +232,10 @@ def search(
         from planner.search.baselines import megatron_baseline, uniform_baseline
 
         base["megatron"] = megatron_baseline(
-            model, cluster, table, global_batch=global_batch, seq=seq, dtype=dtype, index=idx, calibration=calibration
-        )
-        base["uniform"] = uniform_baseline(ranked[0], model, cluster, table, index=idx, calibration=calibration)
+            model, cluster, table, global_batch=global_batch, seq=seq, dtype=dtype, index=idx, calibration=calibration,
+            pricing=pricing,
+        )  # fmt: skip
+        base["uniform"] = uniform_baseline(ranked[0], model, cluster, table, idx, calibration, pricing)
     stats.wall_s = time.perf_counter() - t0
     return SearchResult(tuple(ranked), stats, base)
 
@@ -242,6 +255,7 @@ def _explore(
     stats: SearchStats,
     spent: Callable[[], float],
     budget_s: float,
+    pricing: Pricing | None = None,
 ) -> float | None:
     """Explore the passes on one frontier (Explorer.share), adding their plans to `found` (a heap
     the explorers keep); None when complete, else the smallest lower bound left on the frontier."""
@@ -252,7 +266,7 @@ def _explore(
     for fold, variant, _ in passes:
         key = (id(fold), replace(variant, recompute_every=1))
         pr = Pricer(model, fold.classes if fold is not None else classes, table, dtype, seq, calibration, stack=variant,
-                    plain=plains.get(key) if variant.recompute_every > 1 else None)  # fmt: skip
+                    plain=plains.get(key) if variant.recompute_every > 1 else None, pricing=pricing)  # fmt: skip
         if variant.recompute_every == 1:
             plains[key] = pr
         bounds = Bounds(pr, table, space, seq=seq, dtype=dtype, calibration=calibration, global_batch=global_batch)
@@ -293,15 +307,24 @@ def _shapes(model: ModelSpec, classes: list[DeviceClass], space: SearchSpace, ma
     return shapes
 
 
-def stack_variants(space: SearchSpace, classes: list[DeviceClass]) -> list[Stack]:
+def stack_variants(space: SearchSpace, classes: list[DeviceClass], pricing: Pricing | None = None) -> list[Stack]:
     """The stacks the search prices, one exact pass each: recompute every k-th block (k = 1 first),
     with fp8 linears too when the space allows them and every class has an fp8 peak; sequence
     parallelism on (where tp > 1) when the space allows it and no class is CPU ranks, by dominance
-    (SearchSpace)."""
+    (SearchSpace). Under a runtime that brings its own stack (Pricing.restack) its attention, loss,
+    dropout and sequence parallelism, as Pricing.dress puts them on the plans built; and its fp8
+    weight cache where it keeps one (as estimate prices it)."""
     fp8s = [False] + ([True] if space.fp8 and all(c.spec.peak_fp8_flop_per_s for c in classes) else [])
     ks = [1] + sorted({k for k in space.recompute_every if k > 1} if space.recompute else set())
     sp = space.sequence_parallel and all(c.kind != "cpu" for c in classes)
-    return [Stack(sequence_parallel=sp, recompute_every=k, fp8=f) for f in fp8s for k in ks]
+    out = [Stack(sequence_parallel=sp, recompute_every=k, fp8=f) for f in fp8s for k in ks]
+    if pricing is None:
+        return out
+    p, cached = pricing.profile, pricing.overlap.fp8_weight_cached
+    if pricing.restack:
+        kit = dict(attention=p.attention, loss=p.loss, dropout=p.dropout, sequence_parallel=p.sequence_parallel)
+        out = [replace(s, **kit) for s in out]  # type: ignore[arg-type]
+    return [replace(s, fp8_weight_cached=s.fp8 and cached) for s in out]
 
 
 def _gap(stats: SearchStats, left_s: float | None, costs: list[float]) -> None:
@@ -318,6 +341,15 @@ def _gap(stats: SearchStats, left_s: float | None, costs: list[float]) -> None:
         stats.gap_fraction = (stats.best_s - left_s) / stats.best_s
 
 
-def _fingerprint(gb: int, seq: int, dtype: str, k: int, space: SearchSpace, calib: Calibration | None = None) -> str:
-    blob = json.dumps([gb, seq, dtype, k, repr(space)] + ([repr(calib)] if calib is not None else []), sort_keys=True)
+def _fingerprint(
+    gb: int,
+    seq: int,
+    dtype: str,
+    k: int,
+    space: SearchSpace,
+    calib: Calibration | None = None,
+    pricing: Pricing | None = None,
+) -> str:
+    extra = ([repr(calib)] if calib is not None else []) + ([repr(pricing)] if pricing is not None else [])
+    blob = json.dumps([gb, seq, dtype, k, repr(space)] + extra, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

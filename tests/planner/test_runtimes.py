@@ -6,24 +6,26 @@ import math
 import pytest
 
 from planner.cost.compute import PRIOR
+from planner.cost.estimate import estimate
 from planner.cost.memory import eager_attention_kept_bytes
 from planner.cost.runtimes import (
     PROFILES,
     REG,
     Figures,
+    Pricing,
     apply_stack,
     fit_figures,
     fit_terms,
-    fixed_overheads_s,
+    price,
     price_under,
     profile_named,
     scaled_kernels,
     slots,
 )
 from planner.errors import MeshplanError
-from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec
+from planner.specs.cluster import LINK_PRESETS, ClusterSpec, NodeSpec, parse_cluster
 from planner.specs.model import ModelSpec
-from planner.specs.plan import CostBreakdown, Plan, StagePlan
+from planner.specs.plan import Plan, StagePlan
 
 NODE = NodeSpec(
     name="n",
@@ -73,9 +75,8 @@ def test_each_runtime_states_its_kernels_overlap_and_overheads(name):
     assert not apply_stack(plan(1), p).stages[0].sequence_parallel  # tp = 1: nothing to shard
 
 
-# host time of one micro-batch on the stage: launch_s × kernels_per_block × 3 (forward + 2× backward) × 8
-# blocks; the GPU's 0.001 s over 32 micro-batches = 31.25 µs each; 32 slots (pp = 1): 32 × (host − GPU);
-# once a step launch_s × kernels per step (issue #42's per-step term; 0.6 ms for meshplan)
+# once a step launch_s × kernels per step (issue #42's per-step term; 0.6 ms for meshplan); a GPU block
+# issues 3 × launch_s × kernels_per_block (forward + 2× backward): its time's floor
 STEP = {
     "meshplan": 10e-6 * 60,
     "torchtitan": 10e-6 * 60,
@@ -83,40 +84,62 @@ STEP = {
     "deepspeed": 10e-6 * 80,
     "composer": 10e-6 * 60,
 }
-HAND = {
-    "meshplan": 32 * (10e-6 * 16 * 3 * 8 - 0.001 / 32) + STEP["meshplan"],  # 3.84 ms host: 121.88 + 0.6 ms
-    "torchtitan": 32 * (10e-6 * 16 * 3 * 8 - 0.001 / 32) + STEP["torchtitan"],
-    "megatron": 32 * (7e-6 * 12 * 3 * 8 - 0.001 / 32) + STEP["megatron"],  # 2.016 ms host: 63.51 + 0.28 ms
-    "deepspeed": 32 * (10e-6 * 24 * 3 * 8 - 0.001 / 32) + STEP["deepspeed"],  # 5.76 ms host: 183.32 + 0.8 ms
-    "composer": 32 * (10e-6 * 14 * 3 * 8 - 0.001 / 32) + STEP["composer"],  # 3.36 ms host: 106.52 + 0.6 ms
+ISSUE = {  # launch_s × kernels_per_block: one block's forward
+    "meshplan": 10e-6 * 16,  # 160 µs: a block at least 480 µs
+    "torchtitan": 10e-6 * 16,
+    "megatron": 7e-6 * 12,  # 84 µs: 252 µs
+    "deepspeed": 10e-6 * 24,  # 240 µs: 720 µs
+    "composer": 10e-6 * 14,  # 140 µs: 420 µs
 }
+# a model whose blocks take microseconds on an A100: every runtime's issue floor binds
+TINY = ModelSpec(name="t", family="gpt", num_layers=8, hidden=64, num_heads=4, vocab_size=512, seq_len=128)
 
 
-@pytest.mark.parametrize("name", sorted(HAND))
-def test_fixed_overheads_are_the_host_issue_time_beyond_the_gpu_and_the_per_microbatch_cost(name):
-    p = plan(1, tp=4)  # dp = 1: 32 micro-batches
-    assert slots(p) == 32
-    cost = CostBreakdown(
-        step_time_s=0.01,
-        compute_s=0.001,
-        bubble_s=0,
-        pp_comm_s=0,
-        dp_comm_s=0,
-        tp_comm_s=0,
-        optimizer_s=0,
-        tokens_per_s=1,
-        mfu=0.1,
-        peak_memory_bytes=(1,),
-        memory_capacity_bytes=(2,),
-        bottleneck="compute",
+def one_gpu(schedule: str = "1f1b", pp: int = 1, v: int = 1) -> Plan:
+    """TINY on pp GPUs, 32 micro-batches of 1."""
+    n = 8 // (pp * v)
+    stages = tuple(
+        StagePlan(layer_start=e * n, layer_end=(e + 1) * n, device_ids=(e % pp,), dp=1, tp=1) for e in range(pp * v)
     )
-    prof = profile_named(name)
-    assert fixed_overheads_s(p, cost, prof, Figures()) == pytest.approx(HAND[name])
-    assert fixed_overheads_s(p, cost, prof, Figures(microbatch_s=0.002)) == pytest.approx(HAND[name] + 32 * 0.002)
-    assert fixed_overheads_s(p, cost, prof, Figures(step_s=0.05)) == pytest.approx(HAND[name] - STEP[name] + 0.05)
-    assert fixed_overheads_s(p, cost, prof, Figures(), gpu=False) == 0.0  # CPU ranks: compute is the host's
-    gpu_bound = cost.model_copy(update={"compute_s": 10.0})
-    assert fixed_overheads_s(p, gpu_bound, prof, Figures()) == pytest.approx(STEP[name])  # only the step's
+    return Plan(model="t", cluster="c", global_batch_size=32, seq_len=128, micro_batch_size=1, dtype="bf16",
+                schedule=schedule, virtual_stages=v, stages=stages, batch_shares=(32,))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE))
+def test_fixed_costs_are_stage_terms_pinned_by_hand(name):
+    """Pricing's fixed costs (planner.cost.stage.Overheads): the issue floor of a GPU block, a cost per
+    micro-batch on every stage (slots: m + pp − 1; m·v + pp − 1 interleaved) and one per step."""
+    from dataclasses import replace
+
+    prof, none = profile_named(name), Figures(step_s=0.0)
+    pc = Pricing(prof)
+    assert pc.overheads.issue_s == pytest.approx(ISSUE[name]) and pc.overheads.microbatch_s == 0.0
+    assert pc.step_s(gpu=True) == pytest.approx(STEP[name]) and pc.step_s(gpu=False) == 0.0
+
+    def step(p: Plan, pr=prof, fig=none) -> float:
+        return price_under(p, TINY, CLUSTER, pr, fig).step_time_s
+
+    p = one_gpu()
+    assert slots(p) == 32
+    # the floor binds for all 8 blocks of all 32 micro-batches: twice the kernels, twice the floor
+    twice = replace(prof, kernels_per_block=2 * prof.kernels_per_block)
+    assert step(p, twice) - step(p) == pytest.approx(32 * 8 * 3 * ISSUE[name], rel=1e-9)
+    assert step(p, fig=Figures(step_s=0.0, microbatch_s=0.002)) - step(p) == pytest.approx(32 * 0.002, rel=1e-9)
+    assert step(p, fig=Figures()) - step(p) == pytest.approx(STEP[name], rel=1e-9)  # the step's prior
+    assert step(p, fig=Figures(step_s=0.05)) - step(p) == pytest.approx(0.05, rel=1e-9)
+    # a rank's micro-batch cost in every slot of the pipeline: 32 + 2 − 1 under 1F1B at pp 2; 32 + 1/2
+    # interleaved over 2 chunks a rank (each chunk pays half)
+    for q, n in ((one_gpu(pp=2), 33), (one_gpu("interleaved-1f1b", pp=2, v=2), 32.5)):
+        assert slots(q) == n
+        assert step(q, fig=Figures(step_s=0.0, microbatch_s=0.002)) - step(q) == pytest.approx(n * 0.002, rel=1e-9)
+    # CPU ranks: their compute is the host's (no floor), no per-step prior; meshplan's then prices as estimate
+    node = {"name": "c", "device": "cpu", "num_devices": 4, "intra_link": "pcie3", "inter_link": "eth-10g"}
+    cpu = parse_cluster(
+        {"name": "c", "nodes": [dict(node, device_memory_bytes=8 * 2**30, device_peak_flop_per_s=1e11)]}
+    )
+    assert price_under(p, TINY, cpu, twice, none).step_time_s == price_under(p, TINY, cpu, prof, none).step_time_s
+    assert Pricing(profile_named("meshplan")).plain_on(cpu) and not Pricing(profile_named("meshplan")).plain_on(CLUSTER)
+    assert price(p, TINY, cpu, Pricing(profile_named("meshplan"))) == estimate(p, TINY, cpu)
 
 
 def test_the_runtime_changes_memory_and_the_ranking():
