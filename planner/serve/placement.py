@@ -769,7 +769,10 @@ def search(
     for good, order, slots, hosts, ev in picks:
         if hosts is None or ev is None or screen is not plan:
             ev = Evaluator(plan, slots)
-            hosts = bucket_fill(plan, slots, buckets[order]) if order in buckets else fast_greedy(plan, slots, ev=ev)
+            if order in buckets:  # bucket by bucket, then the memory a bucket left where the plan gains
+                hosts = fill(plan, slots, bucket_fill(plan, slots, buckets[order]), ev)
+            else:
+                hosts = fast_greedy(plan, slots, ev=ev)
             good = int(ev(hosts)[0].sum())
         done.append((good, slots, hosts, ev))
     done.sort(key=lambda d: -d[0])
