@@ -3,12 +3,14 @@
 meshplan's search (`search`) starts from AlpaServe's (Li et al., OSDI'23 §4.3): partitions of the
 cluster into groups, each group's configuration (pp stages × tp ranks on its device kind), and
 replicas placed by AlpaServe's fast greedy (simulate; a replica of the model losing the most
-requests onto the least loaded group with room; until memory is full). It plans against several
-sampled traces (`planning_problem`: a burst of one sample must not decide the placement), screens
-the partitions on a share of them with a latency bound that skips configurations which cannot win,
-adds partitions mixing configurations (small and large models on groups of their own), then moves
-replicas towards the models that lose requests (`improve`), fills memory while the planning trace
-does not lose (`fill`), and gives every model that fits a replica (`serve_everyone`). Simulation is
+requests onto the least loaded group with room; until memory is full). It plans against a sampled
+trace of at least a few thousand requests (`planning_problem`: a burst of one short sample must not
+decide the placement), fills every equal partition × configuration on it (a latency bound skips
+configurations that cannot win), adds partitions giving the large models groups of their own
+configuration (`mixed_slots`, filled bucket by bucket as AlpaServe's search does: `bucket_fill`),
+moves replicas towards the models that lose requests (`improve`), fills memory while the planning
+trace does not lose (`fill`), gives every model that fits a replica (`serve_everyone`), and chooses
+among its finalists on held-in traces it never planned on (`held_in_problem`). Simulation is
 incremental (`Evaluator`): a placement is simulated component by component (groups joined by a
 shared model), memoised by the component's canonical key — (config, hosted models) per group, groups
 interchangeable — so a step re-simulates only the component it touches.
@@ -716,18 +718,19 @@ def search(
     is long enough) and scores the result on `p`'s trace:
 
     1. every equal partition × pp × tp is filled by AlpaServe's fast greedy (memory filled) on the
-       first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
-       configuration whose bound is below the best screened result (it cannot win), and so are
-       the `mixed_slots` partitions (small and large models on groups of their own configuration);
-    2. the `finalists` best, and the best mixed partition (one isolating the large models), are
-       filled again on the whole planning trace by the fast greedy; for the best of them,
+       planning trace (the first `screen_share` of it, when < 1), in order of `latency_bound`,
+       skipping a configuration whose bound is below the best result so far (it cannot win); the
+       `mixed_slots` partitions (small and large models on groups of their own configuration) are
+       screened on its first `mixed_share`;
+    2. the `finalists` best, and the `mixed_finalists` best mixed partitions (isolating the large
+       models) filled bucket by bucket on the whole planning trace, then `fill`ed; for the best,
     3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
        the components a move touches are simulated again; bounded candidates skipped), refilling
        freed memory, and `fill` adds replicas while memory allows and the planning trace does not lose;
     4. the improved placement and the finalists' plain fills, each after `serve_everyone` (any model
        left out gets a replica where one fits; Placement.unserved names those that fit no group), are
-       scored on held-in traces (`held_in_problem`: seeds the planning never saw) and the best kept —
-       those that fit no group)."""
+       scored on held-in traces (`held_in_problem`: `held_in` × `plan_requests` requests drawn with
+       seeds the planning never used) and the best kept."""
     t0 = time.monotonic()
     plan = planning_problem(p, plan_requests)
     slot_sets = candidate_slots(plan)
