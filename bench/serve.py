@@ -17,7 +17,8 @@ dropped when it would finish past its deadline) on the same stage times. Methods
 (placement.search), AlpaServe's model-parallel greedy and its group-partition / parallel-config
 search, and selective replication (planner/serve/alpaserve.py). Cells: judged attainment % and
 search CPU seconds (wall in the totals). `pred` is meshplan's own simulator on the test
-trace (its prediction of the judge).
+traces (its prediction of the judge); `plan` the same simulator on the planning trace (what
+serve-plan predicts), to compare with `pred` (that simulator on seeds it never saw).
 
     PYTHONPATH=. python bench/serve.py            # the three sweeps
     PYTHONPATH=. python bench/serve.py --quick    # fewer points
@@ -125,7 +126,15 @@ def point(label: str, rate: float, cv: float, scale: float, plan_requests: int, 
             else float("nan")
         )
         reps = sum(len(g.models) for g in pl.groups)
-        out[name] = {"att": got, "wall": wall, "cpu": cpu, "pred": pred, "replicas": reps, "pl": pl}
+        out[name] = {
+            "att": got,
+            "wall": wall,
+            "cpu": cpu,
+            "pred": pred,
+            "planned": pl.attainment if pl.attainment is not None else float("nan"),
+            "replicas": reps,
+            "pl": pl,
+        }
     best = max((n for n in METHODS if n != "meshplan"), key=lambda n: out[n]["att"])
     d = 100 * (out["meshplan"]["att"] - out[best]["att"])
     cells = "  ".join(f"{100 * r['att']:6.2f} {r['cpu']:5.2f}s {r['replicas']:>2}r" for r in out.values())
@@ -134,7 +143,7 @@ def point(label: str, rate: float, cv: float, scale: float, plan_requests: int, 
     shape = ",".join(sorted({f"{g.pp}x{g.tp}" for g in g0}))
     print(
         f"{label:<10} {len(test.trace):>6}  {cells}  {d:+6.2f} vs {best:<16} {ratio:4.2f}x  "
-        f"pred {100 * out['meshplan']['pred']:6.2f}  {shape}",
+        f"pred {100 * out['meshplan']['pred']:6.2f}  plan {100 * out['meshplan']['planned']:6.2f}  {shape}",
         flush=True,
     )
     return out
@@ -142,7 +151,9 @@ def point(label: str, rate: float, cv: float, scale: float, plan_requests: int, 
 
 def header(what: str) -> None:
     names = "  ".join(f"{n:>18}" for n in METHODS)
-    print(f"\n{what:<10} {'reqs':>6}  {names}  {'mesh − best base':>23} {'cpu/greedy':>10}  {'meshplan pred':>13}")
+    print(
+        f"\n{what:<10} {'reqs':>6}  {names}  {'mesh − best base':>23} {'cpu/greedy':>10}  {'meshplan pred':>13}  {'plan':>11}"
+    )
 
 
 def main() -> None:
@@ -185,6 +196,11 @@ def main() -> None:
     pe = [100 * (r["meshplan"]["pred"] - r["meshplan"]["att"]) for r in rows]
     print(
         f"meshplan's prediction − judge on the unseen seed: mean {np.mean(pe):+.2f}, max |.| {max(abs(x) for x in pe):.2f} points"
+    )
+    pu = [100 * (r["meshplan"]["planned"] - r["meshplan"]["pred"]) for r in rows]
+    print(
+        f"meshplan's planned attainment (its simulator, planning seed) − its simulator on the unseen seeds: "
+        f"mean {np.mean(pu):+.2f}, max |.| {max(abs(x) for x in pu):.2f} points"
     )
 
 

@@ -206,6 +206,7 @@ class ServeOutcome(_Outcome):
     recorded: int  # rows written to serve_requests (answered, dropped, failed, refused alike)
     statuses: list[int] = []  # HTTP status of each replayed request, in trace order
     calibration: dict[str, tuple[float, ...]] = {}  # str((model, pp, tp, batch)) -> seconds per stage
+    serving: dict[str, dict[str, float]] = {}  # device kind -> fitted serving figures (serve_calibrations)
     group_events: list[dict[str, Any]] = []  # a group's ranks died / restarted / given up (launcher/serving.py)
     measured: list[dict[str, Any]] = []  # replay only: per model, from serve_requests
     simulated: list[dict[str, Any]] = []  # the simulator's per-model table for the replay, calibrated

@@ -1,10 +1,13 @@
 """Serving flows: `serve_plan_flow` (placements vs baselines, cached) and `serve_flow` (ranks + replay).
 
-serve_plan_flow parses the workload and cluster, runs the cached placement task (meshplan's search
-and the two baselines, each scored by the simulator) and publishes the comparison as a Markdown
-artifact. serve_flow starts the placement on torch ranks behind the HTTP front end, replays a trace
+serve_plan_flow parses the workload and cluster, reads the serving figures fitted on earlier serving
+runs (per device kind, pooled over runs: storage/serve.load_serving) into the cost model, runs the
+cached placement task (meshplan's search and the two baselines, each scored by the simulator) and
+publishes the comparison as a Markdown artifact. serve_flow starts the placement on torch ranks behind the HTTP front end, replays a trace
 (or serves for a while), records every request into DuckDB and publishes measured vs simulated
-latencies, the simulator calibrated with the ranks' own stage times.
+latencies, the simulator calibrated with the ranks' own stage times; the run's serving figures
+(front end, reply, hand-off, tp scaling: planner/serve/calibrate.fit_serving) are stored per device
+kind for the next serve-plan.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from planner.serve.placement import Placement, check_placement
 from planner.serve.workload import parse_trace_csv, parse_workload_toml
 from planner.specs.cluster import ClusterSpec, parse_cluster_toml
 from planner.validation import parse
-from storage.serve import serve_requests
+from storage.serve import load_serving, serve_requests
 from tasks.serve import plan_placements, run_serving
 
 _KINDS = {"--trace": "trace", "--replay": "replay", "--placement": "placement", "--workload": "workload"}
@@ -77,15 +80,33 @@ def placement_table(placements: dict[str, Placement]) -> list[str]:
     return lines
 
 
+def serving_lines(db_path: str | None, cluster: ClusterSpec) -> list[str]:
+    """One line per device kind of `cluster` with serving figures fitted on earlier serving runs."""
+    kinds = {n.device_kind for n in cluster.nodes}
+    found = load_serving(db_path) if db_path else {}
+    return [
+        f"serving figures for {k} (fitted on {runs} serving run(s), {reqs} requests): front end "
+        f"{1e3 * f.front_s:.2f} ms, reply {1e3 * f.reply_s:.2f} ms, hand-off {1e3 * f.handoff_s:.2f} ms, "
+        f"tp serial share {f.tp_serial:.2f}"
+        for k, (f, runs, reqs) in found.items()
+        if k in kinds
+    ]
+
+
 @flow(name="serve-plan")
-def serve_plan_flow(workload_path: str, cluster_path: str, out: str | None = None) -> dict[str, Placement]:
+def serve_plan_flow(
+    workload_path: str, cluster_path: str, out: str | None = None, db_path: str | None = None
+) -> dict[str, Placement]:
+    """`db_path`: the store whose serving runs' figures (per device kind) the cost model takes."""
     workload = parse_workload_toml(read_file(workload_path, "--workload"), workload_path)
     cluster = load_cluster(cluster_path)
-    placements = plan_placements(workload, cluster)
+    kinds = {n.device_kind for n in cluster.nodes}
+    serving = {k: f for k, (f, _, _) in (load_serving(db_path) if db_path else {}).items() if k in kinds}
+    placements = plan_placements(workload, cluster, serving)
     if out:
         Path(out).write_text(placements["meshplan"].model_dump_json(indent=2))
     create_markdown_artifact(
-        "\n".join(["# Serving placement", "", *placement_table(placements)]),
+        "\n".join(["# Serving placement", "", *placement_table(placements), "", *serving_lines(db_path, cluster)]),
         key="serve-placement",
         description="meshplan's placement vs selective replication and one model per group",
     )

@@ -1,6 +1,7 @@
-"""Serving requests (table `serve_requests`), written by the request front end, read by reports; and
-the serving run folder's rank files (calib_rankR.json, stage_rankR.json) read into the simulator's
-calibration."""
+"""Serving requests (table `serve_requests`), written by the request front end, read by reports; the
+serving run folder's rank files (calib_rankR.json, stage_rankR.json) read into the simulator's
+calibration; and each run's fitted serving figures per device kind (table `serve_calibrations`),
+pooled per kind for the next serve-plan."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import polars as pl
 
 import rundir
 from planner.serve.calibrate import measured_samples
+from planner.serve.cost import KindServing
 from planner.serve.placement import Placement
 from planner.serve.simulate import Measured
 from storage.db import connect
@@ -92,3 +94,31 @@ def read_measured(run_dir: Path, pl: Placement, rows: list[dict], t0: float) -> 
         mine = [r for r in rows if r["grp"] == gi and r["phase"] == "serve" and r["status"] == "ok"]
         out[gi] = measured_samples([by_stage[s] for s in range(pl.groups[gi].pp)], mine, names, t0)
     return out
+
+
+def save_serving(db_path: str | Path, run_id: str, figures: dict[str, KindServing], requests: dict[str, int]) -> int:
+    """One row per device kind of a serving run's fitted figures (planner/serve/calibrate.fit_serving),
+    with the requests they were measured on (a kind with none is not stored); returns the rows written."""
+    rows = [(k, f) for k, f in sorted(figures.items()) if requests.get(k, 0) > 0]
+    with connect(db_path) as con:
+        for kind, f in rows:
+            con.execute(
+                "INSERT OR REPLACE INTO serve_calibrations (run_id, device_kind, front_s, reply_s, handoff_s,"
+                " tp_serial, requests) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [run_id, kind, f.front_s, f.reply_s, f.handoff_s, f.tp_serial, int(requests[kind])],
+            )
+    return len(rows)
+
+
+def load_serving(db_path: str | Path) -> dict[str, tuple[KindServing, int, int]]:
+    """Per device kind, every serving run's figures pooled (means weighted by each run's requests):
+    (figures, runs, requests). Empty when the store does not exist yet."""
+    if not Path(db_path).exists():
+        return {}
+    with connect(db_path) as con:
+        rows = con.execute(
+            "SELECT device_kind, sum(front_s * requests) / sum(requests), sum(reply_s * requests) / sum(requests),"
+            " sum(handoff_s * requests) / sum(requests), sum(tp_serial * requests) / sum(requests), count(*),"
+            " sum(requests) FROM serve_calibrations GROUP BY device_kind ORDER BY device_kind"
+        ).fetchall()
+    return {k: (KindServing(fr, rp, ho, ts), int(n), int(r)) for k, fr, rp, ho, ts, n, r in rows}

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict
 import rundir
 from launcher.launch import log_tail
 from launcher.serving import serve_session
-from planner.serve.cost import ServeCost
+from planner.serve.calibrate import fit_serving
+from planner.serve.cost import KindServing, ServeCost
 from planner.serve.placement import (
     Placement,
     Problem,
@@ -32,7 +33,7 @@ from planner.serve.placement import (
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SERVE_START_TIMEOUT_S
-from storage.serve import read_calibration, read_measured, record_requests  # noqa: F401 - read_calibration: tests
+from storage.serve import read_calibration, read_measured, record_requests, save_serving  # noqa: F401 - read_calibration: tests
 from tasks.caching import stable_inputs
 
 
@@ -56,6 +57,7 @@ class ServeRun(BaseModel):
     recorded: int  # rows written to serve_requests
     statuses: list[int] = []  # HTTP status of each replayed request, in trace order
     calibration: dict[str, tuple[float, ...]] = {}  # str((model, pp, tp, batch)) -> seconds per stage
+    serving: dict[str, dict[str, float]] = {}  # device kind -> fitted KindServing figures (serve_calibrations)
     group_events: list[GroupEvent] = []
     simulated: list[dict] = []  # replay only: the simulator's per-model table, calibrated
     simulated_nominal: list[dict] = []  # the same on the trace's own arrival times
@@ -63,9 +65,12 @@ class ServeRun(BaseModel):
 
 
 @task(name="serve-placements", cache_policy=stable_inputs())
-def plan_placements(workload: Workload, cluster: ClusterSpec) -> dict[str, Placement]:
-    """meshplan's placement and the two baselines, each scored by the simulator on the workload's trace."""
-    cost = ServeCost(cluster, workload.dtype)
+def plan_placements(
+    workload: Workload, cluster: ClusterSpec, serving: dict[str, KindServing] | None = None
+) -> dict[str, Placement]:
+    """meshplan's placement and the two baselines, each scored by the simulator on the workload's
+    trace; `serving`: the device kinds' serving figures (fitted on earlier serving runs), in the key."""
+    cost = ServeCost(cluster, workload.dtype, serving=dict(serving or {}))
     p = Problem(workload, cost, make_trace(workload), resolve_slos(workload, cost))
     return {
         "meshplan": search(p),
@@ -102,12 +107,22 @@ def run_serving(
         log = rundir.serve_log(run_dir, gi)
         raise RuntimeError(f"serving group {gi}'s ranks exited {rc}; log {log}:\n{log_tail(log)}")
     calib = read_calibration(Path(run_dir), pl)
+    # what serving paid beyond the kernels, per device kind, from this run's per-request logs (the
+    # router's rows as recorded in serve_requests, beside the ranks' stage logs): stored for the next
+    # serve-plan, which pools every run's figures of a kind (storage/serve.load_serving)
+    measured = read_measured(Path(run_dir), pl, s.rows, s.t0)
+    fitted = fit_serving([(pl.groups[gi].kind, m) for gi, m in sorted(measured.items())], calib)
+    counts: dict[str, int] = {}
+    for gi, m in measured.items():
+        counts[pl.groups[gi].kind] = counts.get(pl.groups[gi].kind, 0) + len(m.idle.front)
+    save_serving(db_path, run_id, fitted, counts)
     result: dict = {
         "run_id": run_id,
         "run_dir": run_dir,
         "recorded": s.recorded,
         "statuses": s.statuses,
         "calibration": {str(k): v for k, v in calib.items()},
+        "serving": {k: vars(f) for k, f in fitted.items() if counts.get(k, 0) > 0},
         "group_events": [GroupEvent(**vars(e)) for e in s.events],
     }
     if trace is not None:
@@ -119,7 +134,6 @@ def run_serving(
         # each request's arrival and finish on the router's monotonic clock, beside the ranks' stage logs
         keep = ("request_id", "model", "grp", "phase", "status", "t_arrival", "t_finish")
         rundir.router_log_path(run_dir).write_text(json.dumps([{k: r.get(k) for k in keep} for r in s.rows]))
-        measured = read_measured(Path(run_dir), pl, s.rows, s.t0)
         ccost = ServeCost(cluster, pl.dtype, calibration=calib)
         rows = sorted((r for r in s.rows if r["phase"] == "serve"), key=lambda r: r["t_arrival"])
         received = Trace(

@@ -53,10 +53,13 @@ def serve_plan(
     parse_workload_toml(read_input(workload, "--workload", "workload"), str(workload))
     parse_cluster_toml(read_input(cluster, "--cluster", "cluster"), str(cluster))
     prefect_env(cfg)
-    from flows.serve import placement_table, serve_plan_flow
+    from flows.serve import load_cluster, placement_table, serve_plan_flow, serving_lines
 
-    placements = serve_plan_flow(str(workload), str(cluster), str(out) if out else None)
+    db = str(db_path(cfg))
+    placements = serve_plan_flow(str(workload), str(cluster), str(out) if out else None, db)
     for line in placement_table(placements):
+        typer.echo(line)
+    for line in serving_lines(db, load_cluster(str(cluster))):  # what earlier serving runs measured
         typer.echo(line)
     typer.echo("")
     for line in vllm_args(placements["meshplan"]):

@@ -14,7 +14,8 @@ parallelism that does not divide a block's compute by tp: a share `tp_serial` of
 (Amdahl; kernels get smaller and less efficient, launches stay), so a block at tp takes
 compute(1) · (1/tp + tp_serial · (1 − 1/tp)) plus its two all-reduces. A measured table
 (`calibration`: seconds per stage measured on the serving ranks themselves, keyed by device kind,
-model, pp, tp, batch) replaces the stage times of the configurations it has.
+model, pp, tp, batch: the ranks' own work, stage 0's parsing included) replaces the modelled
+stage times of the configurations it has; the kind's front end and hand-offs are added to it.
 Weights: a stage holds its blocks' (and the embedding's / head's) parameters / tp in the workload's
 dtype; a group fits a set of models when every device's sum stays under its memory less the runtime
 reserve.
@@ -121,6 +122,13 @@ class ServeCost:
         measured = self.calibration.get((*k, batch))
         if measured is None and batch > 1 and (*k, 1) in self.calibration:
             measured = tuple(t * batch for t in self.calibration[(*k, 1)])  # linear in batch
+        if measured is not None:  # the ranks' own work per stage: the front end and hand-offs come on top
+            ks = self.kind_serving(cfg.kind)
+            last = len(measured) - 1
+            measured = tuple(
+                t + (ks.front_s if s == 0 else 0.0) + (ks.handoff_s if s < last else 0.0)
+                for s, t in enumerate(measured)
+            )
         out = measured if measured is not None else self._modelled(model, cfg, batch, seq)
         self._times[key] = out
         return out

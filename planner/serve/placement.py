@@ -3,12 +3,14 @@
 meshplan's search (`search`) starts from AlpaServe's (Li et al., OSDI'23 §4.3): partitions of the
 cluster into groups, each group's configuration (pp stages × tp ranks on its device kind), and
 replicas placed by AlpaServe's fast greedy (simulate; a replica of the model losing the most
-requests onto the least loaded group with room; until memory is full). It plans against several
-sampled traces (`planning_problem`: a burst of one sample must not decide the placement), screens
-the partitions on a share of them with a latency bound that skips configurations which cannot win,
-adds partitions mixing configurations (small and large models on groups of their own), then moves
-replicas towards the models that lose requests (`improve`), fills memory while the planning trace
-does not lose (`fill`), and gives every model that fits a replica (`serve_everyone`). Simulation is
+requests onto the least loaded group with room; until memory is full). It plans against a sampled
+trace of at least a few thousand requests (`planning_problem`: a burst of one short sample must not
+decide the placement), fills every equal partition × configuration on it (a latency bound skips
+configurations that cannot win), adds partitions giving the large models groups of their own
+configuration (`mixed_slots`, filled bucket by bucket as AlpaServe's search does: `bucket_fill`),
+moves replicas towards the models that lose requests (`improve`), fills memory while the planning
+trace does not lose (`fill`), gives every model that fits a replica (`serve_everyone`), and chooses
+among its finalists on held-in traces it never planned on (`held_in_problem`). Simulation is
 incremental (`Evaluator`): a placement is simulated component by component (groups joined by a
 shared model), memoised by the component's canonical key — (config, hosted models) per group, groups
 interchangeable — so a step re-simulates only the component it touches.
@@ -528,17 +530,39 @@ def planning_problem(p: Problem, min_requests: int = 4000) -> Problem:
     w = p.workload
     if len(p.trace) >= min_requests or not all(m.rate > 0 for m in w.models):
         return p
-    times, models, t_end, k = [p.trace.arrival_s], [p.trace.model], p.trace.duration_s, 0
-    total = len(p.trace)
-    while total < min_requests and k < 64:
+    return Problem(w, p.cost, _drawn(p, min_requests, 1, p.trace), p.slo_s)
+
+
+def held_in_problem(p: Problem, min_requests: int = 4000) -> Problem | None:
+    """Traces the search does not plan on, to choose among its finished candidates: drawn from `p`'s
+    rates and CVs with seeds neither `p`'s trace nor `planning_problem` uses (≥ `min_requests`
+    requests, several traces joined end to end); None for a CSV trace (no rates to draw from)."""
+    w = p.workload
+    if not all(m.rate > 0 for m in w.models):
+        return None
+    return Problem(w, p.cost, _drawn(p, min_requests, 65), p.slo_s)
+
+
+def _drawn(p: Problem, min_requests: int, first: int, start: Trace | None = None) -> Trace:
+    """`start` (or nothing) followed by traces of `p`'s workload drawn with seeds seed + 7919·k,
+    k = first, first + 1, …, until `min_requests` requests (the last trace cut to its head; 64 traces
+    at most)."""
+    w = p.workload
+    times = [start.arrival_s] if start is not None else []
+    models = [start.model] if start is not None else []
+    t_end = start.duration_s if start is not None else 0.0
+    total = len(start) if start is not None else 0
+    k = first - 1
+    while total < min_requests and k < first + 63:
         k += 1
         extra = make_trace(w.model_copy(update={"seed": w.seed + 7919 * k}))
+        if total + len(extra) > min_requests:  # the last one's head: no more than needed
+            extra = _head(extra, min_requests - total)
         times.append(extra.arrival_s + t_end)
         models.append(extra.model)
         t_end += extra.duration_s
         total += len(extra)
-    trace = Trace(np.concatenate(times), np.concatenate(models), t_end)
-    return Problem(w, p.cost, trace, p.slo_s)
+    return Trace(np.concatenate(times), np.concatenate(models), t_end)
 
 
 def latency_bound(p: Problem, slots: list[Slot]) -> int:
@@ -602,13 +626,14 @@ def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator
 
 def mixed_slots(
     p: Problem, screen: Problem, shapes: set[tuple[int, int]] | None = None
-) -> list[tuple[int, list[Slot]]]:
+) -> list[tuple[int, list[Slot], list[tuple[list[int], list[int]]]]]:
     """Partitions mixing configurations, on a cluster of one node group: the models cut by size into
     a small and a large bucket (at each size-class boundary), the devices split between them by
     their load (Σ requests × single-device seconds, rounded), each bucket's devices cut into the
     equal groups and pp × tp (among `shapes`, default all) that serve its models best under the fast
-    greedy on `screen`. Returns (screened good requests, slots) per candidate — AlpaServe's bucketed search
-    (planner/serve/alpaserve.py) restricted to the splits the load points at."""
+    greedy on `screen`. Returns (screened good requests, slots, buckets: (models, slot indices) each)
+    per candidate — AlpaServe's bucketed search (planner/serve/alpaserve.py) restricted to the splits
+    the load points at; `bucket_fill` places its replicas as that search does, bucket by bucket."""
     nodes = p.cost.cluster.nodes
     if len(nodes) != 1 or len(p.models) < 2:
         return []
@@ -647,79 +672,126 @@ def mixed_slots(
         small = [m for m in range(len(p.models)) if p.models[m].spec.num_params() < cut]
         large = [m for m in range(len(p.models)) if p.models[m].spec.num_params() >= cut]
         share = sum(load[m] for m in large) / max(sum(load), 1e-12)
-        for d in {int(round(share * n))}:
+        d0 = int(round(share * n))
+        # the cut that isolates the largest models: one device either way too (the load share is the
+        # planning trace's; its best split may round the other way)
+        for d in sorted({d0, d0 - 1, d0 + 1} if cut == sizes[-1] else {d0}):
             if not 1 <= d <= n - 1:
                 continue
             (gs, cs), (gl, cl) = best(small, n - d), best(large, d)
             if cs is None or cl is None:
                 continue
-            slots, at = [], 0
-            for cfg, devs in ((cs, n - d), (cl, d)):
+            slots, at, buckets = [], 0, []
+            for models, cfg, devs in ((small, cs, n - d), (large, cl, d)):
+                idx = []
                 for _ in range(devs // cfg.size):
+                    idx.append(len(slots))
                     slots.append(Slot(tuple(range(at, at + cfg.size)), cfg))
                     at += cfg.size
-            out.append((gs + gl, slots))
+                buckets.append((models, idx))
+            out.append((gs + gl, slots, buckets))
     return out
 
 
+def bucket_fill(p: Problem, slots: list[Slot], buckets: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+    """The fast greedy per bucket: each bucket's models on its own groups only, on their requests
+    (AlpaServe's bucketed placement: the small models do not crowd the large ones' groups)."""
+    hosts: list[list[int]] = [[] for _ in slots]
+    for models, idx in buckets:
+        sub = Problem(p.workload, p.cost, p.sub_trace(models), p.slo_s)
+        for g, h in zip(idx, fast_greedy(sub, [slots[g] for g in idx], only=models), strict=True):
+            hosts[g] = h
+    return hosts
+
+
 def search(
-    p: Problem, screen_share: float = 0.25, finalists: int = 2, tries: int = 8, plan_requests: int = 4000
+    p: Problem,
+    screen_share: float = 1.0,
+    finalists: int = 2,
+    tries: int = 8,
+    plan_requests: int = 4000,
+    mixed_share: float = 0.5,
+    mixed_finalists: int = 2,
+    held_in: int = 3,
 ) -> Placement:
     """meshplan's placement. Plans against `planning_problem(p)` (several sampled traces unless `p`'s
     is long enough) and scores the result on `p`'s trace:
 
     1. every equal partition × pp × tp is filled by AlpaServe's fast greedy (memory filled) on the
-       first `screen_share` of the planning trace, in order of `latency_bound`, skipping a
-       configuration whose bound is below the best screened result (it cannot win), and so are
-       the `mixed_slots` partitions (small and large models on groups of their own configuration);
-    2. the `finalists` best are filled again on the whole planning trace by the fast greedy, the
-       best screened also by the marginal-gain greedy (`_Greedy` on the screen share, then `fill`);
-       for the best of them,
+       planning trace (the first `screen_share` of it, when < 1), in order of `latency_bound`,
+       skipping a configuration whose bound is below the best result so far (it cannot win); the
+       `mixed_slots` partitions (small and large models on groups of their own configuration) are
+       screened on its first `mixed_share`;
+    2. the `finalists` best, and the `mixed_finalists` best mixed partitions (isolating the large
+       models) filled bucket by bucket on the whole planning trace, then `fill`ed; for the best,
     3. `improve` moves replicas towards the models that lose requests (incremental simulation: only
        the components a move touches are simulated again; bounded candidates skipped), refilling
-       freed memory; then
-    4. `fill` adds replicas while memory allows and the planning trace does not lose, and
-       `serve_everyone` gives any model left out a replica where one fits (Placement.unserved names
-       those that fit no group)."""
+       freed memory, and `fill` adds replicas while memory allows and the planning trace does not lose;
+    4. the improved placement and the finalists' plain fills, each after `serve_everyone` (any model
+       left out gets a replica where one fits; Placement.unserved names those that fit no group), are
+       scored on held-in traces (`held_in_problem`: `held_in` × `plan_requests` requests drawn with
+       seeds the planning never used) and the best kept."""
     t0 = time.monotonic()
     plan = planning_problem(p, plan_requests)
     slot_sets = candidate_slots(plan)
     _check_fits(plan, slot_sets)
-    screen = Problem(
-        plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s
+    screen = (
+        plan
+        if screen_share >= 1
+        else Problem(
+            plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * screen_share))), plan.slo_s
+        )
     )
     bounds = [latency_bound(screen, slots) for slots in slot_sets]
-    ranked: list[tuple[int, int, list[Slot]]] = []
+    # (good requests on the screen, order, slots, hosts, evaluator)
+    ranked: list[tuple[int, int, list[Slot], list[list[int]] | None, Evaluator | None]] = []
     for i in sorted(range(len(slot_sets)), key=lambda i: -bounds[i]):
         if ranked and bounds[i] < max(r[0] for r in ranked):
             continue  # cannot beat what is already screened
         slots = slot_sets[i]
         ev = Evaluator(screen, slots)
         hosts = fast_greedy(screen, slots, ev=ev)
-        ranked.append((int(ev(hosts)[0].sum()), -i, slots))
+        ranked.append((int(ev(hosts)[0].sum()), -i, slots, hosts, ev))
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
     shapes = {(r[2][0].cfg.pp, r[2][0].cfg.tp) for r in ranked[:4]}  # the best screened shapes
-    mixed = mixed_slots(plan, screen, shapes)
-    ranked += [(good, -len(slot_sets) - j, slots) for j, (good, slots) in enumerate(mixed)]
+    # partitions mixing configurations, screened on the planning trace's head (`mixed_share`)
+    head = Problem(
+        plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * mixed_share))), plan.slo_s
+    )
+    mixed = mixed_slots(plan, head, shapes)
+    buckets = {-len(slot_sets) - j: b for j, (_, _, b) in enumerate(mixed)}
+    ranked += [(good, -len(slot_sets) - j, slots, None, None) for j, (good, slots, _) in enumerate(mixed)]
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
-    best: tuple[int, list[Slot], list[list[int]], Evaluator] | None = None
-    for k, (_, _, slots) in enumerate(ranked[:finalists]):
-        ev = Evaluator(plan, slots)
-        # the fast greedy's filled memory; for the best screened, also the marginal-gain greedy's
-        # replicas (each the one that most raises good requests on the screen share: placed by
-        # need, not by load) topped up by `fill`
-        seeds = [fast_greedy(plan, slots, ev=ev)]
-        if k == 0:
-            seeds.append(fill(plan, slots, _Greedy(screen, slots).run(), ev))
-        for hosts in seeds:
+    # the finalists: the best screened uniform and mixed partitions, each filled by the fast greedy on
+    # the whole planning trace (the screen's fill reused when the screen is the whole trace); the
+    # best of them improved and filled again
+    picks = ranked[:finalists]
+    # the partitions isolating the large models always reach the final (their screen is a head)
+    picks += [r for r in ranked if r[1] <= -len(slot_sets) and r not in picks][:mixed_finalists]
+    done: list[tuple[int, list[Slot], list[list[int]], Evaluator]] = []
+    for good, order, slots, hosts, ev in picks:
+        if hosts is None or ev is None or screen is not plan:
+            ev = Evaluator(plan, slots)
+            if order in buckets:  # bucket by bucket, then the memory a bucket left where the plan gains
+                hosts = fill(plan, slots, bucket_fill(plan, slots, buckets[order]), ev)
+            else:
+                hosts = fast_greedy(plan, slots, ev=ev)
             good = int(ev(hosts)[0].sum())
-            if best is None or good > best[0]:
-                best = (good, slots, hosts, ev)
-    assert best is not None
-    _, slots, hosts, ev = best
+        done.append((good, slots, hosts, ev))
+    done.sort(key=lambda d: -d[0])
+    _, slots, hosts, ev = done[0]
     hosts = improve(plan, slots, hosts, ev, tries)
     hosts = fill(plan, slots, hosts, ev)
-    hosts, left = serve_everyone(plan, slots, hosts)
+    finals = [(slots, hosts)] + [(s, h) for _, s, h, _ in done]
+    # choose on held-in traces the search never planned on (a gain on the planning trace may be its
+    # own bursts: the finalists' plain fills generalise differently from the improved one)
+    held = held_in_problem(p, held_in * plan_requests)
+    scored = []
+    for j, (s, h) in enumerate(finals):
+        h, left = serve_everyone(plan, s, h)
+        good = int(held.run([x.cfg for x in s], h).good().sum()) if held is not None else -j
+        scored.append((good, -j, s, h, left))
+    _, _, slots, hosts, left = max(scored, key=lambda x: (x[0], x[1]))
     pl = _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)
     return pl.model_copy(update={"unserved": tuple(p.models[m].name for m in left)})
 

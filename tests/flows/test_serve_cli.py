@@ -151,17 +151,29 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
         "SELECT count(*), count(latency_s), min(status), max(status) FROM serve_requests WHERE phase = 'serve'"
     ).fetchall()
     warm = con.execute("SELECT count(*) FROM serve_requests WHERE phase = 'warmup'").fetchall()[0][0]
+    # the run's serving figures, fitted on its per-request logs, stored for the next serve-plan
+    fitted = con.execute("SELECT device_kind, front_s, reply_s, handoff_s, requests FROM serve_calibrations").fetchall()
     con.close()
     assert served[0] == (len(trace), len(trace), "ok", "ok")
     assert warm == 6
+    assert len(fitted) == 1 and fitted[0][0] == "cpu" and 0 < fitted[0][4] <= len(trace), fitted
+    assert all(0 < x < 1.0 for x in fitted[0][1:4]), fitted  # front end, reply, hand-off: measured, sub-second
 
 
 def test_serve_plan_compares_placements_and_bad_input_is_one_line(tmp_path) -> None:
     w = tmp_path / "workload.toml"
     w.write_text(WORKLOAD)
     out = tmp_path / "placement.json"
+    # an earlier serving run's figures for the T4s (as the serve flow stores them): serve-plan's cost model takes them
+    from planner.serve.cost import KindServing
+    from storage.serve import save_serving
+
+    save_serving(
+        tmp_path / "meshplan.duckdb", "serve-earlier", {"T4": KindServing(0.004, 0.001, 0.002, 0.3)}, {"T4": 40}
+    )
     p = meshplan(tmp_path, "serve-plan", "--workload", str(w), "--cluster", MIXED, "--out", str(out))
     assert p.returncode == 0, p.stderr
+    assert "serving figures for T4 (fitted on 1 serving run(s), 40 requests): front end 4.00 ms" in p.stdout, p.stdout
     assert re.search(r"\| meshplan \| [\d.]+ % \|", p.stdout) and "| selective-replication |" in p.stdout
     assert "--tensor-parallel-size" in p.stdout and "--pipeline-parallel-size" in p.stdout
     pl = json.loads(out.read_text())

@@ -51,3 +51,50 @@ def test_groups_of_one_layout_on_different_device_kinds_keep_their_own_figures(t
     for rank, t in enumerate((4.0, 2.0, 0.5)):
         (tmp_path / f"calib_rank{rank}.json").write_text(json.dumps({"group": rank, "stage": 0, "stage_s": {"a": t}}))
     assert read_calibration(tmp_path, pl) == {("cpu", "a", 1, 1, 1): (3.0,), ("V100-SXM2-32GB", "a", 1, 1, 1): (0.5,)}
+
+
+def test_serving_figures_are_stored_per_run_and_device_kind_and_pooled_into_the_next_plan(tmp_path) -> None:
+    """The serve flow stores each run's fitted figures per device kind (storage/serve.save_serving);
+    serve-plan pools every run's figures of a kind, weighted by their requests, into its cost model."""
+    from planner.serve.cost import KindServing
+    from planner.serve.workload import ServedModel, Workload
+    from planner.specs.cluster import parse_cluster
+    from storage.serve import load_serving, save_serving
+    from tasks.serve import plan_placements
+
+    db = tmp_path / "meshplan.duckdb"
+    assert load_serving(db) == {}  # no store yet: the cost model's defaults
+    one = {"cpu": KindServing(0.010, 0.002, 0.001, 0.2), "T4": KindServing(1, 1, 1, 1)}
+    assert save_serving(db, "r1", one, {"cpu": 100}) == 1
+    save_serving(db, "r2", {"cpu": KindServing(0.030, 0.004, 0.003, 0.4)}, {"cpu": 300})
+    save_serving(db, "r3", {"V100": KindServing(0.005, 0.001, 0.0, 0.1)}, {"V100": 50})
+    got = load_serving(db)
+    assert set(got) == {"cpu", "V100"}  # T4 measured no request in r1: nothing stored for it
+    cpu, runs, reqs = got["cpu"]
+    assert (runs, reqs) == (2, 400)
+    assert cpu.front_s == pytest.approx(0.025) and cpu.reply_s == pytest.approx(0.0035)
+    assert cpu.handoff_s == pytest.approx(0.0025) and cpu.tp_serial == pytest.approx(0.35)
+    assert got["V100"][0] == KindServing(0.005, 0.001, 0.0, 0.1)  # another kind keeps its own
+
+    cluster = parse_cluster(
+        {
+            "name": "cpu-2",
+            "nodes": [
+                {
+                    "name": "cpu",
+                    "device": "cpu",
+                    "num_devices": 2,
+                    "intra_link": "eth-100g",
+                    "inter_link": "eth-100g",
+                    "device_memory_bytes": 8_000_000_000,
+                    "device_peak_flop_per_s": 50_000_000_000,
+                }
+            ],
+        }
+    )
+    dims = {"name": "a", **DIMS}
+    w = Workload(models=(ServedModel(name="a", dims=dims, rate=5, slo_s=0.05),), duration_s=20)
+    plain = plan_placements.fn(w, cluster)["meshplan"]
+    # a front end and reply that take the whole 50 ms budget: the plan's prediction sees them
+    slow = plan_placements.fn(w, cluster, {"cpu": KindServing(0.049, 0.002, 0.0, 0.0)})["meshplan"]
+    assert plain.attainment == pytest.approx(1.0) and slow.attainment < 0.5
