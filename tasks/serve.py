@@ -33,7 +33,7 @@ from planner.serve.placement import (
 from planner.serve.workload import Trace, Workload, make_trace
 from planner.specs.cluster import ClusterSpec
 from planner.specs.config import SERVE_START_TIMEOUT_S
-from storage.serve import read_calibration, read_measured, record_requests, save_serving  # noqa: F401 - read_calibration: tests
+from storage.serve import read_calibration, read_measured, record_requests, save_serving
 from tasks.caching import stable_inputs
 
 
