@@ -371,8 +371,9 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency | None = None) ->
     runtime figures (planner.cost.runtimes.Figures) are fitted:
     - prior: no figures fitted;
     - fit all: the family's runtime figures fitted on all its development rows (in-sample: the ceiling);
-    - leave-family-out: one set of figures fitted on every other family's rows (what a runtime with no
-      measured run of its own gets from the others);
+    - leave-family-out: kernel_scale fitted on every other family's rows (what a runtime with no
+      measured run of its own gets from the others), the per-micro-batch cost the family's own
+      runtime prior (a stack's fixed cost does not travel to another stack);
     - 3-shot: kernel_scale and the per-micro-batch cost fitted jointly (regularised toward the
       priors) on 3 of the family's rows (random.Random(SEED)), scored on the rest (what `meshplan
       calibrate` fits from 3 runs; calibrate also refuses a fit whose leave-one-out error does not
@@ -390,7 +391,14 @@ def family_tables(cases: list[Case], kernels: KernelEfficiency | None = None) ->
         mine = [c for c in cases if c.family == fam]
         others = [c for c in cases if c.family != fam]
         own = fit(mine, kernels, f"all {fam} rows")
-        lofo = fit(others, kernels, f"all but {fam}")
+        # what travels from other stacks is the kernel efficiency; a fixed cost per micro-batch
+        # belongs to a stack (its scheduling, p2p handshakes, Python), so the family keeps its own
+        # runtime's prior for it (Figures.microbatch_s = None), as `meshplan calibrate` keys figures
+        # per (device kind, runtime)
+        fitted = fit(others, kernels, f"all but {fam}")
+        lofo = Figures(
+            fitted.kernel_scale, None, fitted.runs, f"{fitted.source}; per-micro-batch cost: {fam}'s runtime prior"
+        )
         shots, rest = three_shot(mine)
         shot_fig = fit(shots, kernels, f"3 {fam} rows {[c.run_id for c in shots]}")
         cols = {
