@@ -26,7 +26,7 @@ from planner.cost.stage import StageCoeffs, StageContext, stage_coeffs
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
-from planner.runtime import num_slices, pipeline_replicas, problem_notes, slice_size
+from planner.runtime import num_slices, problem_notes, slice_size
 from planner.specs import flops
 from planner.specs.cluster import ClusterSpec, NodeSpec
 from planner.specs.model import ModelSpec
@@ -113,20 +113,41 @@ class _Place(NamedTuple):
     key: tuple
 
 
-def _place(plan: Plan, idx: DeviceIndex, i: int, r: int) -> _Place:
-    """Replicas on the same groups with the same node relations price identically: this keys them."""
-    stages, pp, s = plan.stages, plan.pp, plan.stages[i]
-    subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
+def _place(plan: Plan, idx: DeviceIndex, i: int, r: int, fast: _Fast | None = None) -> _Place:
+    """Replicas on the same groups with the same node relations price identically: this keys them.
+    `fast`: the plan's pp, slices per stage and device → group table (`_fast`), for a caller that
+    places every stage of every replica (price_stages: a 16,384-GPU plan's 100,000 placements)."""
+    f = fast or _fast(plan, idx)
+    stages, pp, s, gof = plan.stages, f.pp, plan.stages[i], f.group_of
+    q = f.slices[i % pp]  # runtime.pipeline_replicas: replicas r·q … (r + 1)·q − 1 of the stage
+    subs = [s.replica_devices(j) for j in range(r * q, (r + 1) * q)]
     devs = subs[0]
-    ginfo = [idx.group(d) for sub in subs for d in sub]
-    same_node = (s.tp == 1 and s.cp == 1) or len({idx.node(d) for d in devs}) == 1
+    ginfo = [gof[d] for sub in subs for d in sub]
+
+    def node(d: int) -> int:  # DeviceIndex.node
+        g = gof[d]
+        return g.first_node + (d - g.first_id) // g.spec.num_devices
+
+    same_node = (s.tp == 1 and s.cp == 1) or len({node(d) for d in devs}) == 1
     nxt = stages[i + 1] if i + 1 < len(stages) else None
     nkey, b0 = None, devs[0]
     if nxt is not None:
-        b0 = nxt.replica_devices(pipeline_replicas(plan, (i + 1) % pp, r)[0])[0]
-        nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
+        b0 = nxt.replica_devices(r * f.slices[(i + 1) % pp])[0]
+        nkey = (node(devs[0]) == node(b0), ginfo[0].index, gof[b0].index)
     key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, plan.num_microbatches(r))
     return _Place(devs, ginfo, nxt, b0, key)
+
+
+class _Fast(NamedTuple):
+    pp: int
+    slices: list[int]  # runtime.num_slices of each pipeline rank
+    group_of: list  # DeviceIndex.group of every device id
+
+
+def _fast(plan: Plan, idx: DeviceIndex) -> _Fast:
+    pp = plan.pp
+    group_of = [g for g in idx.groups for _ in range(g.spec.count * g.spec.num_devices)]
+    return _Fast(pp, [num_slices(plan, k) for k in range(pp)], group_of)
 
 
 def _stage_context(
@@ -194,10 +215,11 @@ def price_stages(
     memo: dict[StageContext, StageCoeffs] = {}
     light: dict[tuple, tuple[StageCoeffs, NodeSpec, int]] = {}
     out = _Priced([], [])
+    fast = _fast(plan, idx)
     for r in range(plan.dp):
         row, srow = [], []
         for i in range(len(plan.stages)):
-            place = _place(plan, idx, i, r)
+            place = _place(plan, idx, i, r, fast)
             hit = light.get(place.key)
             if hit is None:
                 groups = {g.index: g.spec for g in place.groups}
