@@ -375,12 +375,16 @@ def memory_per_stage(plan: Plan, priced: _Priced) -> tuple[list[int], list[int]]
     for j in range(plan.pp):
         own = _own(plan, j)
         worst_peak, worst_cap = 0, None
+        seen: set[tuple] = set()  # alike replicas share their coefficient and spec objects (price_stages)
         for r in range(plan.dp):
             co = priced.coeffs[r]
-            alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
-            alloc += max(co[i].workspace_bytes for i in own)
             spec, cap = priced.specs[r][j]
-            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
+            key = (id(spec), *(id(co[i]) for i in own))
+            if key not in seen:
+                seen.add(key)
+                alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
+                alloc += max(co[i].workspace_bytes for i in own)
+                worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind)))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
         cap_mem.append(int(worst_cap or 0))
@@ -417,7 +421,8 @@ def estimated_rows(plan: Plan, table: ProfileTable, priced: _Priced) -> int:
     """Of the rows this plan prices with, those estimated from datasheet peaks (a search hands over its whole
     table, estimates included)."""
     needs = plan_profile_needs(plan)
-    kinds_used = {spec.device_kind for row in priced.specs for spec, _ in row}
+    specs = {id(spec): spec for row in priced.specs for spec, _ in row}  # alike replicas share a spec object
+    kinds_used = {spec.device_kind for spec in specs.values()}
     return sum(
         1
         for r in table
