@@ -26,7 +26,7 @@ from planner.cost.stage import NO_OVERHEADS, Overheads, StageCoeffs, StageContex
 from planner.errors import MeshplanError
 from planner.measure.calibrate import Calibration
 from planner.measure.profiles import ProfileTable
-from planner.runtime import num_slices, pipeline_replicas, problem_notes, slice_size
+from planner.runtime import num_slices, problem_notes, slice_size
 from planner.specs import flops
 from planner.specs.cluster import ClusterSpec, NodeSpec
 from planner.specs.model import ModelSpec
@@ -113,20 +113,41 @@ class _Place(NamedTuple):
     key: tuple
 
 
-def _place(plan: Plan, idx: DeviceIndex, i: int, r: int) -> _Place:
-    """Replicas on the same groups with the same node relations price identically: this keys them."""
-    stages, pp, s = plan.stages, plan.pp, plan.stages[i]
-    subs = [s.replica_devices(j) for j in pipeline_replicas(plan, i % pp, r)]
+def _place(plan: Plan, idx: DeviceIndex, i: int, r: int, fast: _Fast | None = None) -> _Place:
+    """Replicas on the same groups with the same node relations price identically: this keys them.
+    `fast`: the plan's pp, slices per stage and device → group table (`_fast`), for a caller that
+    places every stage of every replica (price_stages: a 16,384-GPU plan's 100,000 placements)."""
+    f = fast or _fast(plan, idx)
+    stages, pp, s, gof = plan.stages, f.pp, plan.stages[i], f.group_of
+    q = f.slices[i % pp]  # runtime.pipeline_replicas: replicas r·q … (r + 1)·q − 1 of the stage
+    subs = [s.replica_devices(j) for j in range(r * q, (r + 1) * q)]
     devs = subs[0]
-    ginfo = [idx.group(d) for sub in subs for d in sub]
-    same_node = (s.tp == 1 and s.cp == 1) or len({idx.node(d) for d in devs}) == 1
+    ginfo = [gof[d] for sub in subs for d in sub]
+
+    def node(d: int) -> int:  # DeviceIndex.node
+        g = gof[d]
+        return g.first_node + (d - g.first_id) // g.spec.num_devices
+
+    same_node = (s.tp == 1 and s.cp == 1) or len({node(d) for d in devs}) == 1
     nxt = stages[i + 1] if i + 1 < len(stages) else None
     nkey, b0 = None, devs[0]
     if nxt is not None:
-        b0 = nxt.replica_devices(pipeline_replicas(plan, (i + 1) % pp, r)[0])[0]
-        nkey = (idx.node(devs[0]) == idx.node(b0), ginfo[0].index, idx.group(b0).index)
+        b0 = nxt.replica_devices(r * f.slices[(i + 1) % pp])[0]
+        nkey = (node(devs[0]) == node(b0), ginfo[0].index, gof[b0].index)
     key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, plan.num_microbatches(r))
     return _Place(devs, ginfo, nxt, b0, key)
+
+
+class _Fast(NamedTuple):
+    pp: int
+    slices: list[int]  # runtime.num_slices of each pipeline rank
+    group_of: list  # DeviceIndex.group of every device id
+
+
+def _fast(plan: Plan, idx: DeviceIndex) -> _Fast:
+    pp = plan.pp
+    group_of = [g for g in idx.groups for _ in range(g.spec.count * g.spec.num_devices)]
+    return _Fast(pp, [num_slices(plan, k) for k in range(pp)], group_of)
 
 
 def _stage_context(
@@ -202,10 +223,11 @@ def price_stages(
     memo: dict[StageContext, StageCoeffs] = {}
     light: dict[tuple, tuple[StageCoeffs, NodeSpec, int]] = {}
     out = _Priced([], [])
+    fast = _fast(plan, idx)
     for r in range(plan.dp):
         row, srow = [], []
         for i in range(len(plan.stages)):
-            place = _place(plan, idx, i, r)
+            place = _place(plan, idx, i, r, fast)
             hit = light.get(place.key)
             if hit is None:
                 groups = {g.index: g.spec for g in place.groups}
@@ -363,12 +385,16 @@ def memory_per_stage(
     for j in range(plan.pp):
         own = _own(plan, j)
         worst_peak, worst_cap = 0, None
+        seen: set[tuple] = set()  # alike replicas share their coefficient and spec objects (price_stages)
         for r in range(plan.dp):
             co = priced.coeffs[r]
-            alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
-            alloc += max(co[i].workspace_bytes for i in own)
             spec, cap = priced.specs[r][j]
-            worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)))
+            key = (id(spec), *(id(co[i]) for i in own))
+            if key not in seen:
+                seen.add(key)
+                alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
+                alloc += max(co[i].workspace_bytes for i in own)
+                worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
         cap_mem.append(int(worst_cap or 0))
@@ -405,7 +431,8 @@ def estimated_rows(plan: Plan, table: ProfileTable, priced: _Priced) -> int:
     """Of the rows this plan prices with, those estimated from datasheet peaks (a search hands over its whole
     table, estimates included)."""
     needs = plan_profile_needs(plan)
-    kinds_used = {spec.device_kind for row in priced.specs for spec, _ in row}
+    specs = {id(spec): spec for row in priced.specs for spec, _ in row}  # alike replicas share a spec object
+    kinds_used = {spec.device_kind for spec in specs.values()}
     return sum(
         1
         for r in table

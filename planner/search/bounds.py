@@ -138,6 +138,14 @@ class Bounds:
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
         self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
         self._end: dict[tuple, tuple[float, ...]] = {}
+        # shape_bounds drops shapes whose memory cannot hold the model in any setting, as
+        # optimistic / optimistic_replicas would find when expanded (a node with no child): not
+        # under a calibration with FSDP overheads (those bounds cut nothing there), and pipelines
+        # only with recompute in the space (without it their interleaved nodes are pushed anyway)
+        primary = "1f1b" in space.schedules or "gpipe" in space.schedules
+        fsdp = calibration is not None and calibration.fsdp is not None
+        self.drop_replicas = primary and not fsdp
+        self.drop_pipelines = self.drop_replicas and space.recompute
 
     def a_floor(self, cls: int, tp: int, mbs: int) -> float:
         """A lower bound on a stage's per-block time: the cheaper profile row + TP all-reduces, no ZeRO-3."""
@@ -257,7 +265,48 @@ class Bounds:
             pipe = w * L * amin + (m0 - w) * L / inv
             repl = (total_mb + dp * (pp - 1)) / (pp / L * inv)
         out = np.where(tab.pipe, pipe, repl)
+        if self.drop_pipelines or self.drop_replicas:
+            out = np.where(self._may_fit(tab, mbs), out, math.inf)
         return np.where(total_mb >= dp, out, math.inf)
+
+    def _may_fit(self, tab: ShapeTable, mbs: int) -> np.ndarray:
+        """Per shape of `tab`, False when no stage split fits memory even under caps no smaller than
+        the ones `optimistic` (pipelines) and `optimistic_replicas` (replicas) compute, so expanding
+        it would push nothing. Each stage's cap from its class's interior local row (an end stage
+        adds embedding / head parameters, bytes and workspace, all ≥ 0) at one micro-batch in
+        flight (every schedule's in-flight count is ≥ 1) and the smallest bytes per parameter of
+        every sharding at the shape's dp × cp; a pipeline at optimistic's recompute row, a replica
+        at the larger cap of its recompute settings (as optimistic_replicas takes)."""
+        pr, L = self.pr, self.L
+        frag = 1 + F.FRAGMENTATION_FRACTION
+        recs = [self.recs[-1]] + ([self.recs[0]] if len(self.recs) > 1 else [])  # [0]: the pipelines' row
+        cols = [
+            [pr.local(c, t, mbs, r, False, False, 2) for c, t in tab.combos] for r in recs
+        ]  # per recompute setting, per combination
+        room = np.array([(pr.capacity_bytes[c] + 1 - pr.reserve_bytes[c]) / frag for c, _ in tab.combos] + [0.0])
+        dps = sorted(set(tab.dp.tolist()))
+        cp = pr.stack.cp
+        bpp_of = {d: min(F.state_bytes_per_param(self.dtype, s, d * cp) for s in self.space.shardings) for d in dps}
+        bpp = np.array([bpp_of[d] for d in tab.dp.tolist()])[:, None]
+        nmax = np.maximum(1, L - tab.pp + 1).astype(np.float64)[:, None]
+        caps = []
+        for lts in cols:
+            ppb, pf, apb, af, ws = (
+                np.array([getattr(lt, f) for lt in lts] + [0.0])[tab.idx]
+                for f in ("num_params_per_block", "num_params_fixed", "activation_bytes_per_block",
+                          "activation_bytes_fixed", "workspace_bytes")
+            )  # fmt: skip
+            mem_a = ppb * bpp + apb
+            left = (room[tab.idx] - ws) - (pf * bpp + af)
+            q = np.divide(left, mem_a, out=np.full(left.shape, np.inf), where=mem_a > 0)
+            caps.append(np.minimum(np.maximum(np.floor(q) + 1, 0), nmax))
+        used = tab.weight > 0
+        pipe_cap = np.where(used, caps[0], np.inf)
+        pipe_ok = (pipe_cap.min(axis=1) >= 1) & ((tab.weight * np.where(used, caps[0], 0.0)).sum(axis=1) >= L)
+        joint = np.where(used, np.max(caps, axis=0), np.inf).min(axis=1)  # a replica's split fits every class
+        repl_ok = (joint >= 1) & (tab.pp * joint >= L)
+        ok = np.where(tab.pipe, pipe_ok | (not self.drop_pipelines), repl_ok | (not self.drop_replicas))
+        return ok
 
     def slope(
         self, sg: SegmentSpec, first: bool, last: bool, pp: int, mbs: int, sharding: str, dp: int, interior: bool

@@ -196,3 +196,58 @@ def test_node_bounds_never_exceed_a_candidate_below_them(monkeypatch):
     solved = [k for k in lbs if k in costs]
     assert len(solved) > 10 and any(k[-1] > 1 for k in solved)
     assert all(lbs[k] <= costs[k] * (1 + 1e-9) for k in solved)
+
+
+def test_shapes_dropped_for_memory_have_no_child(monkeypatch):
+    """Bounds.shape_bounds drops (+inf) only shapes whose expansion would push nothing: for every
+    dropped pipeline shape Bounds.optimistic finds no sharding's memory holding the model, for every
+    dropped replica shape Bounds.optimistic_replicas; on a cluster too small for most layouts, so
+    some of both are dropped and some are kept."""
+    from planner.cost.devices import cross_node_link
+    from planner.search import explore as E
+    from planner.search import search
+    from planner.search.arrays import SegmentSpec
+    from planner.search.bounds import shape_table
+    from planner.specs.cluster import parse_cluster
+    from planner.specs.model import ModelSpec
+
+    seen = {"pipeline": [0, 0], "replicas": [0, 0]}  # [dropped, kept]
+    seed = E.Explorer.seed
+
+    def check(self, shapes, table=None):
+        tab = table if table is not None else shape_table(shapes)
+        b = self.bounds
+        for mbs in self.mbs_opts:
+            total_mb = self.global_batch // mbs
+            for sh, ok in zip(shapes, b._may_fit(tab, mbs).tolist(), strict=True):
+                if total_mb < sh.dp:
+                    continue
+                seen[sh.family][ok] += 1
+                if ok:
+                    continue
+                shard = self.shardings if sh.dp * self.pr.stack.cp > 1 else ["none"]
+                if sh.family == "pipeline":
+                    m = math.ceil(total_mb / sh.dp)
+                    assert math.isinf(b.optimistic(self.segments(sh), m, mbs, self.primary, shard, sh.dp, [])[0])
+                else:
+                    tp = sh.segments[0].tp
+                    link = self.pr.intern(cross_node_link([self.pr.classes[c].spec for c, _ in sh.groups]))
+                    segs = [SegmentSpec(c, tp, sh.pp, n * tp, link) for c, n in sh.groups]
+                    counts = [n for _, n in sh.groups]
+                    assert math.isinf(b.optimistic_replicas(segs, counts, total_mb, mbs, shard, sh.dp))
+        return seed(self, shapes, table)
+
+    monkeypatch.setattr(E.Explorer, "seed", check)
+    node = {"intra_link": "nvlink3", "inter_link": "ib-hdr", "num_devices": 4, "count": 1}
+    cluster = parse_cluster(
+        {
+            "name": "small",
+            "nodes": [
+                {"name": "a", "device": "A100-SXM4-40GB", **node},
+                {"name": "v", "device": "V100-SXM2-16GB", **node},
+            ],
+        }
+    )
+    model = ModelSpec(name="m", num_layers=16, hidden=5120, num_heads=40, vocab_size=32000, seq_len=2048)
+    search(model, cluster, global_batch=64, baselines=False)
+    assert all(dropped > 0 and kept > 0 for dropped, kept in seen.values()), seen
