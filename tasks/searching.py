@@ -32,6 +32,7 @@ class SearchJob:
     calibration: Calibration | None = None
     dtype: str = "bf16"
     fp8: bool = False  # search fp8 linears too (SearchSpace.fp8)
+    num_devices: int | None = None  # only plans on this many devices (SearchSpace.num_devices)
 
     @classmethod
     def of(cls, model: ModelSpec, inputs: PricingInputs, search: SearchConfig) -> SearchJob:
@@ -47,6 +48,7 @@ class SearchJob:
             calibration=inputs.calibration,
             dtype=inputs.dtype,
             fp8=search.fp8,
+            num_devices=whole_cluster(inputs),
         )
 
 
@@ -62,5 +64,14 @@ def run_search(job: SearchJob) -> SearchResult | NoFeasiblePlan:
         top_k=job.top_k,
         time_budget_s=job.time_budget_s,
         calibration=job.calibration,
-        space=SearchSpace(fp8=True) if job.fp8 else None,
+        space=SearchSpace(fp8=job.fp8, num_devices=job.num_devices),
     )
+
+
+def whole_cluster(inputs: PricingInputs) -> int | None:
+    """Every device of a discovered several-node cluster (Slurm's, or one measured by hand with
+    torchrun), else None. Such a cluster is launched as nodes × ranks a node (`train --executor slurm
+    --nnodes N --nproc-per-node R`, torchrun's equal ranks on every node), so a plan on some of its
+    devices (3 of 2 × 2) is one the launch it was discovered for cannot run."""
+    c = inputs.cluster
+    return c.num_devices if inputs.snapshot is not None and c.num_nodes > 1 else None
