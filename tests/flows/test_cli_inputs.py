@@ -274,7 +274,10 @@ def test_a_model_file_with_a_bad_field_names_the_file_and_the_key(files, line, n
     written in it (`hidden`, not the config section's `model.hidden`)."""
     text = 'family = "llama"\nnum_layers = 4\nnum_heads = 4\nvocab_size = 1000\nseq_len = 64\n' + line + "\n"
     model = _w(files, "mine.toml", text)
-    for argv in (["plan", "--model", model, "--cluster", MIXED], ["submit", "--model", model, "--global-batch", "8", "--iterations", "3"]):
+    for argv in (
+        ["plan", "--model", model, "--cluster", MIXED],
+        ["submit", "--model", model, "--global-batch", "8", "--iterations", "3"],
+    ):
         _error(argv, files, f"error: {model}: {needle}")
     assert not files.db.exists()
 
