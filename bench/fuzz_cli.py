@@ -69,7 +69,9 @@ COST = {"plan": 0.3, "serve-simulate": 0.3, "replan": 0.4, "schedule": 0.3, "dis
 SUBPROCESS_TIMEOUT_S = 180
 
 
-def fuzz(command: str, files: Files, examples: int, seed: int) -> tuple[Counter, list[str]]:
+def fuzz(
+    command: str, files: Files, examples: int, seed: int, until: float = float("inf")
+) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     crashes: list[str] = []
     jobs: set[str] = set()
@@ -83,6 +85,8 @@ def fuzz(command: str, files: Files, examples: int, seed: int) -> tuple[Counter,
     )
     @given(argv=command_line(command, files))
     def one(argv: list[str]) -> None:
+        if time.perf_counter() > until:  # the time budget is spent: the rest are drawn, not run
+            return
         kind, detail = outcome(argv, files)
         note(command, kind, detail, argv, counts, crashes, jobs)
 
@@ -127,7 +131,9 @@ def in_subprocess(argv: list[str], files: Files) -> tuple[str, str]:
     return classify(argv, p.returncode, p.stdout, p.stderr)
 
 
-def fuzz_subprocess(command: str, files: Files, examples: int, seed: int) -> tuple[Counter, list[str]]:
+def fuzz_subprocess(
+    command: str, files: Files, examples: int, seed: int, until: float = float("inf")
+) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     crashes: list[str] = []
     jobs: set[str] = set()
@@ -135,6 +141,8 @@ def fuzz_subprocess(command: str, files: Files, examples: int, seed: int) -> tup
     @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(argv=command_line(command, files))
     def one(argv: list[str]) -> None:
+        if time.perf_counter() > until:
+            return
         kind, detail = in_subprocess(argv, files)
         note(command, kind, detail, argv, counts, crashes, jobs)
 
@@ -193,13 +201,19 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
     rows = []
     seed_db(files)
     warm = warm_prefect(files) if FLOWS & set(commands) else None
-    for command in commands:
+    end = time.perf_counter() + (args.budget_s or float("inf"))
+    for i, command in enumerate(commands):
         n = args.light if command in LIGHT else args.examples
+        # --budget-s: what is left shared by the commands left; a command stops when its share is spent
+        share = (end - time.perf_counter()) / (len(commands) - i)
+        until_in, until_sub = time.perf_counter() + 0.85 * share, time.perf_counter() + share
         t0, c0 = time.perf_counter(), time.process_time()
-        counts, crashes = fuzz(command, files, n, args.seed)
+        counts, crashes = fuzz(command, files, n, args.seed, until_in)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         t1 = time.perf_counter()
-        sub, sub_crashes = fuzz_subprocess(command, files, args.subprocess, args.seed) if args.subprocess else ({}, [])
+        sub, sub_crashes = (
+            fuzz_subprocess(command, files, args.subprocess, args.seed, until_sub) if args.subprocess else ({}, [])
+        )
         rows.append(
             {
                 "command": command,
@@ -213,6 +227,7 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
             }
         )
         print(f"{command:17} {dict(counts)}  {wall:6.1f} s; processes {dict(sub)}", file=sys.stderr, flush=True)
+        Path(args.partial).write_text(json.dumps(rows))  # what is done survives a worker stopped later
     return rows
 
 
@@ -267,11 +282,16 @@ def main() -> int:
     ap.add_argument("--commands", default=",".join(COMMANDS), help="comma-separated subset")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (each its own state folder)")
+    ap.add_argument(
+        "--budget-s", type=float, default=0, help="wall seconds per worker (0: none); the table says how many ran"
+    )
+    ap.add_argument("--partial", help=argparse.SUPPRESS)
     ap.add_argument("--concurrent", action="store_true", help="a second process submits jobs the whole time")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: ROOT,OUT,CMD1,CMD2...
     args = ap.parse_args()
     if args.worker:
         root, out, *commands = args.worker.split(",")
+        args.partial = out
         Path(out).write_text(json.dumps(worker(commands, Path(root), args)))
         return 0
     commands = args.commands.split(",")
@@ -286,7 +306,7 @@ def main() -> int:
             root.mkdir(exist_ok=True)
             cmd = [sys.executable, __file__, "--worker", ",".join([str(root), str(out), *group])]
             cmd += ["--examples", str(args.examples), "--light", str(args.light), "--seed", str(args.seed)]
-            cmd += ["--subprocess", str(args.subprocess)]
+            cmd += ["--subprocess", str(args.subprocess), "--budget-s", str(args.budget_s)]
             procs.append((subprocess.Popen(cmd), out, group))
         rows = []
         for p, out, group in procs:
