@@ -1,12 +1,27 @@
 """Drive every `meshplan` command with generated options and files; print outcomes per command.
 
-    PYTHONPATH=. python bench/fuzz_cli.py [--examples 2000] [--commands plan,submit] [--seed 0] [--concurrent]
+    PYTHONPATH=. python bench/fuzz_cli.py [--examples 2000] [--commands plan,submit] [--seed 0]
+        [--jobs 4] [--subprocess 50] [--concurrent]
 
 The same generator and oracle as tests/flows/test_cli_fuzz.py (tests/support/fuzz_cli.py), with
-many more examples. Each command line runs in this process (the CLI's own entry, `run_cli`) on
-one state folder; after each command's examples the DuckDB file must open and hold every job
-queued. Prints a table: ok / one-line error / crash per command, and the first crashes in full.
+many more examples. Each command line runs in process (the CLI's own entry, `run_cli`, whose
+SystemExit and one-line errors it turns into an exit code): an exception escaping it, a printed
+"Traceback", an exit code other than 0/1 or an error that is not one line naming a flag or field is
+a crash; an example past 60 s (SIGALRM) is a hang. After each command's examples the DuckDB file
+must open and hold every job queued. `--jobs N` spreads the commands over N worker processes, each
+with its own state folder and Prefect home. `--subprocess K` runs K more generated lines per command
+as real `python -m cli` processes (exit code, stdout/stderr, no Traceback, under 180 s: above
+Prefect's 120 s allowance to start its temporary server) to check real process behaviour.
+Prints a table: ok / one-line error / crash per command, and the first crashes in full.
 Exit 1 when anything crashed, hung or the database was damaged.
+
+Fewer examples (the table says how many ran), each one a launch's validation path in process:
+- discover: 300 (`--light`): every valid line records a cluster through a Prefect flow (≈ 1–2 s).
+- train, run, profile, ui: every line carries a value that must be refused before anything starts
+  (tests/support/fuzz_cli.py), so they run the full count, in process, on their validation path only.
+Prefect's temporary server starts once per worker before the clock (a warm-up discover, no alarm):
+its first start migrates a fresh SQLite DB, which under load took past the 60 s an example gets
+(the one "discover hang" seen was this, not meshplan).
 
 The generator tries what users do (tests/support/fuzz_cli.py): binary and non-UTF-8 files, a
 folder where a file goes, inf/NaN/huge numbers in files and options, plans made for another
@@ -17,6 +32,7 @@ the whole time, as a user's other shell would: every job either process queued m
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -25,18 +41,37 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.pop("PREFECT_API_URL", None)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from tests.support.fuzz_cli import COMMANDS, LAUNCHERS, Files, command_line, db_intact, outcome  # noqa: E402
+from tests.support.fuzz_cli import (  # noqa: E402
+    CLUSTERS,
+    COMMANDS,
+    LAUNCHERS,
+    Files,
+    classify,
+    command_line,
+    db_intact,
+    outcome,
+)
+
+LIGHT = {"discover"}  # a valid line runs a Prefect flow: --light examples
+FLOWS = {"discover", "replan", "schedule", "schedule-cluster"}  # may start Prefect's temporary server
+# rough cost of one example (s, quiet machine), to balance the workers
+COST = {"plan": 0.3, "serve-simulate": 0.3, "replan": 0.4, "schedule": 0.3, "discover": 1.0, "db": 0.1}
+SUBPROCESS_TIMEOUT_S = 180
 
 
-def fuzz(command: str, files: Files, examples: int, seed: int) -> tuple[Counter, list[str], float]:
+def fuzz(
+    command: str, files: Files, examples: int, seed: int, until: float = float("inf")
+) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     crashes: list[str] = []
     jobs: set[str] = set()
@@ -50,16 +85,11 @@ def fuzz(command: str, files: Files, examples: int, seed: int) -> tuple[Counter,
     )
     @given(argv=command_line(command, files))
     def one(argv: list[str]) -> None:
+        if time.perf_counter() > until:  # the time budget is spent: the rest are drawn, not run
+            return
         kind, detail = outcome(argv, files)
-        if command in LAUNCHERS and kind == "ok":
-            kind, detail = "crash", f"{argv}: accepted; a launcher must refuse the bad value"
-        counts[kind] += 1
-        if kind == "crash" and len(crashes) < 5:
-            crashes.append(detail)
-        if command == "submit" and kind == "ok":
-            jobs.add(detail.splitlines()[-1])
+        note(command, kind, detail, argv, counts, crashes, jobs)
 
-    t0 = time.perf_counter()
     from hypothesis import seed as hseed
 
     hseed(seed)(one)()
@@ -67,7 +97,138 @@ def fuzz(command: str, files: Files, examples: int, seed: int) -> tuple[Counter,
     if damage:
         counts["db damaged"] += 1
         crashes.append(damage)
-    return counts, crashes, time.perf_counter() - t0
+    return counts, crashes
+
+
+def note(command, kind, detail, argv, counts, crashes, jobs) -> None:
+    if command in LAUNCHERS and kind == "ok":
+        kind, detail = "crash", f"{argv}: accepted; a launcher must refuse the bad value"
+    counts[kind] += 1
+    if kind == "crash":
+        counts[crash_kind(detail)] += 1
+        if len(crashes) < 5:
+            crashes.append(detail)
+    if command == "submit" and kind == "ok":
+        jobs.add(detail.splitlines()[-1])
+
+
+def crash_kind(detail: str) -> str:
+    """hang (past the time limit), traceback (an exception escaped the CLI or one was printed), or
+    bad exit (an exit code other than 0/1, or an error that is not one line naming a flag or field)."""
+    if detail.startswith("hang"):
+        return "hang"
+    return "traceback" if "Traceback" in detail or "traceback printed" in detail else "bad exit"
+
+
+def in_subprocess(argv: list[str], files: Files) -> tuple[str, str]:
+    """The outcome of `python -m cli --state-dir STATE argv` as a real process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "cli", "--state-dir", str(files.state), *argv]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S, cwd=files.root)
+    except subprocess.TimeoutExpired:
+        return "crash", f"hang > {SUBPROCESS_TIMEOUT_S} s (process): {argv}"
+    return classify(argv, p.returncode, p.stdout, p.stderr)
+
+
+def fuzz_subprocess(
+    command: str, files: Files, examples: int, seed: int, until: float = float("inf")
+) -> tuple[Counter, list[str]]:
+    counts: Counter = Counter()
+    crashes: list[str] = []
+    jobs: set[str] = set()
+
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(argv=command_line(command, files))
+    def one(argv: list[str]) -> None:
+        if time.perf_counter() > until:
+            return
+        kind, detail = in_subprocess(argv, files)
+        note(command, kind, detail, argv, counts, crashes, jobs)
+
+    from hypothesis import seed as hseed
+
+    hseed(seed + 1)(one)()
+    damage = db_intact(files, jobs)
+    if damage:
+        counts["db damaged"] += 1
+        crashes.append(damage)
+    return counts, crashes
+
+
+def warm_prefect(files: Files) -> float:
+    """Start this process's Prefect temporary server (a discover of a cluster file) with no alarm."""
+    import contextlib
+    import io
+
+    from cli.main import run_cli
+
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run_cli(["--state-dir", str(files.state), "discover", "--cluster", str(CLUSTERS[0])])
+    if rc != 0:
+        raise SystemExit(f"warm-up discover failed: exit {rc}")
+    return time.perf_counter() - t0
+
+
+def seed_db(files: Files) -> None:
+    """A state folder with its DuckDB file, as a user's after a first command (a job queued): `db`,
+    `jobs` and `cancel` then read a real store (the no-store line is tests/flows/test_cli_errors.py's)."""
+    import contextlib
+    import io
+
+    from cli.main import run_cli
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run_cli(
+            ["--state-dir", str(files.state), "submit", "--model", "tiny", "--global-batch", "8", "--iterations", "3"]
+        )
+    if rc != 0:
+        raise SystemExit(f"seeding the store failed: exit {rc}")
+
+
+def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[dict]:
+    """Fuzz `commands` in this process on a state folder under `root`; one result row per command."""
+    import warnings
+
+    from hypothesis.errors import HypothesisDeprecationWarning
+
+    # the CLI's own use of `random` (temporary names) inside an example is not the generator's
+    warnings.filterwarnings("ignore", category=HypothesisDeprecationWarning)
+    os.environ["PREFECT_HOME"] = str(root / "prefect")
+    os.chdir(root)  # relative paths the generator writes (missing.json, ...) stay in here
+    files = Files(root)
+    rows = []
+    seed_db(files)
+    warm = warm_prefect(files) if FLOWS & set(commands) else None
+    end = time.perf_counter() + (args.budget_s or float("inf"))
+    for i, command in enumerate(commands):
+        n = args.light if command in LIGHT else args.examples
+        # --budget-s: what is left shared by the commands left; a command stops when its share is spent
+        share = (end - time.perf_counter()) / (len(commands) - i)
+        until_in, until_sub = time.perf_counter() + 0.85 * share, time.perf_counter() + share
+        t0, c0 = time.perf_counter(), time.process_time()
+        counts, crashes = fuzz(command, files, n, args.seed, until_in)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        t1 = time.perf_counter()
+        sub, sub_crashes = (
+            fuzz_subprocess(command, files, args.subprocess, args.seed, until_sub) if args.subprocess else ({}, [])
+        )
+        rows.append(
+            {
+                "command": command,
+                "counts": dict(counts),
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "warm_s": warm,
+                "sub": dict(sub),
+                "sub_wall_s": time.perf_counter() - t1,
+                "crashes": crashes + [f"(process) {c}" for c in sub_crashes],
+            }
+        )
+        print(f"{command:17} {dict(counts)}  {wall:6.1f} s; processes {dict(sub)}", file=sys.stderr, flush=True)
+        Path(args.partial).write_text(json.dumps(rows))  # what is done survives a worker stopped later
+    return rows
 
 
 _SUBMITTER = """
@@ -90,10 +251,9 @@ def start_submitter(files: Files) -> tuple[subprocess.Popen, Path]:
     """A second process submitting jobs to the same state folder until told to stop."""
     stop = files.root / "stop_submitter"
     stop.unlink(missing_ok=True)
-    root = str(Path(__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": root}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-c", _SUBMITTER, str(files.state), str(stop)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=root), stop
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT), stop
 
 
 def stop_submitter(proc: subprocess.Popen, stop: Path) -> tuple[set[str], int]:
@@ -104,41 +264,85 @@ def stop_submitter(proc: subprocess.Popen, stop: Path) -> tuple[set[str], int]:
     return {ln.split()[1] for ln in lines if ln.startswith("ok ")}, sum(1 for ln in lines if not ln.startswith("ok "))
 
 
+def split(commands: list[str], n: int, args: argparse.Namespace) -> list[list[str]]:
+    """Commands over n workers, the costliest first onto the least loaded (longest-processing-time)."""
+    cost = {c: COST.get(c, 0.08) * (args.light if c in LIGHT else args.examples) for c in commands}
+    bins: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(max(1, n))]
+    for c in sorted(commands, key=cost.get, reverse=True):
+        i = min(range(len(bins)), key=lambda k: bins[k][0])
+        bins[i] = (bins[i][0] + cost[c], [*bins[i][1], c])
+    return [b for _, b in bins if b]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--examples", type=int, default=2000, help="generated command lines per command")
+    ap.add_argument("--examples", type=int, default=2000, help="generated command lines per command, in process")
+    ap.add_argument("--light", type=int, default=300, help="examples for discover (a Prefect flow per valid line)")
+    ap.add_argument("--subprocess", type=int, default=50, help="more lines per command as real processes")
     ap.add_argument("--commands", default=",".join(COMMANDS), help="comma-separated subset")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (each its own state folder)")
+    ap.add_argument(
+        "--budget-s", type=float, default=0, help="wall seconds per worker (0: none); the table says how many ran"
+    )
+    ap.add_argument("--partial", help=argparse.SUPPRESS)
     ap.add_argument("--concurrent", action="store_true", help="a second process submits jobs the whole time")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: ROOT,OUT,CMD1,CMD2...
     args = ap.parse_args()
-    rows = []
+    if args.worker:
+        root, out, *commands = args.worker.split(",")
+        args.partial = out
+        Path(out).write_text(json.dumps(worker(commands, Path(root), args)))
+        return 0
+    commands = args.commands.split(",")
     failed: list[str] = []
+    t0, c0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="fuzz_cli_") as tmp:
-        os.environ["PREFECT_HOME"] = str(Path(tmp) / "prefect")
-        os.chdir(tmp)  # relative paths the generator writes (missing.json, ...) stay in here
-        files = Files(Path(tmp))
-        submitter = start_submitter(files) if args.concurrent else None
-        for command in args.commands.split(","):
-            counts, crashes, wall = fuzz(command, files, args.examples, args.seed)
-            rows.append((command, counts, wall))
-            failed += [f"[{command}] {c}" for c in crashes]
-            print(
-                f"{command:17} ok {counts['ok']:5}  error {counts['error']:5}  crash {counts['crash']:3}"
-                f"  {wall:6.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+        base = Path(tmp)
+        submitter = start_submitter(Files(base / "w0")) if args.concurrent else None
+        procs = []
+        for i, group in enumerate(split(commands, args.jobs, args)):
+            root, out = base / f"w{i}", base / f"w{i}.json"
+            root.mkdir(exist_ok=True)
+            cmd = [sys.executable, __file__, "--worker", ",".join([str(root), str(out), *group])]
+            cmd += ["--examples", str(args.examples), "--light", str(args.light), "--seed", str(args.seed)]
+            cmd += ["--subprocess", str(args.subprocess), "--budget-s", str(args.budget_s)]
+            procs.append((subprocess.Popen(cmd), out, group))
+        rows = []
+        for p, out, group in procs:
+            rc = p.wait()
+            if rc != 0 or not out.exists():
+                failed.append(f"[worker {group}] exited {rc} with no results")
+                continue
+            rows += json.loads(out.read_text())
         if submitter is not None:
             queued, refused = stop_submitter(*submitter)
-            lost = db_intact(files, queued)
+            lost = db_intact(Files(base / "w0"), queued)
             print(f"\nconcurrent submitter: {len(queued)} jobs queued, {refused} refused, db {lost or 'ok, none lost'}")
             if lost or refused:
                 failed.append(f"[concurrent submitter] {refused} submissions failed; {lost or 'none lost'}")
-    print(f"\n{'command':17} {'examples':>8} {'ok':>6} {'1-line error':>12} {'crash':>6} {'db':>4} {'wall s':>7}")
-    for command, c, wall in rows:
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rows.sort(key=lambda r: commands.index(r["command"]))
+    print(
+        f"\n{'command':17} {'examples':>8} {'ok':>6} {'1-line error':>12} {'traceback':>9} {'hang':>5}"
+        f" {'bad exit':>8} {'db':>4}"
+        f" {'wall s':>7} {'cpu s':>6} | {'processes':>9} {'ok':>4} {'error':>5} {'crash':>5}"
+    )
+    for r in rows:
+        c, s = Counter(r["counts"]), Counter(r["sub"])
         total = c["ok"] + c["error"] + c["crash"]
-        db = "bad" if c["db damaged"] else "ok"
-        print(f"{command:17} {total:8} {c['ok']:6} {c['error']:12} {c['crash']:6} {db:>4} {wall:7.1f}")
+        db = "bad" if c["db damaged"] or s["db damaged"] else "ok"
+        print(
+            f"{r['command']:17} {total:8} {c['ok']:6} {c['error']:12} {c['traceback']:9} {c['hang']:5}"
+            f" {c['bad exit']:8} {db:>4}"
+            f" {r['wall_s']:7.1f} {r['cpu_s']:6.1f} | {s['ok'] + s['error'] + s['crash']:9} {s['ok']:4}"
+            f" {s['error']:5} {s['crash']:5}"
+        )
+        failed += [f"[{r['command']}] {x}" for x in r["crashes"]]
+    warms = [r["warm_s"] for r in rows if r["warm_s"] is not None]
+    if warms:
+        print(f"\nPrefect temporary server warm-up (first discover, no alarm): {max(warms):.1f} s at most")
+    print(f"all: {wall:.0f} s wall over {len(procs)} worker(s); this process {cpu:.1f} s CPU")
     for f in failed:
         print("\n" + f)
     return 1 if failed else 0

@@ -82,13 +82,22 @@ def main(argv: list[str] | None = None) -> None:
 INTERRUPTED = "error: interrupted (Ctrl-C): what it started was stopped, a run it launched is closed as killed"
 
 
+_BUILT: dict[str, Any] = {}
+
+
 def run_cli(argv: list[str]) -> int:
     """The CLI on `argv`, in this process; returns the exit code (the fuzz tests call it directly)."""
     from typer.main import get_command
 
     if not argv:  # `meshplan` alone: the overview, not an error
         argv = ["--help"]
-    command = get_command(load_commands(argv))
+    app = load_commands(argv)
+    # typer builds the click command from the registered commands; built again only when a command
+    # module registered more (one process running many lines: the fuzz, tests)
+    key = tuple(id(c) for c in app.registered_commands)
+    if _BUILT.get("key") != key:
+        _BUILT.update(key=key, command=get_command(app))
+    command = _BUILT["command"]
     try:
         rc = command.main(args=argv, prog_name="meshplan", standalone_mode=False)
     except Exception as exc:
@@ -112,6 +121,9 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
     full = disk_full_line(exc)
     if full is not None:
         return full
+    late = prefect_start_line(exc)
+    if late is not None:
+        return late
     if isinstance(exc, MissingParameter) and exc.param is not None:
         return f"{_flag_of(exc.param)}: required; see {_help(argv)}"
     if isinstance(exc, BadParameter) and exc.param is not None:
@@ -130,6 +142,24 @@ def user_error_line(exc: BaseException, argv: list[str]) -> str | None:
         return str(exc)
     if type(exc).__name__ in {"StoreLockedError", "StoreDamagedError", "UserError"}:
         return str(exc)
+    return None
+
+
+def prefect_start_line(exc: BaseException) -> str | None:
+    """The one line for Prefect's temporary server not answering within its startup allowance (a busy
+    machine: its first start migrates a fresh SQLite DB; a port another process took first), or None."""
+    import os
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RuntimeError) and "ephemeral Prefect API server" in str(seen):
+            limit = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+            return (
+                f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={limit}: Prefect's temporary server did not "
+                "answer in time (the machine is busy); run the command again, raise that setting, or keep "
+                "one server up with `meshplan ui` (commands on this state folder then use it)"
+            )
+        seen = seen.__cause__ or seen.__context__
     return None
 
 

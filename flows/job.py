@@ -9,6 +9,8 @@ run folder, resuming from the folder's latest checkpoint. When the ranks exit:
   moved the job to `resizing` with a new allocation (or cancelled it), so the next loop re-plans
   for it and the relaunch reshards the checkpoint through DCP, resuming at the exact step the
   exit saved — nothing lost, nothing repeated;
+- because the ranks refused or diverged (a MeshplanError: a non-finite loss, a checkpoint that
+  cannot be loaded): `failed` at once with that one line; a relaunch would meet it again;
 - because a rank or node died: the job goes running → resizing → running and resumes from its
   latest verified checkpoint (the steps since that checkpoint are trained again, on the
   allocation then recorded), at most `max_failures` times, then `failed`. When one node's runner
@@ -145,21 +147,18 @@ def _run(
         error, survivors, preempted = None, None, False
         try:
             train_flow(db_path, request, job_id)
+        except MeshplanError as exc:  # the ranks refused or diverged: a relaunch would meet the same line
+            segments.append(_segment(alloc, plan, start, checkpoint_step(run_dir), "error"))
+            print(f"job {job_id}: {alloc} steps {start}..{segments[-1].to_step} (stopped: {exc})")
+            _fail(db_path, job_id, str(exc))
+            break
         except Exception as exc:  # the ranks died (or timed out): fall back to the latest checkpoint
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             survivors = _surviving(parse_alloc(alloc), exc)
             preempted = isinstance(exc, SlurmPreempted)
         ex = read_exit(run_dir)
         end = checkpoint_step(run_dir)
-        segments.append(
-            JobSegment(
-                allocation=alloc,
-                plan_fingerprint=plan.fingerprint(),
-                from_step=start,
-                to_step=end,
-                exit="error" if error else ("requested" if ex else "done"),
-            )
-        )
+        segments.append(_segment(alloc, plan, start, end, "error" if error else ("requested" if ex else "done")))
         print(f"job {job_id}: {alloc} steps {start}..{end} ({segments[-1].exit})")
         if error is None and ex is None:
             state = get_job(db_path, job_id)["state"]
@@ -184,6 +183,10 @@ def _run(
             )
         elif state == "running":
             transition(db_path, job_id, "resizing", f"{error}; resuming from the latest checkpoint (step {end})", alloc)
+
+
+def _segment(alloc: str, plan: Any, start: int, end: int, exit: str) -> JobSegment:
+    return JobSegment(allocation=alloc, plan_fingerprint=plan.fingerprint(), from_step=start, to_step=end, exit=exit)
 
 
 def _surviving(alloc: Allocation, exc: BaseException) -> tuple[str, int] | None:

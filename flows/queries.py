@@ -86,6 +86,13 @@ def search_now(
     return run_search(SearchJob.of(model, inputs, search or SearchConfig(), pricing))
 
 
+def whole_cluster(inputs: PricingInputs) -> int | None:
+    """The devices every plan of `inputs` uses: all of a discovered several-node cluster's (tasks.searching)."""
+    from tasks.searching import whole_cluster as devices
+
+    return devices(inputs)
+
+
 def store_search(db: str | Path, result: SearchResult) -> str:
     """Upsert a search's ranked plans and baselines; returns its search key."""
     from storage.plans import save_plans

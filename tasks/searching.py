@@ -36,6 +36,7 @@ class SearchJob:
     # the runtime plans are searched under, with its calibrated figures (planner.cost.runtimes.Pricing);
     # None: meshplan's plain estimate
     pricing: Pricing | None = None
+    num_devices: int | None = None  # only plans on this many devices (SearchSpace.num_devices)
 
     @classmethod
     def of(
@@ -55,6 +56,7 @@ class SearchJob:
             dtype=inputs.dtype,
             fp8=search.fp8,
             pricing=pricing,
+            num_devices=whole_cluster(inputs),
         )
 
 
@@ -70,6 +72,15 @@ def run_search(job: SearchJob) -> SearchResult | NoFeasiblePlan:
         top_k=job.top_k,
         time_budget_s=job.time_budget_s,
         calibration=job.calibration,
-        space=SearchSpace(fp8=True) if job.fp8 else None,
+        space=SearchSpace(fp8=job.fp8, num_devices=job.num_devices),
         pricing=job.pricing,
     )
+
+
+def whole_cluster(inputs: PricingInputs) -> int | None:
+    """Every device of a discovered several-node cluster (Slurm's, or one measured by hand with
+    torchrun), else None. Such a cluster is launched as nodes × ranks a node (`train --executor slurm
+    --nnodes N --nproc-per-node R`, torchrun's equal ranks on every node), so a plan on some of its
+    devices (3 of 2 × 2) is one the launch it was discovered for cannot run."""
+    c = inputs.cluster
+    return c.num_devices if inputs.snapshot is not None and c.num_nodes > 1 else None

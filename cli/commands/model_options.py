@@ -121,8 +121,18 @@ def read_model_file(path: Path) -> ModelSpec:
 
     if not path.exists():
         raise MeshplanError("--model", str(path), "no such file; pass a preset, `custom` or a model TOML file")
-    data = parse_toml(read_input(path, "--model", "model"), origin=path.name)
-    return parse(ModelSpec, {"name": path.stem, **data}, origin=path.name)
+    data = parse_toml(read_input(path, "--model", "model"), origin=str(path))
+    try:
+        return parse(ModelSpec, {"name": path.stem, **data}, origin=str(path))
+    except MeshplanError as exc:
+        # ModelSpec's own checks name "model.hidden" (a config's [model] section); in this file the key
+        # is `hidden` at top level: the line names the file and the key the user wrote
+        if exc.field.startswith(f"{path}: "):
+            raise
+        import re
+
+        leaf, fix = exc.field.removeprefix("model."), re.sub(r"\bmodel\.(?=[a-z_]+=)", "", exc.fix)
+        raise MeshplanError(f"{path}: {leaf}", exc.value, fix) from None
 
 
 def read_hf_model(model: str, seq_len: int | None = None) -> ModelSpec:

@@ -111,11 +111,13 @@ def plan(
     pricing = runtime_pricing(path, spec, rt)
     figures = pricing.label(spec.nodes[0].device_kind)
     res = search_now(m, inputs, s, pricing)
+    launch = whole_cluster_launch(inputs)
     if isinstance(res, NoFeasiblePlan):
+        reasons = list(res.reasons) + ([f"plans searched on every discovered device ({launch})"] if launch else [])
         if as_json:
-            typer.echo(json.dumps({"feasible": False, "reasons": list(res.reasons)}, indent=2))
+            typer.echo(json.dumps({"feasible": False, "reasons": reasons}, indent=2))
             raise typer.Exit(1)
-        raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(res.reasons))
+        raise MeshplanError("--model", m.name, "no feasible plan: " + "; ".join(reasons))
     if out is not None:
         out.write_text(res.best.to_json())
     rows = ranking_rows(res, m)
@@ -149,11 +151,25 @@ def plan(
     faster = [r for r in rows if r.get("launchable") is False and r["step_time_s"] < rows[0]["step_time_s"]]
     if faster:  # the summary's "best" is the fastest priced plan; say which one can actually run
         typer.echo(f"plan {faster[0]['rank']}* is faster but cannot be launched; plan 1 is the fastest that can")
+    if launch:
+        typer.echo(f"launch: {launch} (plans use every device of the {spec.num_nodes} discovered nodes)")
     if out is not None:
         typer.echo(f"best plan written to {out}")
     if store:  # after the answer: the user reads the ranking while DuckDB writes it
         sys.stdout.flush()
         store_search(path, res)
+
+
+def whole_cluster_launch(inputs: Any) -> str | None:
+    """`--nnodes N --nproc-per-node R` for a discovered several-node cluster (tasks.searching.whole_cluster:
+    its plans use every device), else None."""
+    from flows.queries import whole_cluster
+
+    n = whole_cluster(inputs)
+    if n is None:
+        return None
+    nodes = inputs.cluster.num_nodes
+    return f"--nnodes {nodes} --nproc-per-node {n // nodes}"
 
 
 @app.command()

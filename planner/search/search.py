@@ -169,7 +169,7 @@ def search(
         out: list[tuple[Folding | None, Stack, list]] = []
         for c in cp_degrees(space, classes, seq, found_plain):
             folds[c] = fo = fold_classes(classes, c)
-            cp_shapes = _shapes(model, fo.classes, space, max_dp)
+            cp_shapes = _shapes(model, fo.classes, space, max_dp, c)
             out += [(fo, with_cp(v, c), cp_shapes) for v in stack_variants(space, fo.classes, pricing)]
         return out
 
@@ -300,10 +300,12 @@ def _explore(
     return left
 
 
-def _shapes(model: ModelSpec, classes: list[DeviceClass], space: SearchSpace, max_dp: int) -> list:
+def _shapes(model: ModelSpec, classes: list[DeviceClass], space: SearchSpace, max_dp: int, cp: int = 1) -> list:
     shapes = list(pipeline_shapes(model, classes, space, max_dp)) if "pipeline" in space.families else []
     if "replicas" in space.families:
         shapes += list(replica_shapes(model, classes, space, max_dp))
+    if space.num_devices is not None:  # a folded device is cp physical ones
+        shapes = [s for s in shapes if s.devices * cp == space.num_devices]
     return shapes
 
 

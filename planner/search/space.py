@@ -49,6 +49,9 @@ class SearchSpace:
     # plan without cp is feasible (planner.search.cp states the rule)
     context_parallel: tuple[int, ...] = (1, 2, 4, 8)
     cp_min_seq: int = 8192
+    # only plans on exactly this many devices (None: any subset): `plan` after a multi-node discovery
+    # plans on every discovered device, the nodes × ranks a node `train --executor slurm` launches
+    num_devices: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,11 @@ class Shape:
     @property
     def pp(self) -> int:
         return sum(s.stages for s in self.segments)
+
+    @property
+    def devices(self) -> int:
+        """Devices the shape runs on (replicas: dp is the sum of the groups' replicas)."""
+        return self.dp * sum(s.stages * s.tp for s in self.segments)
 
 
 def count_options(nmax: int, exhaustive_below: int = 8) -> list[int]:

@@ -265,6 +265,23 @@ def test_submit_refuses_the_model_plan_refuses(files):
     assert not files.db.exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [("hidden = 65", "hidden=65: must be divisible by num_heads=4"), ("hidden = -3", "hidden=-3: too small")],
+)
+def test_a_model_file_with_a_bad_field_names_the_file_and_the_key(files, line, needle):
+    """ModelSpec's own checks (divisibility) and its field bounds both name the file and the key as
+    written in it (`hidden`, not the config section's `model.hidden`)."""
+    text = 'family = "llama"\nnum_layers = 4\nnum_heads = 4\nvocab_size = 1000\nseq_len = 64\n' + line + "\n"
+    model = _w(files, "mine.toml", text)
+    for argv in (
+        ["plan", "--model", model, "--cluster", MIXED],
+        ["submit", "--model", model, "--global-batch", "8", "--iterations", "3"],
+    ):
+        _error(argv, files, f"error: {model}: {needle}")
+    assert not files.db.exists()
+
+
 def test_a_bad_set_value_is_refused_beside_the_option_that_sets_the_same_field(files):
     argv = ["--set", "search.global_batch=abc", "plan", "--model", "tiny", "--cluster", MIXED, "--global-batch", "8"]
     _error(argv, files, "search.global_batch='abc'", "valid integer")

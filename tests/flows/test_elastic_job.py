@@ -141,3 +141,18 @@ def test_job_that_loses_a_rank_falls_back_to_its_latest_checkpoint_and_finishes_
     assert [e["to_state"] for e in events] == ["queued", "running", "resizing", "running", "finished"]
     assert "resuming from the latest checkpoint" in events[2]["reason"]
     assert_matches_reference(run_dir, "tiny", steps, lr=TRAIN["lr"], atol=ATOL)
+
+
+def test_a_diverging_job_fails_at_its_first_launch_with_the_one_line(tmp_path):
+    """A non-finite loss is not transient: the runner does not relaunch it until its failed-launch
+    limit; the job ends `failed` after one launch, its reason the ranks' line (step, values, --lr)."""
+    db, runs = str(tmp_path / "m.duckdb"), tmp_path / "runs"
+    train = {"data": "synthetic", "optimizer": "sgd", "lr": 10.0, "checkpoint_every": 0}
+    submit_job(db, "tiny", 8, 8, job_id="d", seq=32, train=train)
+    transition(db, "d", "running", "admitted by the test", "2xcpu/1")
+    job = job_flow(db, "d", "tests/data/cpu-2ranks.toml", str(runs), TrainConfig(timeout_s=300.0), max_failures=3)
+    assert job.state == "failed" and [s.exit for s in job.segments] == ["error"]
+    events = job_events(db, "d").to_dicts()
+    assert [e["to_state"] for e in events] == ["queued", "running", "failed"]
+    reason = events[-1]["reason"]
+    assert reason.startswith("--lr=10.0: training diverged at step") and "\n" not in reason, reason

@@ -130,7 +130,10 @@ def test_a_run_past_its_timeout_is_cancelled(tmp_path, slurm):
     assert slurm.run("squeue", "-h").strip() == ""  # scancel'd: nothing left queued or running
 
 
-def test_discovery_measures_two_allocated_nodes_into_one_snapshot(tmp_path, slurm):
+def test_readme_sequence_discovery_of_two_nodes_then_plan_then_train_on_them(tmp_path, slurm):
+    """The README's Slurm sequence as written: `discover --executor slurm --nodes 2` measures both
+    nodes into one snapshot; `plan --out` plans on every discovered device (nodes × ranks a node, what
+    `train --executor slurm` is given) and says the launch; `train` of that plan on 2 nodes × 1 runs."""
     out = meshplan(
         tmp_path, "--set", "discover.repeats=2", "--set", "discover.message_sizes=[1024, 65536]",
         "--set", "discover.matmul_size=128", "discover", "--executor", "slurm", "--nodes", "2", "--num-ranks", "1",
@@ -141,6 +144,19 @@ def test_discovery_measures_two_allocated_nodes_into_one_snapshot(tmp_path, slur
     assert (summary["num_nodes"], summary["num_devices"], summary["source"]) == (2, 2, "probe")
     assert {d["node"] for d in summary["devices"]} == {"n1", "n2"}  # Slurm's node names, not the shared hostname
     assert any(f["link_class"] == "inter-node" for f in summary["fits"]), summary["fits"]
+
+    plan = tmp_path / "plan.json"
+    out = meshplan(tmp_path, "plan", "--model", "tiny", "--budget", "2", "--out", str(plan))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "launch: --nnodes 2 --nproc-per-node 1" in out.stdout, out.stdout
+    devices = sorted(d for s in json.loads(plan.read_text())["stages"] for d in s["device_ids"])
+    assert devices == [0, 1]
+    out = meshplan(
+        tmp_path, *SGD, "train", "--plan", str(plan), "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
+        "--steps", "2", "--run-id", "readme", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert [r["step"] for r in rank0_rows(tmp_path / "runs" / "readme")] == [0, 1]
 
 
 # --- the multi-job scheduler on Slurm: the cluster read from scontrol, each launch an sbatch job ----

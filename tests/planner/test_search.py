@@ -214,3 +214,18 @@ def test_a_search_cut_before_any_plan_says_so():
     a finite bound left on the frontier: the summary must not try to print the missing best plan."""
     stats = SearchStats(complete=False, best_s=None, unexplored_bound_s=1.5, timed_out=True)
     assert "before any plan" in stats.summary()
+
+
+def test_a_device_count_keeps_only_plans_on_every_device():
+    """SearchSpace.num_devices (`plan` after a several-node discovery): on 2 nodes × 2 CPU ranks with a
+    slow link the fastest plan is one rank; asked for all 4, every ranked plan uses all 4, node-major."""
+    text = (Path(__file__).parents[1] / "data" / "cpu-2nodes.toml").read_text()
+    cluster = parse_cluster_toml(text.replace("num_devices = 1", "num_devices = 2").replace("2e9", "2e6"), "c")
+    free = search(get_model("tiny"), cluster, global_batch=6, seq=32, dtype="fp32", time_budget_s=5)
+    assert free.best.num_devices < 4
+    whole = search(
+        get_model("tiny"), cluster, global_batch=6, seq=32, dtype="fp32", time_budget_s=5,
+        space=SearchSpace(num_devices=4),
+    )  # fmt: skip
+    assert whole.plans and all(p.num_devices == 4 for p in whole.plans)
+    assert sorted(d for s in whole.best.stages for d in s.device_ids) == [0, 1, 2, 3]
