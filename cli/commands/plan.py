@@ -46,7 +46,8 @@ def plan(
     ] = None,
     top: Annotated[int | None, typer.Option("--top", min=1, max=MAX_TOP, help="how many plans to rank")] = None,
     budget: Annotated[
-        float | None, typer.Option("--budget", min=0.01, max=MAX_SECONDS, help="search time budget in seconds")
+        float | None,
+        typer.Option("--budget", min=0.01, max=MAX_SECONDS, help="search time budget in CPU seconds of the search"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="write the best plan as JSON here")] = None,

@@ -20,7 +20,8 @@ from planner.validation import parse, parse_toml
 
 # The plan search's time budget wherever a search runs without one given: `meshplan plan`, plan_flow,
 # re-planning's relayout search, the scheduler's speed model and planner.search.search itself. The
-# search is anytime (it stops at the budget once it holds a plan, and says what it may have missed).
+# search is anytime (it stops at the budget once it holds a plan, and says what it may have missed);
+# the budget counts the search thread's CPU seconds, so a loaded machine gets the same plans.
 SEARCH_BUDGET_S = 2.0
 # How long `meshplan serve` waits for its groups of ranks to come up (weights built, connected to the
 # router) before it stops them: the serving session's one launch timeout (tasks/serve.py, launcher/serving.py).
