@@ -41,16 +41,74 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# The overview `meshplan --help` prints: every command's summary (the first paragraph of its help), in
+# the order the modules register them, hidden ones marked. A command line that names no command
+# (`meshplan`, `meshplan --help`, a typo) is answered by stand-ins made from this table, importing no
+# command module (nor pydantic's RunOptions, which `train`'s flags are generated from): half the
+# start-up. tests/test_cli_commands.py checks the overview is the one the real commands print.
+SUMMARIES: dict[str, str] = {
+    "calibrate": "Fit a runtime's figures (kernel quality, per-micro-batch cost) per device kind on measured runs.",
+    "compare": "Price two plans on the same cluster and show their step-time terms and memory side by side.",
+    "export-weights": "Consolidate a run's checkpoint (any layout) into Hugging Face weights that transformers loads.",
+    "discover": "Discover the hardware: probe compute, memory and network (torchrun), or record a cluster file.",
+    "export": "Print a plan in torchtitan's or Megatron-LM's terms; what they cannot say is warned about on stderr.",
+    "gpus": "List the GPU catalog (datasheet figures and their sources).",
+    "models": "List the model presets.",
+    "db": "Show the tables of the meshplan database, or run a SQL query on it (read-only unless --write).",
+    "submit": "Queue a training job for the cluster scheduler (training options default to the config's train section).",
+    "jobs": "List the queue's jobs (and their transitions).",
+    "cancel": "Cancel a queued or running job (recorded as a transition).",
+    "schedule-cluster": "Serve scheduler_flow as a deployment on the `meshplan ui` server: one round every --every (Ctrl-C stops).",
+    "plan": "Search parallel plans; rank them by predicted step time against two baselines.",
+    "estimate": "Price a plan: step-time breakdown, tokens/s, MFU, memory per stage, feasibility.",
+    "profile": "Profile layers (forward/backward time, memory) into the database; estimate devices not present.",
+    "replan": "Detect stragglers in a run's telemetry, price keep / rebalance / relayout and record the decision.",
+    "replan-every": "Re-plan a run on an interval: serves replan_flow as a deployment on the `meshplan ui` server (Ctrl-C stops).",
+    "schedule": "Deprecated name of `replan-every`.",
+    "run": "Run the whole pipeline on this machine and print a summary of what each stage did.",
+    "serve-plan": "Search a placement and compare it with selective replication and one model per group.",
+    "serve-simulate": "Per-model SLO attainment, p50/p99 latency and goodput of a placement in the simulator.",
+    "serve": "Serve a placement on torch ranks: HTTP POST /models/<name> on 127.0.0.1, latencies into DuckDB.",
+    "simulate": "Replay a trace round by round and report JCT, queueing, makespan and utilisation per policy.",
+    "train": "Train under a plan with torchrun; telemetry goes to the database, predicted vs measured is reported.",
+    "ui": "Start the Prefect UI for this state folder; meshplan commands run meanwhile report to it.",
+    "data": "Prepare training data: tokenized, packed, split, with a manifest.",
+}
+HIDDEN = frozenset({"schedule"})
+
+
 def load_commands(argv: list[str] | None = None) -> Any:
-    """Register the commands `argv` may run on cli.app.app (all of them when `argv` is None or names
-    none of them) and return the app. Every word of `argv` that is a command name loads its module,
-    so an option value that happens to be one (`--config plan`) only loads one more module."""
+    """Register the commands `argv` may run on cli.app.app (all of them when `argv` is None) and
+    return the app; when `argv` names none, the overview's stand-ins (overview_app). Every word of
+    `argv` that is a command name loads its module, so an option value that happens to be one
+    (`--config plan`) only loads one more module."""
+    if argv is not None and not any(a in COMMANDS for a in argv):
+        return overview_app()
     mods = sorted({COMMANDS[a] for a in argv if a in COMMANDS}) if argv is not None else []
     for mod in mods or sorted(set(COMMANDS.values())):
         importlib.import_module(f"cli.commands.{mod}")
     from cli.app import app
 
     return app
+
+
+def overview_app() -> Any:
+    """cli.app.app's settings and global options with a stand-in per command (SUMMARIES): what a
+    command line naming no command needs, its help, `Missing command` or `No such command` with
+    the close names, without importing the commands."""
+    import copy
+
+    from cli.app import app
+
+    overview = copy.copy(app)
+    overview.registered_commands, overview.registered_groups = [], []
+    for name, summary in SUMMARIES.items():
+        overview.command(name, help=summary, hidden=name in HIDDEN)(_stand_in)
+    return overview
+
+
+def _stand_in() -> None:
+    raise RuntimeError("a stand-in command ran: a command line naming a command loads its module (cli.main.COMMANDS)")
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,6 @@ import json
 import socket
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from launcher import group
@@ -37,6 +36,8 @@ def server_file(state_dir: str | Path) -> Path:
 
 
 def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
+    import urllib.request  # here, not at the top: every command imports this module (tie_children) at start
+
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as r:
             return r.status == 200

@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import polars as pl
 
 import rundir
+
+if TYPE_CHECKING:  # polars is imported by the reads that return frames, not by `meshplan plan`
+    import polars as pl
 
 LOCK_WAIT_S = 60.0
 KEEP_BACKUPS = 3  # per database file; each is a whole copy
@@ -241,6 +244,8 @@ def query(
         try:
             rel = con.sql(sql, params=params) if params else con.sql(sql)
             if rel is None:
+                import polars as pl
+
                 return pl.DataFrame()  # a statement (DROP, UPDATE) returns nothing
             return (rel.limit(max_rows) if max_rows is not None else rel).pl()
         except duckdb.InterruptException:

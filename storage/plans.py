@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import polars as pl
 
 from planner.measure.profiles import ProfileTable
 from planner.specs.plan import Plan, parse_plan_json
 from storage.db import connect
 from storage.profiles import load_profile_table
+
+if TYPE_CHECKING:  # polars is imported by the reads that return frames (duckdb's .pl()), not by `meshplan plan`
+    import polars as pl
 
 _COLUMNS = (
     "plan_fingerprint, search_key, model, cluster, model_fingerprint, cluster_fingerprint, profile_fingerprint, "

@@ -94,12 +94,13 @@ def pricing_inputs(
     cpu_dtype: str = "fp32",
 ) -> PricingInputs:
     """Cluster, profiles, calibration and dtype for pricing `model` (see the module docstring)."""
-    from storage.hardware import resolve_snapshot
     from storage.plans import load_profiles_or_empty
 
     if cluster_file:
         cluster, calibration, fingerprint = read_cluster_file(cluster_file), None, None
     else:
+        from storage.hardware import resolve_snapshot  # polars and DuckDB: only a discovered snapshot needs them
+
         snap = resolve_snapshot(db_path, snapshot)
         cluster, calibration, fingerprint = snap.cluster, snapshot_calibration(db_path, model, snap), snap.fingerprint
     profiles, source = load_profiles_or_empty(db_path, model)

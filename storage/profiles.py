@@ -12,14 +12,15 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
 from planner.measure.profiles import LayerProfile, ProfileKey, ProfileTable
 from planner.specs.model import ModelSpec
 from storage.db import connect
+
+if TYPE_CHECKING:  # polars is imported by the reads that return frames (duckdb's .pl()), not by `meshplan plan`
+    import polars as pl
 
 KEY_COLUMNS = (
     "model_fingerprint",
@@ -170,8 +171,9 @@ def load_profile_table(
         sql += f" AND device_kind IN ({', '.join('?' for _ in device_kinds)})"
         params += list(device_kinds)
     with connect(db_path) as con:
-        frame = con.sql(sql + " ORDER BY estimated DESC, measured_at", params=params).pl()
-    return ProfileTable(_profile(r) for r in frame.iter_rows(named=True))
+        rel = con.sql(sql + " ORDER BY estimated DESC, measured_at", params=params)
+        names, rows = rel.columns, rel.fetchall()  # plain rows: no polars on the search's path
+    return ProfileTable(_profile(dict(zip(names, r, strict=True))) for r in rows)
 
 
 def _profile(r: dict[str, Any]) -> LayerProfile:

@@ -32,3 +32,25 @@ def test_a_command_loads_only_its_own_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert set(out.strip().split(",")) <= {"cli.commands.plan", "cli.commands.calibrate", "cli.commands.model_options"}
+
+
+def test_the_overview_is_the_real_commands_one_and_loads_none_of_them():
+    """`meshplan --help` (and a typo) is answered from cli.main.SUMMARIES without importing a command
+    module: what it prints is what the real commands print, and no command module or RunOptions loads."""
+    from typer.testing import CliRunner
+
+    from cli.main import overview_app
+
+    runner = CliRunner()
+    for args in (["--help"], ["plna"], []):
+        real = runner.invoke(load_commands(), args, env={"COLUMNS": "100"})
+        stand_in = runner.invoke(overview_app(), args, env={"COLUMNS": "100"})
+        assert (stand_in.output, stand_in.exit_code) == (real.output, real.exit_code), args
+    code = (
+        "import sys; from cli.main import run_cli; run_cli(['--help']); "
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(('cli.commands', 'planner.specs.runspec', "
+        "'pydantic', 'flows.queries')))), file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "Search parallel plans" in out.stdout
+    assert out.stderr.strip() == ""
