@@ -302,6 +302,7 @@ class Evaluator:
         # shareable between evaluators of one search whose problems give each model the same requests
         # (a trace and its sub-traces): a key names configs and models only, not slots
         self.cache: dict[tuple, tuple[dict[int, int], list[float]]] = {} if cache is None else cache
+        self.upper: dict[tuple, int] = {}  # good requests a stopped component is known not to exceed
         self.sims = 0
         self.requests = np.bincount(p.trace.model, minlength=len(p.models))
 
@@ -368,12 +369,14 @@ class Evaluator:
             else:
                 total += sum(hit[0].values())
         routed = [int(sum(self.requests[m] for m in {m for g in comp for m in hosts[g]})) for comp in todo]
-        optimistic = total + sum(routed)
+        # a component stopped before is known to serve no more than `upper`
+        optimistic = total + sum(min(n, self.upper.get(self._key(c, hosts)[1], n)) for c, n in zip(todo, routed))
         for comp, n in zip(todo, routed, strict=True):
-            budget = optimistic - target  # drops this component may have and still reach the target
-            if budget < 0:
-                return None
             keyed, key = self._key(comp, hosts)
+            n_opt = min(n, self.upper.get(key, n))
+            budget = optimistic - target + n - n_opt  # drops this component may have and still reach the target
+            if optimistic < target or budget < 0:
+                return None
             models = sorted({m for g in comp for m in hosts[g]})
             self.sims += 1
             r = self.p.run_within(
@@ -384,10 +387,11 @@ class Evaluator:
                 budget,
             )
             if r is None:
+                self.upper[key] = min(self.upper.get(key, n), n - budget - 1)
                 return None
             good = r.good()
             self.cache[key] = ({m: int(good[r.model == m].sum()) for m in models}, list(r.group_busy_s))
-            optimistic -= n - int(good.sum())
+            optimistic -= n_opt - int(good.sum())
         return optimistic if optimistic >= target else None
 
     def __call__(self, hosts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
