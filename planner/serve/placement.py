@@ -370,7 +370,9 @@ class Evaluator:
                 total += sum(hit[0].values())
         routed = [int(sum(self.requests[m] for m in {m for g in comp for m in hosts[g]})) for comp in todo]
         # a component stopped before is known to serve no more than `upper`
-        optimistic = total + sum(min(n, self.upper.get(self._key(c, hosts)[1], n)) for c, n in zip(todo, routed))
+        optimistic = total + sum(
+            min(n, self.upper.get(self._key(c, hosts)[1], n)) for c, n in zip(todo, routed, strict=True)
+        )
         for comp, n in zip(todo, routed, strict=True):
             keyed, key = self._key(comp, hosts)
             n_opt = min(n, self.upper.get(key, n))
