@@ -864,15 +864,15 @@ def search(
     # own bursts: the finalists' plain fills generalise differently from the improved one)
     held = held_in_problem(p, held_in * plan_requests)
     scored = []
-    held_cache: dict = {}  # finalists share components (the improved one and its own plain fill)
     top = -1  # a later finalist must beat the best so far (ties keep the earlier): losers stop early
     for j, (s, h) in enumerate(finals):
         h, left = serve_everyone(plan, s, h)
         if held is None:
             good = -j
-        else:
-            got = Evaluator(held, s, held_cache).at_least(h, top + 1)
-            good = -1 if got is None else got
+        else:  # the whole placement (as before: the Evaluator's group order breaks routing ties otherwise)
+            routed = int(np.isin(held.trace.model, sorted({m for x in h for m in x})).sum())
+            r = held.run_within([x.cfg for x in s], h, max_dropped=routed - top - 1)
+            good = -1 if r is None else int(r.good().sum())
             top = max(top, good)
         scored.append((good, -j, s, h, left))
     _, _, slots, hosts, left = max(scored, key=lambda x: (x[0], x[1]))
