@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.errors import MeshplanError
 from planner.limits import MAX_TRACE_S
 from planner.serve.cost import Config, ServeCost
-from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate
+from planner.serve.simulate import Measured, SimGroup, SimResult, replicate, simulate_within
 from planner.serve.workload import ServedModel, Trace, Workload, make_trace
 
 METHODS = ("meshplan", "selective-replication", "one-model-per-group")
@@ -113,6 +113,19 @@ class Problem:
     def run(
         self, cfgs: list[Config], hosts: list[list[int]], trace: Trace | None = None, overhead_s: float = 0.0
     ) -> SimResult:
+        r = self.run_within(cfgs, hosts, trace, overhead_s, None)
+        assert r is not None
+        return r
+
+    def run_within(
+        self,
+        cfgs: list[Config],
+        hosts: list[list[int]],
+        trace: Trace | None = None,
+        overhead_s: float = 0.0,
+        max_dropped: int | None = None,
+    ) -> SimResult | None:
+        """`run`; None once more than `max_dropped` requests are dropped (simulate.simulate_within)."""
         groups = [
             SimGroup(
                 c.pp, {m: self.times(m, c) for m in h}, self.workload.max_batch, overhead_s + self.cost.reply_s(c.kind)
@@ -123,7 +136,7 @@ class Problem:
         for gi, h in enumerate(hosts):
             for m in h:
                 routes.setdefault(m, []).append(gi)
-        return simulate(groups, routes, trace if trace is not None else self.trace, self.slo_s)
+        return simulate_within(groups, routes, trace if trace is not None else self.trace, self.slo_s, max_dropped)
 
 
 def single_device_latency(problem_cost: ServeCost, sm: ServedModel, kind: str) -> float:
@@ -284,9 +297,12 @@ class Evaluator:
     key interchangeable — so a step that adds or moves a replica re-simulates only the component it
     touches (incremental simulation); `sims` counts the simulations run."""
 
-    def __init__(self, p: Problem, slots: list[Slot]) -> None:
+    def __init__(self, p: Problem, slots: list[Slot], cache: dict | None = None) -> None:
         self.p, self.slots = p, slots
-        self.cache: dict[tuple, tuple[dict[int, int], list[float]]] = {}
+        # shareable between evaluators of one search whose problems give each model the same requests
+        # (a trace and its sub-traces): a key names configs and models only, not slots
+        self.cache: dict[tuple, tuple[dict[int, int], list[float]]] = {} if cache is None else cache
+        self.upper: dict[tuple, int] = {}  # good requests a stopped component is known not to exceed
         self.sims = 0
         self.requests = np.bincount(p.trace.model, minlength=len(p.models))
 
@@ -313,13 +329,17 @@ class Evaluator:
                 comps.setdefault(find(g), []).append(g)
         return list(comps.values())
 
-    def _component(self, groups: list[int], hosts: list[list[int]]) -> tuple[dict[int, int], list[float]]:
+    def _key(self, groups: list[int], hosts: list[list[int]]) -> tuple[list[int], tuple]:
         keyed = sorted(
             groups, key=lambda g: (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, sorted(hosts[g]))
         )
         key = tuple(
             (self.slots[g].cfg.kind, self.slots[g].cfg.pp, self.slots[g].cfg.tp, tuple(sorted(hosts[g]))) for g in keyed
         )
+        return keyed, key
+
+    def _component(self, groups: list[int], hosts: list[list[int]]) -> tuple[dict[int, int], list[float]]:
+        keyed, key = self._key(groups, hosts)
         hit = self.cache.get(key)
         if hit is None:
             models = sorted({m for g in groups for m in hosts[g]})
@@ -332,6 +352,49 @@ class Evaluator:
             self.cache[key] = hit
         good_m, busy = hit
         return good_m, [busy[keyed.index(g)] for g in groups]
+
+    def at_least(self, hosts: list[list[int]], target: int) -> int | None:
+        """Good requests of `hosts` when ≥ `target`, else None: cached components first, the others
+        simulated with a drop budget (each assumed to serve all its requests but what the budget
+        allows) and stopped once they cannot reach `target` — a stopped run is not cached."""
+        if self.p.workload.max_batch != 1:
+            total = int(self(hosts)[0].sum())
+            return total if total >= target else None
+        comps = self.components(hosts)
+        total, todo = 0, []
+        for comp in comps:
+            hit = self.cache.get(self._key(comp, hosts)[1])
+            if hit is None:
+                todo.append(comp)
+            else:
+                total += sum(hit[0].values())
+        routed = [int(sum(self.requests[m] for m in {m for g in comp for m in hosts[g]})) for comp in todo]
+        # a component stopped before is known to serve no more than `upper`
+        optimistic = total + sum(
+            min(n, self.upper.get(self._key(c, hosts)[1], n)) for c, n in zip(todo, routed, strict=True)
+        )
+        for comp, n in zip(todo, routed, strict=True):
+            keyed, key = self._key(comp, hosts)
+            n_opt = min(n, self.upper.get(key, n))
+            budget = optimistic - target + n - n_opt  # drops this component may have and still reach the target
+            if optimistic < target or budget < 0:
+                return None
+            models = sorted({m for g in comp for m in hosts[g]})
+            self.sims += 1
+            r = self.p.run_within(
+                [self.slots[g].cfg for g in keyed],
+                [sorted(hosts[g]) for g in keyed],
+                self.p.sub_trace(models),
+                0.0,
+                budget,
+            )
+            if r is None:
+                self.upper[key] = min(self.upper.get(key, n), n - budget - 1)
+                return None
+            good = r.good()
+            self.cache[key] = ({m: int(good[r.model == m].sum()) for m in models}, list(r.group_busy_s))
+            optimistic -= n_opt - int(good.sum())
+        return optimistic if optimistic >= target else None
 
     def __call__(self, hosts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """(good requests per model, first-stage busy seconds per group)."""
@@ -374,6 +437,13 @@ def fast_greedy(
     used = [sum(weight[(m, g)] for m in h) for g, h in enumerate(hosts)]
     pool = list(range(len(p.models))) if only is None else list(only)
     while True:
+        if not any(
+            m not in hosts[g] and used[g] + weight[(m, g)] <= cap[g]
+            for m in pool
+            for g in range(len(slots))
+            if (m, g) in weight
+        ):
+            return hosts  # memory full: no simulation needed to know it (the caller may not need one)
         good, busy = ev(hosts)
         unserved = ev.requests - good
         models = sorted(pool, key=lambda m: (-unserved[m], m))
@@ -414,11 +484,11 @@ def fill(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator) -
             ]
             best = None
             for g in sorted(opts, key=lambda g: (busy[g], g)):
-                hosts[g].append(m)
-                gain = int(ev(hosts)[0].sum()) - base
+                hosts[g].append(m)  # kept when it gains ≥ 0 and more than the best so far: others stop early
+                got = ev.at_least(hosts, base if best is None else base + best[0] + 1)
                 hosts[g].pop()
-                if gain >= 0 and (best is None or gain > best[0]):
-                    best = (gain, g)
+                if got is not None:
+                    best = (got - base, g)
                 if unserved[m] == 0:  # nothing to gain: the least loaded group that does not lose
                     if best is not None:
                         break
@@ -608,8 +678,8 @@ def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator
                     trial = [list(h) for h in hosts]
                     trial[g] = [y for y in trial[g] if y != x] + [m_in]
                     trial = fast_greedy(p, slots, trial, ev)
-                    t_good, _ = ev(trial)
-                    if int(t_good.sum()) > best:
+                    if ev.at_least(trial, best + 1) is not None:  # a loser stops early
+                        t_good, _ = ev(trial)
                         hosts, good, best, moved = trial, t_good, int(t_good.sum()), True
                         break
                     misses += 1
@@ -625,7 +695,7 @@ def improve(p: Problem, slots: list[Slot], hosts: list[list[int]], ev: Evaluator
 
 
 def mixed_slots(
-    p: Problem, screen: Problem, shapes: set[tuple[int, int]] | None = None
+    p: Problem, screen: Problem, shapes: set[tuple[int, int]] | None = None, cache: dict | None = None
 ) -> list[tuple[int, list[Slot], list[tuple[list[int], list[int]]]]]:
     """Partitions mixing configurations, on a cluster of one node group: the models cut by size into
     a small and a large bucket (at each size-class boundary), the devices split between them by
@@ -660,7 +730,7 @@ def mixed_slots(
                     if (shapes is not None and (pp, tp) not in shapes) or not all(sub.fits(m, cfg) for m in models):
                         continue
                     slots = [Slot((), cfg) for _ in range(d // size)]
-                    ev = Evaluator(sub, slots)
+                    ev = Evaluator(sub, slots, cache)
                     good = int(ev(fast_greedy(sub, slots, ev=ev, only=models))[0].sum())
                     if good > out[0]:
                         out = (good, cfg)
@@ -693,13 +763,17 @@ def mixed_slots(
     return out
 
 
-def bucket_fill(p: Problem, slots: list[Slot], buckets: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+def bucket_fill(
+    p: Problem, slots: list[Slot], buckets: list[tuple[list[int], list[int]]], cache: dict | None = None
+) -> list[list[int]]:
     """The fast greedy per bucket: each bucket's models on its own groups only, on their requests
-    (AlpaServe's bucketed placement: the small models do not crowd the large ones' groups)."""
+    (AlpaServe's bucketed placement: the small models do not crowd the large ones' groups). `cache`:
+    an Evaluator cache of `p`'s trace (a bucket's sub-trace gives its models the same requests)."""
     hosts: list[list[int]] = [[] for _ in slots]
     for models, idx in buckets:
         sub = Problem(p.workload, p.cost, p.sub_trace(models), p.slo_s)
-        for g, h in zip(idx, fast_greedy(sub, [slots[g] for g in idx], only=models), strict=True):
+        sl = [slots[g] for g in idx]
+        for g, h in zip(idx, fast_greedy(sub, sl, ev=Evaluator(sub, sl, cache), only=models), strict=True):
             hosts[g] = h
     return hosts
 
@@ -743,13 +817,16 @@ def search(
         )
     )
     bounds = [latency_bound(screen, slots) for slots in slot_sets]
+    # one simulation cache per trace, shared by every evaluator on it (and on its sub-traces)
+    plan_cache: dict = {}
+    screen_cache = plan_cache if screen is plan else {}
     # (good requests on the screen, order, slots, hosts, evaluator)
     ranked: list[tuple[int, int, list[Slot], list[list[int]] | None, Evaluator | None]] = []
     for i in sorted(range(len(slot_sets)), key=lambda i: -bounds[i]):
         if ranked and bounds[i] < max(r[0] for r in ranked):
             continue  # cannot beat what is already screened
         slots = slot_sets[i]
-        ev = Evaluator(screen, slots)
+        ev = Evaluator(screen, slots, screen_cache)
         hosts = fast_greedy(screen, slots, ev=ev)
         ranked.append((int(ev(hosts)[0].sum()), -i, slots, hosts, ev))
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
@@ -758,7 +835,7 @@ def search(
     head = Problem(
         plan.workload, plan.cost, _head(plan.trace, max(200, int(len(plan.trace) * mixed_share))), plan.slo_s
     )
-    mixed = mixed_slots(plan, head, shapes)
+    mixed = mixed_slots(plan, head, shapes, plan_cache if head.trace is plan.trace else {})
     buckets = {-len(slot_sets) - j: b for j, (_, _, b) in enumerate(mixed)}
     ranked += [(good, -len(slot_sets) - j, slots, None, None) for j, (good, slots, _) in enumerate(mixed)]
     ranked.sort(key=lambda r: (r[0], r[1]), reverse=True)
@@ -771,9 +848,9 @@ def search(
     done: list[tuple[int, list[Slot], list[list[int]], Evaluator]] = []
     for good, order, slots, hosts, ev in picks:
         if hosts is None or ev is None or screen is not plan:
-            ev = Evaluator(plan, slots)
+            ev = Evaluator(plan, slots, plan_cache)
             if order in buckets:  # bucket by bucket, then the memory a bucket left where the plan gains
-                hosts = fill(plan, slots, bucket_fill(plan, slots, buckets[order]), ev)
+                hosts = fill(plan, slots, bucket_fill(plan, slots, buckets[order], plan_cache), ev)
             else:
                 hosts = fast_greedy(plan, slots, ev=ev)
             good = int(ev(hosts)[0].sum())
@@ -787,9 +864,16 @@ def search(
     # own bursts: the finalists' plain fills generalise differently from the improved one)
     held = held_in_problem(p, held_in * plan_requests)
     scored = []
+    top = -1  # a later finalist must beat the best so far (ties keep the earlier): losers stop early
     for j, (s, h) in enumerate(finals):
         h, left = serve_everyone(plan, s, h)
-        good = int(held.run([x.cfg for x in s], h).good().sum()) if held is not None else -j
+        if held is None:
+            good = -j
+        else:  # the whole placement (as before: the Evaluator's group order breaks routing ties otherwise)
+            routed = int(np.isin(held.trace.model, sorted({m for x in h for m in x})).sum())
+            r = held.run_within([x.cfg for x in s], h, max_dropped=routed - top - 1)
+            good = -1 if r is None else int(r.good().sum())
+            top = max(top, good)
         scored.append((good, -j, s, h, left))
     _, _, slots, hosts, left = max(scored, key=lambda x: (x[0], x[1]))
     pl = _placement("meshplan", p, slots, hosts, _score(p, slots, hosts), time.monotonic() - t0)

@@ -94,6 +94,7 @@ class SimGroup:
     free: list[float] = field(default_factory=list)
     queue: deque = field(default_factory=deque)
     busy_s: float = 0.0  # first-stage busy time (utilisation)
+    dropped: int = 0  # requests dropped so far (a budgeted run stops once they pass its budget)
     queued_s: float = 0.0  # first-stage seconds of the queued requests (the routing backlog)
     measured: Measured | None = None  # per-request samples: draw each request's times (module docstring)
     seed: int = 0
@@ -105,6 +106,7 @@ class SimGroup:
         self.queue = deque()
         self.busy_s = 0.0
         self.queued_s = 0.0
+        self.dropped = 0
         self._draws = {}
         self._rng = np.random.default_rng(self.seed)
 
@@ -185,6 +187,7 @@ def _advance(g: SimGroup, until: float, arrival: list, model: list, deadline: li
                 e = b + t
                 ends.append(e)
             if e + g.overhead_s > deadline[head]:
+                g.dropped += 1
                 continue  # dropped: latency stays NaN
             free[: len(ends)] = ends
             g.busy_s += stages[0]
@@ -286,6 +289,18 @@ def replicate(
 
 def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace, slo_s: np.ndarray) -> SimResult:
     """Serve `trace` on `groups`; `routes[m]` = the groups hosting model m (none: its requests drop)."""
+    r = simulate_within(groups, routes, trace, slo_s, None)
+    assert r is not None
+    return r
+
+
+def simulate_within(
+    groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace, slo_s: np.ndarray, max_dropped: int | None
+) -> SimResult | None:
+    """`simulate`, stopped early: None as soon as more than `max_dropped` requests are dropped (for
+    groups of one request per batch, no measured samples, every request routed: a served request
+    then meets its deadline, so good = requests − dropped) — a candidate that cannot beat an
+    incumbent is not simulated to the end."""
     arrival, model = trace.arrival_s, trace.model
     deadline = arrival + slo_s[model]
     out = [float("nan")] * len(arrival)
@@ -294,6 +309,8 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
     arr_list, mod_list = arrival.tolist(), model.tolist()
     dl_list = deadline.tolist()
     for r in range(len(arr_list)):
+        if max_dropped is not None and not r & 63 and sum(g.dropped for g in groups) > max_dropped:
+            return None
         t, m = arr_list[r], mod_list[r]
         hosts = routes.get(m)
         if not hosts:
@@ -313,4 +330,6 @@ def simulate(groups: list[SimGroup], routes: dict[int, list[int]], trace: Trace,
         _advance(g, t, arr_list, mod_list, dl_list, out)
     for g in groups:
         _advance(g, float("inf"), arr_list, mod_list, dl_list, out)
+    if max_dropped is not None and sum(g.dropped for g in groups) > max_dropped:
+        return None
     return SimResult(np.array(out), model, slo_s, trace.duration_s, [g.busy_s for g in groups])

@@ -342,3 +342,20 @@ def test_calibration_and_serving_figures_are_per_device_kind() -> None:
         tp_serial=pytest.approx(0.5),
     )
     assert fit[kind] == KindServing(front_s=pytest.approx(0.001), tp_serial=pytest.approx(0.0))
+
+
+def test_a_budgeted_evaluation_agrees_and_stops_a_loser_early() -> None:
+    """Evaluator.at_least: the full count when the target is reached; None (and nothing cached) when not."""
+    p = _tight((30.0, 10.0, 10.0, 10.0))
+    slots = [Slot((d,), Config(V100.nodes[0].device_kind, 1, 1)) for d in range(4)]
+    hosts = [[0, 1], [0, 2], [3], [1]]
+    full = int(Evaluator(p, slots)(hosts)[0].sum())
+    assert 0 < full < len(p.trace)  # some requests are lost: a budget can run out
+    assert Evaluator(p, slots).at_least(hosts, full) == full
+    ev = Evaluator(p, slots)
+    assert ev.at_least(hosts, full + 1) is None
+    assert ev.sims == len(ev.components(hosts)) == 2 and len(ev.cache) == 1  # a stopped run is not a result
+    r = p.run_within([s.cfg for s in slots], hosts, max_dropped=len(p.trace) - full - 1)
+    assert r is None
+    r = p.run_within([s.cfg for s in slots], hosts, max_dropped=len(p.trace) - full)
+    assert r is not None and int(r.good().sum()) == full
