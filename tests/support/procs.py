@@ -1,7 +1,7 @@
 """Start processes in tests the one way the product does (launcher/group.py): a tagged group in a
 session of its own, stopped by `group.stop`, signalled by `group.send`.
 
-`start` takes a whole environment, as `subprocess.Popen` does: what `env` lacks of this process's
+`start` takes a whole environment, as Popen does: what `env` lacks of this process's
 environment is dropped (`drop_env`), what it adds or changes is set (`extra_env`).
 """
 
