@@ -37,6 +37,8 @@ from pathlib import Path
 
 import duckdb
 
+from launcher import group
+
 CLUSTER = """name = "cpu-2"
 [[nodes]]
 name = "cpu"
@@ -148,12 +150,11 @@ def main() -> None:
     (tmp / "cpu.toml").write_text(CLUSTER)
     (tmp / "placement.json").write_text(json.dumps(PLACEMENT))
     port = free_port()
-    env = dict(os.environ, PREFECT_HOME=str(tmp / "prefect"), OMP_NUM_THREADS="1")
-    env.pop("PREFECT_API_URL", None)
+    env = {"PREFECT_HOME": str(tmp / "prefect"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp), "serve", "--placement", str(tmp / "placement.json")]
     cmd += ["--cluster", str(tmp / "cpu.toml"), "--port", str(port), "--serve-s", "600"]
     cpu0 = time.process_time()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = group.start(cmd, extra_env=env, drop_env=("PREFECT_API_URL",), capture=True)  # as a user starts it
     marks: list = []
     probes = 1  # the readiness probe that was answered
     try:

@@ -19,7 +19,7 @@ from prefect import flow
 
 from flows.outcomes import DiscoverOutcome
 from planner.errors import MeshplanError
-from planner.specs.config import DiscoverConfig
+from planner.specs.config import TASK_GRACE_S, DiscoverConfig
 from planner.specs.slurm import SlurmOptions
 from tasks.discover import (
     ingest_snapshot,
@@ -72,7 +72,7 @@ def discover_flow(
             raise MeshplanError("--executor", "slurm", "discovery through Slurm needs a run folder the nodes share")
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         sizes = list(message_sizes or DiscoverConfig().message_sizes)
-        bench = run_netbench_slurm.with_options(timeout_seconds=timeout_s + 60)
+        bench = run_netbench_slurm.with_options(timeout_seconds=timeout_s + TASK_GRACE_S)
         path = bench(run_dir, slurm_nodes, num_ranks, sizes, repeats, matmul_size, timeout_s, slurm or SlurmOptions())
         return _summary(ingest_snapshot(db_path, path), False, "probe", db_path)
 
@@ -81,7 +81,7 @@ def discover_flow(
         return _summary(ident["fingerprint"], True, "probe", db_path)
 
     sizes = list(message_sizes or DiscoverConfig().message_sizes)
-    bench = run_netbench.with_options(timeout_seconds=timeout_s + 60)
+    bench = run_netbench.with_options(timeout_seconds=timeout_s + TASK_GRACE_S)
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         path = bench(run_dir, ident["num_ranks"], sizes, repeats, matmul_size, timeout_s)

@@ -86,7 +86,7 @@ def profile_flow(
         reused = len(wanted) - len(todo)
         # Sequential on purpose: two profilers sharing cores would time each other's interference.
         for group in shape_groups(todo).values():
-            task = profile_group.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
+            task = profile_group.with_options(retries=retries, timeout_seconds=p.task_timeout_s)
             runs += 1
             # tp blocks are timed on a real tp group where this node has tp devices (CPU: cores)
             real_tp = group[0].tp <= here.get("device_count", 1)
@@ -117,7 +117,7 @@ def profile_flow(
         if local_kind == "cpu" and missing_optimizer_profile(
             db_path, model, local_kind, here["torch_version"], opt_ranks
         ):
-            task = profile_optimizer.with_options(retries=retries, timeout_seconds=timeout_s * (retries + 1) + 60)
+            task = profile_optimizer.with_options(retries=retries, timeout_seconds=p.task_timeout_s)
             state = task(model, here["torch_version"], timeout_s, run_dir, opt_ranks, return_state=True)
             if state.is_completed():
                 upsert_optimizer_profiles(db_path, state.result())

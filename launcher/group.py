@@ -125,6 +125,16 @@ def stop(proc: subprocess.Popen) -> None:
     _kill_until_gone(listed, lambda: job_processes(proc.pid, tag), 10.0)
 
 
+def send(proc: subprocess.Popen | int, sig: int) -> None:
+    """Send `sig` to the process group `proc` leads (a Popen from `start`, or the pid of a group
+    leader this process holds no handle on, such as a job's runner read from its row): what a
+    terminal's Ctrl-C does is `send(proc, signal.SIGINT)`. A group already gone is no error."""
+    try:
+        os.killpg(proc if isinstance(proc, int) else proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def stop_labelled(key: str, value: str, term_wait_s: float = 5.0) -> int:
     """Stop every process labelled `key=value` (whoever started it, alive parent or not): SIGTERM,
     up to `term_wait_s` to exit, then SIGKILL until /proc shows none. Returns how many there were."""
@@ -151,9 +161,12 @@ def start(
     show_stderr: bool = False,
     detached: bool = False,
     drop_env: tuple[str, ...] = (),
+    merge_stderr: bool = False,
+    quiet: bool = False,
 ) -> subprocess.Popen:
     """Start `cmd` as a tagged group in its own session: output appended to `log_path`, or captured
-    (`capture`: stdout, and stderr unless `show_stderr`), or inherited. Wait for it, then call
+    (`capture`: stdout, and stderr unless `show_stderr`; `merge_stderr`: stderr into stdout's pipe),
+    or inherited (`quiet`: discarded instead). Wait for it, then call
     `forget` — or `stop` to take it down. `detached`: it outlives this command (no lifeline label,
     launcher/lifeline.py) — only what something else tracks, such as a job's runner. `drop_env`:
     names of this process's environment the group must not inherit (a Prefect server must not be
@@ -170,10 +183,11 @@ def start(
         with log_path.open("a") as log:  # the child keeps its own copy of the descriptor
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **kw)
     elif capture:
-        err = None if show_stderr else subprocess.PIPE
+        err = subprocess.STDOUT if merge_stderr else None if show_stderr else subprocess.PIPE
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, **kw)
     else:
-        proc = subprocess.Popen(cmd, **kw)
+        out = subprocess.DEVNULL if quiet else None
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, **kw)
     _job_tags[proc.pid] = tag
     return proc
 

@@ -13,9 +13,10 @@ import sys
 from typing import Any
 
 from planner.errors import MeshplanError
+from planner.specs.config import IDENTIFY_TIMEOUT_S
 
 
-def identify(timeout_s: float = 120.0) -> dict[str, Any]:
+def identify(timeout_s: float = IDENTIFY_TIMEOUT_S) -> dict[str, Any]:
     """Host facts and CUDA devices of this node (no measurement: about a torch import's time)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "worker.probe", "--identity"]

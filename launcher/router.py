@@ -39,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from planner.errors import MeshplanError
 from planner.serve.placement import Placement
 from planner.serve.workload import Trace
+from planner.specs.config import SERVE_REQUEST_TIMEOUT_S
 
 LOOPBACK = "127.0.0.1"
 BACKLOG = 1024  # listen queue of the HTTP socket (socketserver's default 5 resets a burst of 200)
@@ -104,7 +105,9 @@ REPLIES = {
 class Router:
     """Rank connections, group health, routing and the request log (module docstring)."""
 
-    def __init__(self, pl: Placement, slo_s: dict[str, float], run_id: str, request_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, pl: Placement, slo_s: dict[str, float], run_id: str, request_timeout_s: float = SERVE_REQUEST_TIMEOUT_S
+    ) -> None:
         self.pl, self.slo_s, self.run_id = pl, slo_s, run_id
         self.timeout_s = request_timeout_s
         self.hosts = {m.name: [i for i, g in enumerate(pl.groups) if m.name in g.models] for m in pl.models}
@@ -363,7 +366,9 @@ def post(port: int, name: str, timeout_s: float, body: bytes = b"{}") -> int:
         conn.close()
 
 
-def replay(port: int, trace: Trace, names: list[str], timeout_s: float = 60.0, t0: float | None = None) -> list[int]:
+def replay(
+    port: int, trace: Trace, names: list[str], timeout_s: float = SERVE_REQUEST_TIMEOUT_S, t0: float | None = None
+) -> list[int]:
     """Send each request of `trace` at its arrival time (relative to `t0`, time.monotonic(), default
     now); HTTP statuses in order. Each sending thread keeps its connection open (HTTP/1.1 keep-alive):
     a connect, an accept and a server thread per request would load the CPUs the ranks run on just

@@ -36,6 +36,7 @@ from pathlib import Path
 import rundir
 from launcher.launch import Launch, rank_command
 from planner.errors import MeshplanError
+from planner.specs.config import SLURM_COMMAND_TIMEOUT_S
 from planner.specs.slurm import SLURM_DEFAULTS, SlurmOptions
 
 NOT_SHARED_EXIT = 3
@@ -119,7 +120,7 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
-def _slurm(*cmd: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess:
+def _slurm(*cmd: str, timeout_s: float = SLURM_COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:

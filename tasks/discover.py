@@ -30,6 +30,7 @@ from planner.measure.discovery import (
 )
 from planner.measure.ops import NetbenchSpec
 from planner.specs.cluster import ClusterSpec
+from planner.specs.config import IDENTIFY_TIMEOUT_S, TASK_GRACE_S
 from planner.specs.slurm import SlurmOptions
 from planner.validation import parse
 from storage import files
@@ -56,7 +57,7 @@ def read_cluster_file(path: str) -> ClusterSpec:
     name="probe-identity",
     retries=2,
     retry_delay_seconds=2,
-    timeout_seconds=120,
+    timeout_seconds=IDENTIFY_TIMEOUT_S + TASK_GRACE_S,
     cache_policy=NO_CACHE,
     retry_condition_fn=_retry_unless_user_error,
 )

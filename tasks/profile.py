@@ -24,6 +24,7 @@ from launcher import group
 from planner.measure.calibrate import OPTIMIZER_LAYOUTS
 from planner.measure.ops import ProfilerSpec
 from planner.measure.profiles import CommFit, ProfileKey, ProfileTable
+from planner.specs.config import DEVICE_PROBE_TIMEOUT_S, TASK_GRACE_S, ProfileConfig
 from planner.specs.model import ModelSpec
 from storage.profiles import (
     ingest_jsonl,
@@ -49,10 +50,16 @@ def _run(cmd: list[str], timeout_s: float, show_stderr: bool) -> group.Finished[
     return group.run(cmd, timeout_s, "profiler", {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, None, show_stderr)
 
 
-@task(name="local-device", retries=2, retry_delay_seconds=2, timeout_seconds=180, cache_policy=NO_CACHE)
+@task(
+    name="local-device",
+    retries=2,
+    retry_delay_seconds=2,
+    timeout_seconds=DEVICE_PROBE_TIMEOUT_S + TASK_GRACE_S,
+    cache_policy=NO_CACHE,
+)
 def local_device() -> dict[str, Any]:
     """{device, device_kind, dtype, torch_version} of this machine, as the profiler subprocess sees it."""
-    res = _run(_profiler(ProfilerSpec(print_device=True)), 150, show_stderr=False)
+    res = _run(_profiler(ProfilerSpec(print_device=True)), DEVICE_PROBE_TIMEOUT_S, show_stderr=False)
     if res.returncode != 0:
         raise RuntimeError(f"profiler --print-device exited {res.returncode}: {res.stderr.strip()[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -75,7 +82,7 @@ def group_out_path(run_dir: str, model: ModelSpec, keys: list[ProfileKey]) -> Pa
     name="profile-layers",
     retries=2,
     retry_delay_seconds=3,
-    timeout_seconds=900,
+    timeout_seconds=ProfileConfig().task_timeout_s,  # the flow sets its config's (flows/profile.py)
     cache_policy=stable_inputs("run_dir", "show_progress"),
 )
 def profile_group(

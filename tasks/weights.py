@@ -14,13 +14,14 @@ from prefect.cache_policies import NO_CACHE
 
 from launcher import group
 from planner.errors import MeshplanError
+from planner.specs.config import EXPORT_TIMEOUT_S
 from planner.specs.hf import ExportSpec
 
 EXPORTER = [sys.executable, "-m", "worker.export_hf"]
 
 
 @task(name="export-weights", cache_policy=NO_CACHE, retries=0)
-def export_weights(spec: ExportSpec, timeout_s: float = 1800.0) -> str:
+def export_weights(spec: ExportSpec, timeout_s: float = EXPORT_TIMEOUT_S) -> str:
     res = group.run(EXPORTER + spec.to_argv(), timeout_s, "export-weights", {"OMP_NUM_THREADS": "1"})
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]

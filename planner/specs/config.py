@@ -26,6 +26,20 @@ SEARCH_BUDGET_S = 2.0
 # How long `meshplan serve` waits for its groups of ranks to come up (weights built, connected to the
 # router) before it stops them: the serving session's one launch timeout (tasks/serve.py, launcher/serving.py).
 SERVE_START_TIMEOUT_S = 300.0
+# The launch timeouts no flag sets, each of one subprocess started through launcher/: the identity probe
+# (a torch import's time: launcher/host.py identify, discovery's probe-identity task), the profiler's
+# device probe (tasks/profile.py local_device) and the checkpoint-to-Hugging-Face export (tasks/weights.py).
+IDENTIFY_TIMEOUT_S = 120.0
+DEVICE_PROBE_TIMEOUT_S = 150.0
+EXPORT_TIMEOUT_S = 1800.0
+# A Prefect task that waits on such a subprocess times out this much after the subprocess's own timeout,
+# so the subprocess is stopped first and its one-line reason is what the user reads.
+TASK_GRACE_S = 60.0
+# Waits that are no launch's but have no flag either: a served request's wait for its ranks' answer
+# (launcher/router.py; the replaying client waits as long) and one Slurm control command (sbatch,
+# squeue, scontrol, scancel: launcher/slurm.py).
+SERVE_REQUEST_TIMEOUT_S = 60.0
+SLURM_COMMAND_TIMEOUT_S = 30.0
 
 
 class _Section(BaseModel):
@@ -60,6 +74,11 @@ class ProfileConfig(_Section):
     recompute: tuple[bool, ...] = Field(default=(False, True), description="activation-recompute settings to profile")
     min_block_s: float = Field(default=0.05, gt=0, description="minimum seconds of one timed block of iterations")
     retries: int = Field(default=2, ge=0, description="profiler subprocess retries (a retry resumes its out file)")
+
+    @property
+    def task_timeout_s(self) -> float:
+        """The Prefect timeout of a profiling task: every try of its subprocess, then the grace."""
+        return self.timeout_s * (self.retries + 1) + TASK_GRACE_S
 
 
 class SearchConfig(_Section):

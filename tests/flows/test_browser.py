@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from tests.support import procs
 from tests.support.served import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,13 +49,7 @@ def test_flow_run_page_shows_the_plan_artifact_in_a_real_browser(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     port = free_port()
-    ui = subprocess.Popen(
-        [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    ui = procs.start([*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)], env=env, quiet=True)
     try:
         info_file = tmp_path / "prefect-server.json"
         deadline = time.monotonic() + 150

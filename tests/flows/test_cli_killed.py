@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher import group
 from launcher.group import _live_processes, start_time
+from tests.support import procs
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
 MESHPLAN = [sys.executable, "-m", "cli"]
@@ -59,7 +61,7 @@ def test_sigkill_of_train_stops_its_ranks_agent_and_prefect_server_and_the_run_r
     plan.write_text(json.dumps(PLAN))
     cmd = [*MESHPLAN, "--state-dir", str(state), "train", "--plan", str(plan), "--steps", "100000"]
     cmd += ["--run-id", "k", "--data", "synthetic", "--no-replan"]
-    cli = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = procs.start(cmd, env=_env(), quiet=True)
     telemetry = state / "runs" / "k" / "telemetry"
     t_end = time.monotonic() + 240  # a fresh Prefect home's server: 12 s idle, minutes on a loaded box
     while not (telemetry.is_dir() and any(f.stat().st_size for f in telemetry.glob("rank_*.jsonl"))):
@@ -94,9 +96,7 @@ def test_ctrl_c_on_train_returns_within_seconds_with_one_line_and_closes_the_run
     plan.write_text(json.dumps(PLAN))
     cmd = [*MESHPLAN, "--state-dir", str(state), "train", "--plan", str(plan), "--steps", "100000"]
     cmd += ["--run-id", "c", "--data", "synthetic", "--no-replan"]
-    cli = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    cli = procs.start(cmd, env=_env(), capture=True)
     telemetry = state / "runs" / "c" / "telemetry"
     t_end = time.monotonic() + 240  # a fresh Prefect home's server: 12 s idle, minutes on a loaded box
     while not (telemetry.is_dir() and any(f.stat().st_size for f in telemetry.glob("rank_*.jsonl"))):
@@ -104,7 +104,7 @@ def test_ctrl_c_on_train_returns_within_seconds_with_one_line_and_closes_the_run
         time.sleep(0.2)
     kids = {p: start_time(p) for p in _descendants(cli.pid)}
     t0 = time.monotonic()
-    os.killpg(cli.pid, signal.SIGINT)
+    group.send(cli, signal.SIGINT)
     _, err = cli.communicate(timeout=30)
     took = time.monotonic() - t0
     # ~11 s measured with the 2 cores at load 16 (ranks' SIGTERM, the crash report, the server's stop)

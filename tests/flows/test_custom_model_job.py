@@ -10,15 +10,14 @@ a lost or repeated step would show).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from flows.scheduler import scheduler_flow
+from launcher import group
 from planner.specs.config import TrainConfig
 from planner.specs.model import ModelSpec
 from storage.jobs import get_job, job_events, job_model
@@ -51,8 +50,7 @@ def test_custom_model_job_is_priced_trained_on_two_ranks_and_matches_one_process
         wait_until(lambda: get_job(db, "c")["state"] in ("finished", "failed"), "job c to end", 240.0)
     finally:  # a failed assertion must not leave the runner (and its ranks) behind
         if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+            group.send(pid, signal.SIGTERM)
     run_dir = runs / "c"
     log = (run_dir / "job.log").read_text()[-3000:] if (run_dir / "job.log").is_file() else ""
     assert get_job(db, "c")["state"] == "finished", log

@@ -10,7 +10,6 @@ one node's runner falls back to its latest checkpoint, re-planned on the survivi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ import pytest
 
 from flows.job import job_flow
 from flows.scheduler import scheduler_flow
+from launcher import group
 from planner.specs.config import TrainConfig
 from storage.jobs import get_job, job_events, submit_job, transition
 from tests.flows.test_elastic_job import rank0_rows, wait_until
@@ -47,8 +47,7 @@ def _rows(run_dir, rank: int) -> list[dict]:
 
 def _stop(pid: int | None) -> None:
     if pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+        group.send(pid, signal.SIGTERM)
 
 
 def test_job_on_two_nodes_runs_one_runner_per_node_and_matches_one_process(tmp_path):

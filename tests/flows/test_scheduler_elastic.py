@@ -14,8 +14,6 @@ would show). Every start and resize is recorded with srtf's reason.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 
@@ -23,6 +21,7 @@ import pytest
 
 from flows.outcomes import SchedulerOutcome
 from flows.scheduler import scheduler_flow
+from launcher import group
 from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
@@ -79,8 +78,7 @@ def test_srtf_starts_both_jobs_small_grows_the_long_one_when_the_short_one_ends_
         _rounds(db, runs, round_, pids)
     finally:  # a failed assertion must not leave runners (and their ranks) behind: SIGTERM ends both
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+            group.send(pid, signal.SIGTERM)
 
 
 def _rounds(db: str, runs, round_, pids: list[int]) -> None:

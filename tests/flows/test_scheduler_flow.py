@@ -8,6 +8,7 @@ from prefect.artifacts import Artifact
 from flows.scheduler import scheduler_flow
 from planner.errors import MeshplanError
 from storage.jobs import get_job, job_events, list_jobs, submit_job
+from tests.support import procs
 
 MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
 
@@ -98,7 +99,6 @@ def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_st
     a SIGKILLed runner (a dead pid), a pid reused by another process and a process that only names the
     runner module and the job on its command line are all requeued; a live runner's job (the tag
     start_runner puts in its environment) stays."""
-    import subprocess
     import sys
 
     from storage.jobs import set_job_run, transition
@@ -108,11 +108,11 @@ def test_running_jobs_whose_runner_is_gone_go_back_to_the_queue_and_live_ones_st
     for j in ("nopid", "dead", "reused", "named", "live"):
         submit_job(db, "tiny", 8, 10, job_id=j, seq=32)
         transition(db, j, "running", "test", "1xcpu/1")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = procs.start([sys.executable, "-c", "pass"])
     dead.wait()
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
-    live = subprocess.Popen(sleep, env={**os.environ, RUNNER_TAG: runner_label(db, "live")})
-    named = subprocess.Popen([*sleep, "-m", "flows.job", "named"], env={**os.environ, RUNNER_TAG: "other"})
+    live = procs.start(sleep, env={**os.environ, RUNNER_TAG: runner_label(db, "live")})
+    named = procs.start([*sleep, "-m", "flows.job", "named"], env={**os.environ, RUNNER_TAG: "other"})
     try:
         set_job_run(db, "dead", runner_pid=dead.pid)
         set_job_run(db, "reused", runner_pid=os.getpid())  # alive, but not a runner of that job

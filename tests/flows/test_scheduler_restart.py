@@ -26,6 +26,7 @@ from flows.scheduler import scheduler_flow
 from storage import lease
 from storage.jobs import get_job, job_events, submit_job
 from tasks.scheduler import LEASE, live_runners, take_lease
+from tests.support import procs
 
 CPU4 = "tests/data/cpu-4ranks.toml"
 TABLE = "model_cfg,gpu_type,num_gpus,num_nodes,gpus_per_node,sim_iter_time_s\ntiny,cpu,1,1,1,1.0\ntiny,cpu,2,1,2,1.0\n"
@@ -33,7 +34,7 @@ TRAIN = {"data": "synthetic", "optimizer": "sgd", "lr": 0.05, "checkpoint_every"
 
 
 def _dead_holder() -> str:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p = procs.start([sys.executable, "-c", "pass"])
     p.wait()
     return f"{os.uname().nodename}:{p.pid}:1:dead"
 

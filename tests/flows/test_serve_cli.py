@@ -3,7 +3,6 @@
 import json
 import re
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -12,7 +11,9 @@ import urllib.request
 import duckdb
 import pytest
 
+from launcher import group
 from planner.serve.workload import ServedModel, Workload, make_trace
+from tests.support import procs
 from tests.support.cli import meshplan
 
 CPU2 = """name = "cpu-2"
@@ -100,7 +101,7 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
 
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen([*env_cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = procs.start([*env_cmd, *args], env=env, capture=True)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -230,7 +231,7 @@ def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_compute
     init_weights(whole, 0, sm.spec.num_layers)
     with torch.no_grad():
         want = int(whole.eval()(torch.tensor([tokens]))[0, -1].argmax())
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = procs.start(cmd, env=env, capture=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -309,9 +310,7 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
             want[n] = int(whole.eval()(torch.tensor([tokens]))[0, -1].argmax())
     # its own session: a failing check kills the CLI with the Prefect server it started (which holds
     # the output pipes), so the test fails instead of waiting on them
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    proc = procs.start(cmd, env=env, capture=True)
     base = f"http://127.0.0.1:{port}/models/"
     try:
         deadline = time.monotonic() + 120
@@ -329,7 +328,7 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            group.send(proc, signal.SIGKILL)
             proc.communicate(timeout=30)
     assert proc.returncode == 0, err[-3000:]
     con = duckdb.connect(str(tmp_path / "meshplan.duckdb"), read_only=True)

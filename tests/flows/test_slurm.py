@@ -10,11 +10,9 @@ cancelled (scancel) and leaves nothing queued.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -22,10 +20,12 @@ import duckdb
 import pytest
 
 from flows.scheduler import scheduler_flow
+from launcher import group
 from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import rank0_rows, wait_until
+from tests.support import procs
 from tests.support.cli import meshplan
 from tests.support.reference import train_reference
 from tests.support.slurm import SlurmCluster, slurm_missing
@@ -94,7 +94,7 @@ def test_two_node_plan_trains_through_slurm_resumes_when_requeued_and_matches_on
     ]  # fmt: skip
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = procs.start(cmd, env=env, capture=True, merge_stderr=True)
     run_dir = tmp_path / "runs" / "q"
     try:
         wait_until(lambda: len(rank0_rows(run_dir)) >= 12, "10 steps checkpointed", 150)
@@ -206,8 +206,7 @@ def _until_done(db, jobs, round_, deadline_s=400.0):
 
 def _stop_runners(pids):
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+        group.send(pid, signal.SIGTERM)
 
 
 def test_scheduler_on_slurm_shrinks_the_first_job_for_the_second_and_both_finish(tmp_path, slurm):
@@ -280,13 +279,11 @@ def test_ctrl_c_on_a_slurm_train_cancels_the_job_and_returns_with_one_line(tmp_p
     ]  # fmt: skip
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    proc = procs.start(cmd, env=env, capture=True)
     try:
         wait_until(lambda: len(rank0_rows(tmp_path / "runs" / "i")) >= 2, "training on Slurm", 150)
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
+        group.send(proc, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
     finally:

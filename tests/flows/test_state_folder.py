@@ -3,15 +3,14 @@ one runs folder, ids that cannot leave it, and a `--db` that must be a DuckDB fi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
 import rundir
+from launcher import group
 from rundir import StateDir
 from tests.support.cli import meshplan, meshplan_main
 from tests.worker.conftest import plan_dict
@@ -141,8 +140,7 @@ def test_with_db_elsewhere_train_jobs_serving_and_discovery_share_the_state_fold
         wait_until(lambda: get_job(db, "j")["state"] in ("finished", "failed"), "job j to end", 240.0)
     finally:
         if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
+            group.send(pid, signal.SIGTERM)
     runs = state / "runs"
     assert get_job(db, "j")["state"] == "finished", (runs / "j" / "job.log").read_text()[-2000:]
     assert get_job(db, "j")["run_dir"] == str((runs / "j").resolve())

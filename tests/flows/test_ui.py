@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.support import procs
 from tests.support.served import free_port
 
 MESHPLAN = [sys.executable, "-m", "cli"]
@@ -24,13 +25,11 @@ def _env() -> dict:
 
 def test_ui_serves_on_loopback_commands_report_to_it_and_it_stops_cleanly(tmp_path):
     port = free_port()
-    proc = subprocess.Popen(
+    proc = procs.start(
         [*MESHPLAN, "--state-dir", str(tmp_path), "ui", "--port", str(port)],
         env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        capture=True,
+        merge_stderr=True,
     )
     info_file = tmp_path / "prefect-server.json"
     deadline = time.monotonic() + 150

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 
 from launcher import group
+from tests.support import procs
 
 # a child that starts a grandchild in a session of its own, then waits: a process-group kill misses it
-SPAWNER = (
-    "import subprocess, sys, time;"
-    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True);"
-    "time.sleep(300)"
-)
+SPAWNER = "import os, time; os.fork() or os.setsid(); time.sleep(300)"
+# a child that forks a grandchild in its own process group, then waits: a process-group signal reaches both
+FORKER = "import os, time; os.fork(); time.sleep(300)"
 
 
 def _cmdline(pid: int) -> str:
@@ -70,7 +69,7 @@ def test_sigterm_to_meshplan_profile_leaves_no_profiler_alive(tmp_path):
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1", MESHPLAN_TEST_MARK=mark)
     env.pop("PREFECT_API_URL", None)
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "profile", "--model", "gpt2-small"]
-    cli = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cli = procs.start(cmd, env=env, capture=True)  # stderr read below; stdout (a few lines) unread
 
     def profilers() -> set[int]:
         return {p for p in group.labelled("MESHPLAN_TEST_MARK", mark) if "worker.profile_layers" in _cmdline(p)}
@@ -103,8 +102,8 @@ def test_a_group_can_be_started_without_names_of_this_environment(monkeypatch):
 
 
 def test_a_module_imported_later_starts_its_processes_in_a_session_of_their_own(tmp_path, monkeypatch):
-    """`own_sessions_for` (Prefect's temporary server, flows/server.py): the module's `subprocess.Popen`
-    puts every child in a new session, applied when the module is first imported."""
+    """`own_sessions_for` (Prefect's temporary server, flows/server.py): the module's `subprocess`
+    name's Popen puts every child in a new session, applied when the module is first imported."""
     (tmp_path / "meshplan_late_mod.py").write_text(
         "import subprocess, sys\n"
         "def child():\n"
@@ -117,6 +116,33 @@ def test_a_module_imported_later_starts_its_processes_in_a_session_of_their_own(
         import meshplan_late_mod
 
         assert meshplan_late_mod.child().communicate(timeout=30)[0].strip() == "True"
-        assert subprocess.Popen is not meshplan_late_mod.subprocess.Popen  # the module's name only
+        assert meshplan_late_mod.subprocess is not subprocess  # the module's name only
     finally:
         sys.modules.pop("meshplan_late_mod", None)
+
+
+def test_output_is_merged_discarded_or_captured_and_a_group_is_signalled_whole():
+    """`merge_stderr` puts stderr in stdout's pipe, `quiet` discards both, and `send` signals the
+    whole process group (a terminal's Ctrl-C), by Popen or by the leader's pid."""
+    code = "import sys; print('out', flush=True); print('err', file=sys.stderr, flush=True)"
+    merged = group.start([sys.executable, "-c", code], capture=True, merge_stderr=True)
+    assert merged.communicate(timeout=30) == ("out\nerr\n", None)
+    group.forget(merged)
+    quiet = group.start([sys.executable, "-c", code], quiet=True)
+    assert quiet.wait(timeout=30) == 0 and quiet.stdout is None and quiet.stderr is None
+    group.forget(quiet)
+    mark = uuid.uuid4().hex
+    for how in ("proc", "pid"):
+        proc = group.start([sys.executable, "-c", FORKER],
+                           extra_env={"MESHPLAN_TEST_MARK": mark})  # fmt: skip
+        deadline = time.monotonic() + 30
+        while len(group.labelled("MESHPLAN_TEST_MARK", mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        group.send(proc if how == "proc" else proc.pid, signal.SIGINT)  # child and grandchild: one group
+        assert proc.wait(timeout=30) != 0
+        deadline = time.monotonic() + 30
+        while group.labelled("MESHPLAN_TEST_MARK", mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not group.labelled("MESHPLAN_TEST_MARK", mark), how
+        group.forget(proc)
+    group.send(proc.pid, signal.SIGINT)  # a group already gone: no error

@@ -1,12 +1,13 @@
 """The DuckDB store: migrations apply once and re-run safely; a locked file is waited for."""
 
-import subprocess
 import sys
 import time
 
 import pytest
 
+from launcher import group
 from storage import db
+from tests.support import procs
 
 
 def test_migrations_apply_once_and_rerun_safely(tmp_path):
@@ -28,13 +29,13 @@ def test_migration_versions_are_unique_and_named():
     assert len(versions) == len(set(versions)) and versions[0] == 1
 
 
-def _hold_lock(path, seconds: float) -> subprocess.Popen:
+def _hold_lock(path, seconds: float) -> group.Process:
     """Another process that holds the DuckDB file open (and so locked) for `seconds`."""
     code = (
         "import duckdb, sys, time; con = duckdb.connect(sys.argv[1]); print('ready', flush=True); "
         "time.sleep(float(sys.argv[2])); con.close()"
     )
-    p = subprocess.Popen([sys.executable, "-c", code, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    p = procs.start([sys.executable, "-c", code, str(path), str(seconds)], capture=True, show_stderr=True)
     assert p.stdout.readline().strip() == "ready"
     return p
 

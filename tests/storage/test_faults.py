@@ -7,12 +7,13 @@ retry with backoff) and each save is one transaction, so a kill leaves all of a 
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from launcher import group
 from storage.db import query
+from tests.support import procs
 
 WRITER = """
 import sys
@@ -28,15 +29,9 @@ for i in range(n):
 """
 
 
-def _writer(db: Path, tag: str, n: int, cluster: str) -> subprocess.Popen:
+def _writer(db: Path, tag: str, n: int, cluster: str) -> group.Process:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(db), tag, str(n), cluster],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return procs.start([sys.executable, "-c", WRITER, str(db), tag, str(n), cluster], env=env, capture=True)
 
 
 def test_two_writer_processes_at_once_lose_nothing(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from planner.errors import MeshplanError
 from storage.jobs import cancel_job, job_events, list_jobs, submit_job, transition
+from tests.support import procs
 
 # A scheduler round in another process: start queued jobs one by one, a marker line after each.
 ROUND = """
@@ -50,7 +50,7 @@ def test_nothing_in_the_queue_is_lost_when_the_scheduler_is_killed_mid_round(tmp
     db, marker = tmp_path / "m.duckdb", tmp_path / "marker"
     ids = [submit_job(db, "gpt2-small", 32, 100, job_id=f"j{i:02d}") for i in range(20)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, "-c", ROUND, str(db), str(marker)], env=env)
+    p = procs.start([sys.executable, "-c", ROUND, str(db), str(marker)], env=env)
     try:
         while not (marker.exists() and len(marker.read_text().split()) >= 2):
             assert p.poll() is None, "the round ended before it was killed"

@@ -3,10 +3,8 @@
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,6 +13,8 @@ from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.server import start_server, stop_server
+from launcher import group
+from tests.support.procs import start
 
 
 def free_port() -> int:
@@ -24,7 +24,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _wait_for_deployment(name: str, serve: subprocess.Popen):
+async def _wait_for_deployment(name: str, serve: group.Process):
     deadline = time.monotonic() + 120
     async with get_client() as client:
         while True:
@@ -42,9 +42,7 @@ def serve_and_run_once(state_dir: Path, command: list[str], deployment: str, env
     stopped whatever happens."""
     server = start_server(state_dir, port=free_port())
     api_url = json.loads((state_dir / "prefect-server.json").read_text())["api_url"]
-    serve = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    serve = start(command, env=env, capture=True, merge_stderr=True)
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             found = asyncio.run(_wait_for_deployment(deployment, serve))
@@ -52,6 +50,6 @@ def serve_and_run_once(state_dir: Path, command: list[str], deployment: str, env
             run = run_deployment(deployment, timeout=180)
             assert run.state.is_completed(), run.state
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
+        group.send(serve, signal.SIGTERM)
         serve.wait(60)
         stop_server(server, state_dir)

@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import group
+from tests.support.procs import start as start_process
+
 SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 
 
@@ -52,7 +55,7 @@ class SlurmCluster:
     nodes: tuple[str, ...] = ("n1", "n2")
     cpus: int = 1  # one rank a node: the tests' jobs ask for one task a node, and this machine has 2 cores
     features: str = "cpu"  # the node kind meshplan reads (typed GPU gres does not register on these fake nodes)
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[group.Process] = field(default_factory=list)
 
     @property
     def conf(self) -> Path:
@@ -106,25 +109,13 @@ class SlurmCluster:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.write_conf()
-        log = (self.root / "log" / "daemons.out").open("a")
+        log = self.root / "log" / "daemons.out"
         self.procs.append(
-            subprocess.Popen(
-                [_bin("slurmctld"), "-D", "-i", "-f", str(self.conf)],
-                env=self.env,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
+            start_process([_bin("slurmctld"), "-D", "-i", "-f", str(self.conf)], env=self.env, log_path=log)
         )
         for name in self.nodes:
             self.procs.append(
-                subprocess.Popen(
-                    [_bin("slurmd"), "-D", "-f", str(self.conf), "-N", name],
-                    env=self.env,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                )
+                start_process([_bin("slurmd"), "-D", "-f", str(self.conf), "-N", name], env=self.env, log_path=log)
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -149,14 +140,12 @@ class SlurmCluster:
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                group.send(p, signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                group.send(p, signal.SIGKILL)
                 p.wait(timeout=5)
+            group.forget(p)
         self.procs.clear()

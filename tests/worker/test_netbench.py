@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from planner.measure.discovery import INTER, cluster_from_snapshot, snapshot_fingerprint
+from tests.support import procs as procs_
 from tests.support.served import free_port
 
 TIMEOUT_S = 180
@@ -60,17 +60,7 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
             "MESHPLAN_NODE_NAME": f"sim{node_rank}",
             "PYTHONWARNINGS": "ignore",
         }
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
+        procs.append(procs_.start(cmd, env=env, cwd=tmp_path, capture=True, merge_stderr=True))
     logs = [p.communicate(timeout=TIMEOUT_S + 30)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         pytest.fail("torchrun failed:\n" + "\n---\n".join(log[-4000:] for log in logs))
