@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ os.environ.pop("PREFECT_API_URL", None)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
+from launcher import group  # noqa: E402
 from tests.support.fuzz_cli import (  # noqa: E402
     CLUSTERS,
     COMMANDS,
@@ -122,11 +122,10 @@ def crash_kind(detail: str) -> str:
 
 def in_subprocess(argv: list[str], files: Files) -> tuple[str, str]:
     """The outcome of `python -m cli --state-dir STATE argv` as a real process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(files.state), *argv]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S, cwd=files.root)
-    except subprocess.TimeoutExpired:
+    try:  # the one way meshplan starts and stops processes (launcher/group.py): a hang is stopped whole
+        p = group.run(cmd, SUBPROCESS_TIMEOUT_S, "meshplan", extra_env={"PYTHONPATH": str(ROOT)}, cwd=files.root)
+    except TimeoutError:
         return "crash", f"hang > {SUBPROCESS_TIMEOUT_S} s (process): {argv}"
     return classify(argv, p.returncode, p.stdout, p.stderr)
 
@@ -247,16 +246,15 @@ while not os.path.exists(stop):
 """
 
 
-def start_submitter(files: Files) -> tuple[subprocess.Popen, Path]:
+def start_submitter(files: Files) -> tuple[group.Process, Path]:
     """A second process submitting jobs to the same state folder until told to stop."""
     stop = files.root / "stop_submitter"
     stop.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-c", _SUBMITTER, str(files.state), str(stop)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT), stop
+    return group.start(cmd, extra_env={"PYTHONPATH": str(ROOT)}, cwd=ROOT, capture=True, show_stderr=True), stop
 
 
-def stop_submitter(proc: subprocess.Popen, stop: Path) -> tuple[set[str], int]:
+def stop_submitter(proc: group.Process, stop: Path) -> tuple[set[str], int]:
     """(the job ids it queued, its failed submissions)."""
     stop.touch()
     out, _ = proc.communicate(timeout=300)
@@ -301,18 +299,19 @@ def main() -> int:
         base = Path(tmp)
         submitter = start_submitter(Files(base / "w0")) if args.concurrent else None
         procs = []
-        for i, group in enumerate(split(commands, args.jobs, args)):
+        for i, cmds in enumerate(split(commands, args.jobs, args)):
             root, out = base / f"w{i}", base / f"w{i}.json"
             root.mkdir(exist_ok=True)
-            cmd = [sys.executable, __file__, "--worker", ",".join([str(root), str(out), *group])]
+            cmd = [sys.executable, __file__, "--worker", ",".join([str(root), str(out), *cmds])]
             cmd += ["--examples", str(args.examples), "--light", str(args.light), "--seed", str(args.seed)]
             cmd += ["--subprocess", str(args.subprocess), "--budget-s", str(args.budget_s)]
-            procs.append((subprocess.Popen(cmd), out, group))
+            procs.append((group.start(cmd), out, cmds))
         rows = []
-        for p, out, group in procs:
+        for p, out, cmds in procs:
             rc = p.wait()
+            group.forget(p)
             if rc != 0 or not out.exists():
-                failed.append(f"[worker {group}] exited {rc} with no results")
+                failed.append(f"[worker {cmds}] exited {rc} with no results")
                 continue
             rows += json.loads(out.read_text())
         if submitter is not None:
