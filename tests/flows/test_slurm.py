@@ -212,7 +212,8 @@ def _stop_runners(pids):
 def test_scheduler_on_slurm_shrinks_the_first_job_for_the_second_and_both_finish(tmp_path, slurm):
 
     db, runs, round_ = _scheduler(tmp_path)
-    slurm.run("sbatch", "--job-name=someone-else", "--nodes=1", "--wrap", "sleep 300")  # a foreign job holds a node
+    # a foreign job holds a node (its output nowhere, not slurm-<id>.out in the working directory)
+    slurm.run("sbatch", "--job-name=someone-else", "--nodes=1", "--output=/dev/null", "--wrap", "sleep 300")
     wait_until(lambda: "RUNNING" in slurm.run("squeue", "-h", "-o", "%T"), "the foreign job to run", 30)
     submit_job(db, "tiny", 32, 150, job_id="a", seq=32, train=TRAIN_S)
     pids = []
