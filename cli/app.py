@@ -170,6 +170,19 @@ def disk_full_line(exc: BaseException) -> str | None:
     return None
 
 
+def _check_startup_timeout(value: str) -> None:
+    """Prefect reads PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as whole seconds; anything else
+    is its settings traceback at the first flow run, so it is refused here in one line."""
+    from planner.errors import MeshplanError
+
+    if not value.strip().isdigit() or int(value) < 1:
+        raise MeshplanError(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+            value,
+            "set it to a whole number of seconds ≥ 1, e.g. 120",
+        )
+
+
 def prefect_env(cfg: RunConfig) -> None:
     """Offline, private Prefect settings; call before the first `import prefect`.
 
@@ -183,6 +196,7 @@ def prefect_env(cfg: RunConfig) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    _check_startup_timeout(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     os.environ.setdefault("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     _hide_user_error_tracebacks()
