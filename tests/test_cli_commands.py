@@ -3,6 +3,7 @@ each module registers, and `meshplan plan` loads neither the other commands' mod
 generated flags (pydantic's RunOptions)."""
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,15 +38,19 @@ def test_a_command_loads_only_its_own_module():
 def test_the_overview_is_the_real_commands_one_and_loads_none_of_them():
     """`meshplan --help` (and a typo) is answered from cli.main.SUMMARIES without importing a command
     module: what it prints is what the real commands print, and no command module or RunOptions loads."""
-    from typer.testing import CliRunner
-
-    from cli.main import overview_app
-
-    runner = CliRunner()
-    for args in (["--help"], ["plna"], []):
-        real = runner.invoke(load_commands(), args, env={"COLUMNS": "100"})
-        stand_in = runner.invoke(overview_app(), args, env={"COLUMNS": "100"})
-        assert (stand_in.output, stand_in.exit_code) == (real.output, real.exit_code), args
+    # in a fresh process: the suite's earlier in-process CLI runs leave state on cli.app.app behind
+    compare = (
+        "import json; from typer.testing import CliRunner; from cli.main import load_commands, overview_app; "
+        "r = CliRunner(); out = []\n"
+        "for args in (['--help'], ['plna'], []):\n"
+        "    s = r.invoke(overview_app(), args, env={'COLUMNS': '100'}); "
+        "a = r.invoke(load_commands(), args, env={'COLUMNS': '100'}); "
+        "out.append([args, s.output, s.exit_code, a.output, a.exit_code])\n"
+        "print(json.dumps(out))"
+    )
+    got = subprocess.run([sys.executable, "-c", compare], capture_output=True, text=True, check=True, cwd=ROOT)
+    for args, stand_out, stand_rc, real_out, real_rc in json.loads(got.stdout):
+        assert (stand_out, stand_rc) == (real_out, real_rc), args
     code = (
         "import sys; from cli.main import run_cli; run_cli(['--help']); "
         "print(','.join(sorted(m for m in sys.modules if m.startswith(('cli.commands', 'planner.specs.runspec', "

@@ -87,12 +87,12 @@ def _reads(fn, name: str) -> set[str]:
 @pytest.mark.parametrize("flow, section, name", [(profile_flow, ProfileConfig, "p"), (plan_flow, SearchConfig, "s")])
 def test_a_flow_reads_every_field_of_its_section(flow, section, name):
     """The flow binds its section to `name` and reads each field as `name.field`, or hands the section
-    whole to the one value built from it (plan_flow: `SearchJob.of(model, inputs, s)`, which reads the
+    whole to the one value built from it (plan_flow: `SearchJob.of(model, inputs, s, pricing)`, which reads the
     rest as `search.field`): none left unused."""
     from tasks.searching import SearchJob
 
     read = _reads(flow, name)
     if flow is plan_flow:
-        assert "SearchJob.of(model, inputs, s)" in inspect.getsource(plan_flow.fn)
+        assert "SearchJob.of(model, inputs, s, pricing)" in inspect.getsource(plan_flow.fn)
         read |= _reads(SearchJob.of, "search")
     assert set(section.model_fields) <= read, set(section.model_fields) - read
