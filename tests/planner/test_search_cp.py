@@ -83,6 +83,7 @@ CP_SPACE = replace(SPACE, context_parallel=(1, 2), cp_min_seq=0)
 @settings(
     max_examples=int(os.environ.get("ORACLE_EXAMPLES", "6")),
     deadline=None,
+    derandomize=True,  # the same examples every CI run (a found counterexample becomes a pinned test)
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(instances())

@@ -74,6 +74,7 @@ def cheapest(result) -> float:
 @settings(
     max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "12")),
     deadline=None,
+    derandomize=True,  # the same examples every CI run (a found counterexample becomes a pinned test)
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(instances())
@@ -196,6 +197,7 @@ def calibrations(draw):
 @settings(
     max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "8")),
     deadline=None,
+    derandomize=True,  # the same examples every CI run (a found counterexample becomes a pinned test)
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(instances(), calibrations())
