@@ -6,7 +6,6 @@ as real CLI processes; the rest run `cli.main.main` in this process (the same co
 start per command).
 """
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +14,7 @@ import pytest
 from planner.specs.model import get_model
 from storage import db
 from storage.jobs import submit_job
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, meshplan_main
 
 MIXED = "examples/clusters/mixed-a100-v100-t4.toml"
 
@@ -31,18 +30,9 @@ def _one_line_error(out, *expected: str) -> str:
 
 
 def _in_process(capsys, monkeypatch, tmp_path: Path, *args: str) -> SimpleNamespace:
-    """`meshplan --state-dir tmp_path ARGS` through cli.main.main in this process."""
-    from cli.main import main
-
-    monkeypatch.setattr(sys, "argv", ["meshplan", "--state-dir", str(tmp_path), *args])
-    capsys.readouterr()
-    try:
-        main()
-        rc = 0
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+    """`meshplan --state-dir tmp_path ARGS` through cli.main.main in this process (tests/support/cli)."""
+    rc, out, err = meshplan_main(monkeypatch, capsys, "--state-dir", str(tmp_path), *args)
+    return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
 
 
 def _queue(tmp_path: Path) -> Path:
