@@ -36,6 +36,7 @@ class GroupInfo:
     spec: NodeSpec
     first_id: int
     first_node: int
+    kind: int  # groups with equal node_kind share it: alike nodes (the search's device classes)
 
     @property
     def end_id(self) -> int:
@@ -48,9 +49,10 @@ class DeviceIndex:
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
         groups: list[GroupInfo] = []
+        kinds: dict[NodeSpec, int] = {}
         dev = node = 0
         for g, spec in enumerate(cluster.nodes):
-            groups.append(GroupInfo(g, spec, dev, node))
+            groups.append(GroupInfo(g, spec, dev, node, kinds.setdefault(node_kind(spec), len(kinds))))
             dev += spec.count * spec.num_devices
             node += spec.count
         self.groups = tuple(groups)
@@ -77,17 +79,24 @@ class DeviceIndex:
     def ring_link(self, device_ids: list[int] | tuple[int, ...]) -> Link:
         """A collective's ring over `device_ids`: intra-node if they share a node; across nodes of one
         node group, k = the fewest ranks any node holds, each node's k NIC shares carrying the ring
-        (cross_node_link); across node groups, one NIC share per rank (rings over unlike nodes are
-        not rail-aligned, so nothing better is assumed)."""
+        (cross_node_link); across unlike nodes, one NIC share per rank (rings over unlike nodes are
+        not rail-aligned, so nothing better is assumed). Node groups that differ only in name and
+        count are alike (node_kind): one group, as the search's device classes see them."""
         nodes = [self.node(d) for d in device_ids]
         if len(set(nodes)) == 1:
             return intra_link(self.group(device_ids[0]).spec)
-        specs = {self.group(d).index: self.group(d).spec for d in device_ids}
+        specs = {self.group(d).kind: self.group(d).spec for d in device_ids}
         if len(specs) > 1:
             return cross_node_link(list(specs.values()))
         return cross_node_link(
             list(specs.values()), ranks_per_node=ring_ranks_per_node(nodes), num_nodes=len(set(nodes))
         )
+
+
+def node_kind(spec: NodeSpec) -> NodeSpec:
+    """A node group's spec without its name and count: node groups of equal kind are alike nodes
+    (one device class in the search, rail-aligned rings in a collective)."""
+    return spec.model_copy(update={"name": "-", "count": 1})
 
 
 def ring_ranks_per_node(nodes: list[int] | tuple[int, ...]) -> int:

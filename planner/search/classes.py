@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.devices import Link, cross_node_link, intra_link
+from planner.cost.devices import Link, cross_node_link, intra_link, node_kind
 from planner.specs.cluster import ClusterSpec, NodeSpec
 
 
@@ -63,27 +63,14 @@ class DeviceClass:
         return out
 
 
-def _key(spec: NodeSpec, dtype: str) -> tuple:
-    return (
-        spec.device_kind,
-        spec.num_devices,
-        spec.memory_bytes,
-        spec.peak_flop_per_s(dtype),
-        spec.memory_bandwidth_bytes_per_s,
-        spec.intra_link.bandwidth_bytes_per_s,
-        spec.intra_link.latency_s,
-        spec.inter_link.bandwidth_bytes_per_s,
-        spec.inter_link.latency_s,
-    )
-
-
-def device_classes(cluster: ClusterSpec, dtype: str = "bf16") -> list[DeviceClass]:
-    """Classes in order of first appearance; each keeps its node groups' id ranges in id order."""
-    found: dict[tuple, tuple[NodeSpec, int, list[tuple[int, int]]]] = {}
+def device_classes(cluster: ClusterSpec) -> list[DeviceClass]:
+    """Classes (node_kind: node groups equal but for name and count) in order of first appearance;
+    each keeps its node groups' id ranges in id order."""
+    found: dict[NodeSpec, tuple[NodeSpec, int, list[tuple[int, int]]]] = {}
     dev = 0
     for spec in cluster.nodes:
         n = spec.count * spec.num_devices
-        k = _key(spec, dtype)
+        k = node_kind(spec)
         if k in found:
             s, nodes, ranges = found[k]
             found[k] = (s, nodes + spec.count, ranges + [(dev, dev + n)])

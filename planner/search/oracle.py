@@ -47,7 +47,7 @@ def _aligned(d: int, tp: int, g: int) -> bool:
 def oracle_shapes(
     model: ModelSpec, cluster: ClusterSpec, space: SearchSpace, dtype: str, classes: list | None = None
 ) -> Iterator[Shape]:
-    classes = classes if classes is not None else device_classes(cluster, dtype)
+    classes = classes if classes is not None else device_classes(cluster)
     L = model.num_layers
 
     def tps(c):
@@ -109,7 +109,7 @@ def oracle_search(
     planner.cost.estimate)."""
     space = space or SearchSpace()
     seq = seq or model.seq_len
-    classes = device_classes(cluster, dtype)
+    classes = device_classes(cluster)
     idx = DeviceIndex(cluster)
     best = _best(model, cluster, profiles, global_batch, seq, dtype, space, calibration, idx, classes, None, None,
                  pricing)  # fmt: skip

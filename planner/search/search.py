@@ -146,7 +146,7 @@ def search(
     seq = seq or model.seq_len
     if global_batch <= 0:
         raise MeshplanError("global_batch", global_batch, "must be a positive number of samples")
-    classes = device_classes(cluster, dtype)
+    classes = device_classes(cluster)
     stats = SearchStats(num_devices=cluster.num_devices, num_classes=len(classes))
     if states_bytes(model, dtype) > usable_bytes(classes):
         # even ZeRO-3 over every device cannot hold weights, grads and Adam states: no need to search

@@ -106,6 +106,20 @@ def test_two_node_ring_allreduce_crosses_each_nic_once_per_step():
     assert t * 8 * 25e9 == pytest.approx(2 * 15 / 16 * 1e9)
 
 
+def test_node_groups_alike_but_for_their_names_ring_as_one_group():
+    from planner.cost.devices import DeviceIndex
+    from planner.specs.cluster import parse_cluster
+
+    one = _ring_cluster(2, 8)
+    node = one.nodes[0].model_dump() | {"count": 1}
+    split = parse_cluster({"name": "c", "nodes": [node | {"name": "a"}, node | {"name": "b"}]})
+    # two groups named apart are the same two nodes: the same rail-aligned 200 GB/s ring over 2 nodes
+    assert DeviceIndex(split).ring_link(list(range(16))) == DeviceIndex(one).ring_link(list(range(16)))
+    unlike = parse_cluster({"name": "c", "nodes": [node | {"name": "a"}, node | {"name": "b", "inter_link": "ib-ndr"}]})
+    link = DeviceIndex(unlike).ring_link(list(range(16)))
+    assert (link.bandwidth_bytes_per_s, link.num_nodes) == (pytest.approx(25e9), 1)  # one NIC share, a ring only
+
+
 def test_one_rank_per_node_gets_one_nic_share_and_intra_link_can_bound_the_ring():
     from planner.cost.devices import DeviceIndex, cross_node_link
 

@@ -57,7 +57,7 @@ def slowed(rank, factor, kind="compute"):
 def test_degraded_cluster_keeps_ids_and_gives_the_slow_device_its_own_class():
     d = degrade_cluster(cpu_cluster(4), {1: 2.0}, {}, "fp32")
     assert d.num_devices == 4 and [dev.kind for dev in d.devices()] == ["cpu", slow_kind("cpu", 2.0), "cpu", "cpu"]
-    classes = device_classes(d, "fp32")
+    classes = device_classes(d)
     assert [(c.kind, c.num_devices) for c in classes] == [("cpu", 3), ("cpu@slow2.00", 1)]
     assert classes[1].peak("fp32") == pytest.approx(cpu_cluster(4).nodes[0].peak_flop_per_s("fp32") / 2)
 

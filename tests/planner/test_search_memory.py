@@ -46,7 +46,7 @@ CLUSTER = parse_cluster(
 )
 MODEL = get_model("llama3-8b")
 SEQ, GB = 4096, 16
-CLASSES = device_classes(CLUSTER, "bf16")
+CLASSES = device_classes(CLUSTER)
 SPACE = SearchSpace(micro_batch_sizes=(1, 2), tps=(1, 2, 4), max_classes=3)
 SHAPES = [s for s in pipeline_shapes(MODEL, CLASSES, SPACE, GB) if s.pp <= MODEL.num_layers]
 TABLE = complete_profiles(

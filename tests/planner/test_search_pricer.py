@@ -62,7 +62,7 @@ def test_canonical_pp_and_dp_link_leave_the_coefficients_unchanged(model_name, t
     needs = {ProfileNeed(b, seq, t, r, "bf16") for b in (1, 2) for t in (1, 2) for r in (False, True)}
     table = complete_profiles(model, CLUSTER, None, needs)
     calib = Calibration(num_ranks=4, compute_slowdown=1.5, grad_sync_overlap=0.3) if calibrated else None
-    classes = device_classes(CLUSTER, "bf16")
+    classes = device_classes(CLUSTER)
     checked = 0
     for c, tp, mbs, rec, (first, last), pp, sharding, dp, link in itertools.product(
         classes, (1, 2), (1, 2), (False, True), ((True, False), (False, False), (False, True), (True, True)),
@@ -96,7 +96,7 @@ def test_pricer_returns_one_coefficient_object_for_contexts_that_share_a_key():
     model = get_model("gpt2-small")
     seq = 512
     table = complete_profiles(model, CLUSTER, None, {ProfileNeed(1, seq, 1, False, "bf16")})
-    pr = Pricer(model, device_classes(CLUSTER, "bf16"), table, "bf16", seq)
+    pr = Pricer(model, device_classes(CLUSTER), table, "bf16", seq)
     inner = [pr.stage(0, 1, 1, False, False, False, pp, "none", 2, pr.dp_link(0, 2, 1)) for pp in (2, 5, 9)]
     assert inner[0] is inner[1] is inner[2]
     lasts = [pr.stage(0, 1, 1, False, False, True, pp, "none", 1, SLOW_RING) for pp in (2, 5)]
@@ -128,7 +128,7 @@ def test_a_stage_without_recompute_is_priced_alike_under_every_recompute_every(s
     needs = {ProfileNeed(b, seq, t, r, "bf16") for b in (1, 2) for t in (1, 2) for r in (False, True)}
     table = complete_profiles(model, FP8_CLUSTER, None, needs)
     # fp8 linears only where the device has an fp8 peak (as search.stack_variants offers them)
-    classes = [c for c in device_classes(FP8_CLUSTER, "bf16") if c.spec.peak_fp8_flop_per_s or not stack.fp8]
+    classes = [c for c in device_classes(FP8_CLUSTER) if c.spec.peak_fp8_flop_per_s or not stack.fp8]
     differs = 0
     for c, tp, mbs, rec, (first, last), sharding, dp in itertools.product(
         classes, (1, 2), (1, 2), (False, True), ((True, False), (False, False), (False, True)),
@@ -160,7 +160,7 @@ def test_a_pricer_with_a_plain_pass_prices_as_one_without():
     seq = 512
     needs = {ProfileNeed(b, seq, t, r, "bf16") for b in (1,) for t in (1, 2) for r in (False, True)}
     table = complete_profiles(model, CLUSTER, None, needs)
-    classes = device_classes(CLUSTER, "bf16")
+    classes = device_classes(CLUSTER)
     one = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True))
     two = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True, recompute_every=2), plain=one)
     alone = Pricer(model, classes, table, "bf16", seq, stack=Stack(sequence_parallel=True, recompute_every=2))
