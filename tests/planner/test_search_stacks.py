@@ -26,7 +26,9 @@ STACKS = replace(SPACE, sequence_parallel=True, recompute_every=(1, 2), fp8=True
     max_examples=int(os.environ.get("ORACLE_EXAMPLES", "6")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    derandomize=True,  # the same examples every run; the instance it found is the strict xfail below
+    # the same examples every CI run (a found counterexample becomes a pinned test); ORACLE_RANDOM=1
+    # draws new ones (ORACLE_EXAMPLES=200 ORACLE_RANDOM=1 pytest … hunts for counterexamples)
+    derandomize=not os.environ.get("ORACLE_RANDOM"),
 )
 @given(instances())
 def test_search_with_stack_options_costs_exactly_what_the_oracle_finds(inst):
