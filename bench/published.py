@@ -12,7 +12,8 @@ profile (planner.cost.runtimes) with no layer profiles. Five families, one runti
   recompute of every 2nd block, 'selective op' = selective): `torchtitan`;
 - amp-deepspeed (AMP's 16 × T4 sweep, DeepSpeed + Megatron-LM v1.1.5, fp16, heads 16, layers split
   evenly, PCIe Gen3 in a node, 50 Gb/s per 4-GPU node at NCCL TCP sockets' achieved 0.376 of line
-  rate, G4DN_INTER): `deepspeed`; its failed trials have no
+  rate, G4DN_INTER): `deepspeed-amp` (the deepspeed row with AMP's ds_config.json: fp32_allreduce, so
+  gradients cross the network as fp32); its failed trials have no
   measured time and are scored only on whether the model calls them out of memory.
 Links the sources do not state are assumed and printed (ASSUMED_LINKS).
 
@@ -52,7 +53,6 @@ from planner.cost.compute import KernelEfficiency  # noqa: E402
 from planner.cost.fitted import FITTED  # noqa: E402
 from planner.cost.runtimes import (  # noqa: E402
     COMPOSER_RT,
-    DEEPSPEED_RT,
     MEGATRON_RT,
     MEGATRON_SC21_RT,
     MIN_RUNS_JOINT,
@@ -129,7 +129,7 @@ FAMILY_PROFILE = {
     "megatron-sc21": MEGATRON_SC21_RT,
     "nemo": MEGATRON_RT,
     "torchtitan": TORCHTITAN_RT,
-    "amp-deepspeed": DEEPSPEED_RT,
+    "amp-deepspeed": profile_named("deepspeed-amp"),  # deepspeed as AMP configured it: fp32 gradient all-reduce
 }
 # AMP's g4dn.12xlarge: 4 T4 on PCIe Gen3 (no NVLink), 50 Gb/s Ethernet per node shared by its 4 GPUs.
 # No EFA and no GPUDirect RDMA on g4dn: NCCL runs its TCP socket transport, staging through host memory.

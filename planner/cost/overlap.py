@@ -79,7 +79,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from planner.cost.runtime_table import OVERLAP_FLAGS, OVERLAP_FRACTIONS, OVERLAP_ROWS
+from planner.cost.runtime_table import OVERLAP_FLAGS, OVERLAP_FRACTIONS, OVERLAP_OPTIONAL_FLAGS, OVERLAP_ROWS
 from planner.errors import MeshplanError
 
 
@@ -110,6 +110,9 @@ class Runtime:
     fused_block: bool = False
     # the caching allocator runs with expandable segments (formulas.FRAGMENTATION_FRACTION_EXPANDABLE)
     expandable_segments: bool = False
+    # unsharded gradients are all-reduced as fp32 copies (DeepSpeed's fp32_allreduce: 4 bytes a gradient
+    # on the wire whatever the training dtype; planner.cost.stage.grad_wire_bytes)
+    grad_allreduce_fp32: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -140,6 +143,7 @@ def _from_row(row: dict) -> Runtime:
         source=row["source"],
         **{f: float(row[f]) for f in OVERLAP_FRACTIONS},
         **{f: row[f] for f in OVERLAP_FLAGS},
+        **{f: row[f] for f in OVERLAP_OPTIONAL_FLAGS if f in row},
     )
 
 

@@ -429,13 +429,23 @@ def _dp_collectives(
     return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
 
 
+def grad_wire_bytes(dtype: str, sharding: str, rt: OV.Runtime) -> int:
+    """Bytes one gradient element takes in the data-parallel collectives: the training dtype's, or 4
+    where the runtime all-reduces unsharded gradients as fp32 copies (DeepSpeed's fp32_allreduce:
+    engine.allreduce_bucket casts the flattened bucket with .float() before dist.all_reduce)."""
+    if rt.grad_allreduce_fp32 and sharding == "none":
+        return DTYPE_BYTES["fp32"]
+    return DTYPE_BYTES[dtype]
+
+
 def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
     """The stage's exposed data-parallel time (planner.cost.overlap.dp_terms: what the runtime hides
     of each term, behind which compute; a calibrated runtime's measured overlap replaces its
-    fractions), plus, unsharded, GradSumSync's bucket copies after the backward."""
+    fractions), plus, unsharded, GradSumSync's bucket copies after the backward. Gradients travel at
+    `grad_wire_bytes` each (fp32 under a runtime that all-reduces fp32 copies)."""
     if _grad_ranks(ctx) <= 1:
         return OV.DpTerms()
-    e, cal = DTYPE_BYTES[ctx.dtype], ctx.calib
+    e, cal = grad_wire_bytes(ctx.dtype, ctx.sharding, rt), ctx.calib
     params_a = lt.num_params_per_block
     # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
     # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head

@@ -123,7 +123,7 @@ AMP = dict(
 
 def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
     amp = bench.build_case(AMP)
-    assert amp.family == "amp-deepspeed" and amp.measured_s is None and amp.profile.name == "deepspeed"
+    assert amp.family == "amp-deepspeed" and amp.measured_s is None and amp.profile.name == "deepspeed-amp"
     assert amp.model.num_heads == 16 and amp.model.ffn == 4096 and amp.plan.dtype == "fp16"
     # line rate per GPU at NCCL TCP sockets' achieved fraction (no EFA / GPUDirect RDMA on g4dn)
     assert amp.cluster.nodes[0].inter_link.bandwidth_bytes_per_s == pytest.approx(50e9 / 8 / 4 * 4.7 / 12.5)
@@ -137,3 +137,24 @@ def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
     assert case.family == "torchtitan" and case.gpu == "H100-HBM2e-96GB-500W"
     assert (s0.recompute, s0.recompute_every, s0.sharding, s0.sequence_parallel) == ("full", 2, "zero3", True)
     assert case.model.family == "llama" and case.measured_s == pytest.approx(32 * 8192 / 13952)
+
+
+def test_amp_gradients_cross_the_network_as_fp32():
+    """AMP's ds_config.json sets fp32_allreduce: the whole gradient (356,968,448 parameters: 24 blocks of
+    12·1024² + 13·1024, the 52352 × 1024 padded embedding, 1024 × 1024 positions, the final norm) is
+    all-reduced as 4-byte elements over a 16-rank ring on 4 nodes, each node's NIC at NCCL sockets'
+    2.35 GB/s (50 Gb/s × 4.7 / 12.5): 2·15/16 · 356,968,448 · 4 B / 2.35e9 B/s = 1.1393 s (+ latency)."""
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
+    from planner.cost.stage import grad_wire_bytes
+
+    case = bench.build_case(dict(AMP, micro_batch="1", measurement_kind="measured real trial", iteration_time_s="1.32"))
+    rt = case.profile.overlap
+    assert (grad_wire_bytes("fp16", "none", rt), grad_wire_bytes("fp16", "zero1", rt)) == (4, 2)
+    assert grad_wire_bytes("fp16", "none", profile_named("deepspeed").overlap) == 2
+    fp32 = price_under(case.plan, case.model, case.cluster, case.profile, PRIOR_FIGURES, restack=False)
+    fp16 = price_under(case.plan, case.model, case.cluster, profile_named("deepspeed"), PRIOR_FIGURES, restack=False)
+    wire = 2 * 15 / 16 * 356_968_448 * 4 / (50e9 / 8 * 4.7 / 12.5)
+    assert wire == pytest.approx(1.1393, abs=1e-4)
+    assert fp32.dp_comm_s == pytest.approx(wire, rel=1e-3)  # the ring's latency is < 0.1 %
+    assert fp16.dp_comm_s == pytest.approx(wire / 2, rel=2e-3)
+    assert fp32.step_time_s - fp16.step_time_s == pytest.approx(fp32.dp_comm_s - fp16.dp_comm_s, rel=1e-9)
