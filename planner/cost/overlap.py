@@ -113,6 +113,11 @@ class Runtime:
     # unsharded gradients are all-reduced as fp32 copies (DeepSpeed's fp32_allreduce: 4 bytes a gradient
     # on the wire whatever the training dtype; planner.cost.stage.grad_wire_bytes)
     grad_allreduce_fp32: bool = False
+    # what crosses a stage boundary beyond 1/tp of the activation and of its gradient
+    # (planner.cost.stage.p2p_boundary_bytes): the fp16 [1, 1, s, s] attention mask with every forward
+    # send, and the gradient sent whole on every tp rank
+    p2p_sends_attention_mask: bool = False
+    p2p_grad_whole: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""

@@ -149,12 +149,37 @@ def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool)
     return profiles.lookup(ProfileKey(ctx.kind, layer, ctx.mbs, ctx.seq, ctx.tp, recompute, ctx.dtype))  # type: ignore[arg-type]
 
 
-def boundary_p2p_s(hidden_bytes: float, tp: int, next_tp: int, link: Link, calib: Calibration | None) -> float:
-    """One micro-batch at a stage boundary: the activation forward and its gradient backward, where
-    with equal tp each rank sends 1/tp (Megatron's scatter/gather optimisation, Narayanan et al.
-    SC'21 §4.1), plus the schedule's own measured cost (planner.measure.calibrate.pipeline_overhead_s).
+def p2p_boundary_bytes(hidden_bytes: float, tp: int, next_tp: int, seq: int, rt: OV.Runtime) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends across a stage boundary per micro-batch. With equal tp
+    each rank sends 1/tp of the activation and of its gradient (Megatron's scatter/gather optimisation,
+    Narayanan et al. SC'21 §4.1). A runtime may send more (planner.cost.overlap.Runtime):
+    `p2p_sends_attention_mask`: the [1, 1, s, s] causal mask travels with every activation, cast to
+    fp16 (2·s² bytes: DeepSpeed's PipelineEngine casts it with .half() because NCCL sends no bool
+    tensors, Megatron-LM v1.1.5's GPT2ModelPipe passes it between stages), whole on every tp rank;
+    `p2p_grad_whole`: the gradient goes back whole on every tp rank (DeepSpeed's is_grad_partitioned
+    = False: only the forward activation is a PartitionedTensor)."""
+    part = hidden_bytes / min(tp, next_tp)
+    fwd = part + (2.0 * seq * seq if rt.p2p_sends_attention_mask else 0.0)
+    bwd = hidden_bytes if rt.p2p_grad_whole else part
+    return fwd, bwd
+
+
+def boundary_p2p_s(
+    hidden_bytes: float,
+    tp: int,
+    next_tp: int,
+    link: Link,
+    calib: Calibration | None,
+    rt: OV.Runtime = OV.MESHPLAN,
+    seq: int = 0,
+) -> float:
+    """One micro-batch at a stage boundary: the activation forward and its gradient backward, each
+    one α–β message of `p2p_boundary_bytes` (what the runtime `rt` sends; `seq` its mask's size),
+    plus the schedule's own measured cost (planner.measure.calibrate.pipeline_overhead_s).
     stage_coeffs and the search's arrays price every boundary with this one function."""
-    p2p = 2 * F.p2p_s(hidden_bytes / min(tp, next_tp), link.bandwidth_bytes_per_s, link.latency_s)
+    fwd, bwd = p2p_boundary_bytes(hidden_bytes, tp, next_tp, seq, rt)
+    bw, lat = link.bandwidth_bytes_per_s, link.latency_s
+    p2p = F.p2p_s(fwd, bw, lat) + F.p2p_s(bwd, bw, lat)
     return p2p + (calib.pipeline_overhead_s if calib is not None else 0.0)
 
 
@@ -391,7 +416,7 @@ def _p2p_s(ctx: StageContext, model: ModelSpec, hidden_bytes: float) -> float:
     if ctx.next_link is None:
         return 0.0
     wide = hidden_bytes if ctx.next_mbs <= ctx.mbs else flops.block_input_bytes(model, ctx.next_mbs, ctx.seq, ctx.dtype)
-    return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib)
+    return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib, ctx.runtime, ctx.seq)
 
 
 def _grad_ranks(ctx: StageContext) -> int:

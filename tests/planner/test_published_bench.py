@@ -158,3 +158,25 @@ def test_amp_gradients_cross_the_network_as_fp32():
     assert fp32.dp_comm_s == pytest.approx(wire, rel=1e-3)  # the ring's latency is < 0.1 %
     assert fp16.dp_comm_s == pytest.approx(wire / 2, rel=2e-3)
     assert fp32.step_time_s - fp16.step_time_s == pytest.approx(fp32.dp_comm_s - fp16.dp_comm_s, rel=1e-9)
+
+
+def test_deepspeed_pipeline_sends_the_fp16_mask_forward_and_the_whole_gradient_back():
+    """DeepSpeed's PipelineEngine under GPT2ModelPipe: with tp = 4 each rank sends 1/4 of the 1 × 1024 × 1024
+    fp16 activation (524,288 B) plus the [1, 1, 1024, 1024] mask as fp16 (2,097,152 B), and receives the
+    gradient whole (2,097,152 B); Megatron's scatter/gather sends 524,288 B each way."""
+    from planner.cost.devices import Link
+    from planner.cost.overlap import MESHPLAN, RUNTIMES
+    from planner.cost.stage import boundary_p2p_s, p2p_boundary_bytes
+
+    amp = RUNTIMES["deepspeed-amp"]
+    hidden = 1 * 1024 * 1024 * 2
+    assert p2p_boundary_bytes(hidden, 4, 4, 1024, amp) == (524_288 + 2_097_152, 2_097_152)
+    assert p2p_boundary_bytes(hidden, 4, 4, 1024, MESHPLAN) == (524_288, 524_288)
+    assert p2p_boundary_bytes(hidden, 1, 1, 1024, amp) == (2 * 2_097_152, 2_097_152)
+    # one GPU's share of g4dn's NIC at NCCL sockets' rate, 50 µs a message: 2 messages
+    link = Link(50e9 / 8 / 4 * 4.7 / 12.5, 50e-6)
+    assert link.bandwidth_bytes_per_s == pytest.approx(587.5e6)
+    got = boundary_p2p_s(hidden, 4, 4, link, None, amp, 1024)
+    assert got == pytest.approx(2 * 50e-6 + (2_621_440 + 2_097_152) / 587.5e6)  # 8.132 ms
+    assert got == pytest.approx(8.1317e-3, rel=1e-4)
+    assert boundary_p2p_s(hidden, 4, 4, link, None) == pytest.approx(2 * 50e-6 + 2 * 524_288 / 587.5e6)
