@@ -127,6 +127,8 @@ def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
     assert amp.model.num_heads == 16 and amp.model.ffn == 4096 and amp.plan.dtype == "fp16"
     # line rate per GPU at NCCL TCP sockets' achieved fraction (no EFA / GPUDirect RDMA on g4dn)
     assert amp.cluster.nodes[0].inter_link.bandwidth_bytes_per_s == pytest.approx(50e9 / 8 / 4 * 4.7 / 12.5)
+    # inside a node: the 50 Gb/s AMP's paper states for g4dn.12xlarge's PCIe, as achieved (no NCCL link factor)
+    assert amp.cluster.nodes[0].intra_link.bandwidth_bytes_per_s == 50e9 / 8
     ran = bench.build_case(dict(AMP, measurement_kind="measured real trial", iteration_time_s="1.32"))
     assert ran.measured_s == 1.32
     tt = dict(SC21, source="pytorch/torchtitan docs", gpu="H100-HBM2e-96GB-500W (Meta Grand Teton)", kv_heads="8")
