@@ -18,7 +18,7 @@ from typing import NamedTuple
 from planner.cost import formulas as F
 from planner.cost.completion import ProfileNeed, complete_profiles
 from planner.cost.compute import Device, KernelEfficiency, compute_peak_flop_per_s
-from planner.cost.devices import DeviceIndex, intra_link
+from planner.cost.devices import DeviceIndex, Link, intra_link
 from planner.cost.fitted import DEFAULT_KERNELS
 from planner.cost.memory import Stack
 from planner.cost.overlap import MESHPLAN, Runtime
@@ -198,7 +198,18 @@ def _stage_context(
         runtime=rt,
         cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
         overheads=overheads,
+        tied_link=_tied_link(plan, idx, i, r, rt),
     )
+
+
+def _tied_link(plan: Plan, idx: DeviceIndex, i: int, r: int, rt: Runtime) -> Link | None:
+    """The path between replica r's first- and last-stage leaders, for the first and the last stage of a
+    pipeline under a runtime that all-reduces a tied embedding between them (stage.tied_embedding_sync_s)."""
+    last = len(plan.stages) - 1
+    if not rt.tied_embedding_allreduce or plan.pp <= 1 or i not in (0, last):
+        return None
+    a, b = plan.stages[0].replica_devices(r)[0], plan.stages[last].replica_devices(r)[0]
+    return idx.link(a, b)
 
 
 class _Priced(NamedTuple):

@@ -118,6 +118,9 @@ class Runtime:
     # send, and the gradient sent whole on every tp rank
     p2p_sends_attention_mask: bool = False
     p2p_grad_whole: bool = False
+    # with pp > 1 a tied embedding's gradient is all-reduced between the first and the last stage once a
+    # step, after the schedule (planner.cost.stage.tied_embedding_sync_s)
+    tied_embedding_allreduce: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""

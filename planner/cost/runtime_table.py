@@ -33,7 +33,12 @@ OVERLAP_FLAGS = (
 )
 # Flags a row may leave out (absent = false), each with its `_source` where given: mechanisms only a
 # few stacks have, so the other rows need not state them.
-OVERLAP_OPTIONAL_FLAGS = ("grad_allreduce_fp32", "p2p_sends_attention_mask", "p2p_grad_whole")
+OVERLAP_OPTIONAL_FLAGS = (
+    "grad_allreduce_fp32",
+    "p2p_sends_attention_mask",
+    "p2p_grad_whole",
+    "tied_embedding_allreduce",
+)
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")
 KERNEL_KINDS = ("gemm", "attention")

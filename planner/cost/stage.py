@@ -89,6 +89,9 @@ class StageContext(NamedTuple):
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
     cp_link: Link | None = None  # the ring of the stage's cp group (stack.cp > 1)
     overheads: Overheads = NO_OVERHEADS  # the runtime's fixed costs (Overheads)
+    # the first or last stage of a pipeline whose runtime syncs a tied embedding (tied_embedding_sync_s):
+    # the path between the two stages' ranks; None elsewhere (the search prices no runtime that has it)
+    tied_link: Link | None = None
 
 
 class StageCoeffs(NamedTuple):
@@ -419,6 +422,23 @@ def _p2p_s(ctx: StageContext, model: ModelSpec, hidden_bytes: float) -> float:
     return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib, ctx.runtime, ctx.seq)
 
 
+def tied_embedding_sync_s(ctx: StageContext, model: ModelSpec) -> float:
+    """Once a step, on the first and the last stage of a pipeline under a runtime that keeps a tied
+    embedding on both (planner.cost.overlap.Runtime.tied_embedding_allreduce): one all-reduce of the
+    embedding's gradient (padded vocabulary × hidden / tp elements in the training dtype) between the two
+    stages' ranks over `ctx.tied_link`, a two-rank ring: bytes / bw + 2α (formulas.ring_allreduce_s),
+    or NCCL's choice for it on GPU links. 0 without pp, tying or the runtime's flag."""
+    link = ctx.tied_link
+    if link is None or ctx.pp <= 1 or not model.tied or not ctx.runtime.tied_embedding_allreduce:
+        return 0.0
+    if not (ctx.first or ctx.last):
+        return 0.0
+    nbytes = -(-model.padded_vocab * model.hidden // ctx.tp) * DTYPE_BYTES[ctx.dtype]
+    if N.uses_nccl(link):
+        return N.collective_s(BenchOp.ALL_REDUCE, nbytes, 2, link)
+    return F.ring_allreduce_s(nbytes, 2, link.bandwidth_bytes_per_s, link.latency_s)
+
+
 def _grad_ranks(ctx: StageContext) -> int:
     """Ranks a stage's gradients sum over (and ZeRO shards over): its dp replicas × its cp ranks, which
     hold the same parameters and each see 1/cp of every sample's tokens (torchtitan's dp_shard × cp)."""
@@ -578,7 +598,7 @@ def stage_coeffs(
         backward_s_fixed=lt.backward_s_fixed,
         grad_sync_s_fixed=dpt.e0,
         grad_sync_s_per_block=dpt.e1,
-        drain_s_fixed=dpt.g0,
+        drain_s_fixed=dpt.g0 + tied_embedding_sync_s(ctx, model),
         drain_s_per_block=dpt.g1,
         optimizer_s_fixed=o0,
         optimizer_s_per_block=o1,
