@@ -78,9 +78,7 @@ def parse_table(text: str) -> tuple[Rows, Rows, Rows]:
     doc = tomllib.loads(text)
     overlaps: dict[str, dict[str, Any]] = {}
     for row in doc.get("overlap", []):
-        name = _check_row(
-            "overlap", row, OVERLAP_FRACTIONS + OVERLAP_FLAGS, ("name", "source"), OVERLAP_OPTIONAL_FLAGS
-        )
+        name = _check_row("overlap", row, OVERLAP_FRACTIONS + OVERLAP_FLAGS, ("name", "source"), OVERLAP_OPTIONAL_FLAGS)
         for f in OVERLAP_FRACTIONS:
             v = row[f]
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:

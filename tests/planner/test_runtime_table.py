@@ -52,8 +52,16 @@ def test_every_figure_has_a_source_and_the_priced_values_are_the_tables():
             r"\[\[overlap\]\] meshplan: tp_overlap needs a source string",
         ),
         # an optional flag may be left out, but where given it is a boolean with its source
-        ("grad_allreduce_fp32 = true", "grad_allreduce_fp32 = 1", r"deepspeed-amp: grad_allreduce_fp32 = 1, true or false"),
-        ("grad_allreduce_fp32_source = ", "grad_allreduce_fp32_src = ", r"deepspeed-amp: missing \['grad_allreduce_fp32_source'\]"),
+        (
+            "grad_allreduce_fp32 = true",
+            "grad_allreduce_fp32 = 1",
+            r"deepspeed-amp: grad_allreduce_fp32 = 1, true or false",
+        ),
+        (
+            "grad_allreduce_fp32_source = ",
+            "grad_allreduce_fp32_src = ",
+            r"deepspeed-amp: missing \['grad_allreduce_fp32_source'\]",
+        ),
     ],
 )
 def test_a_bad_table_is_refused_naming_the_row_and_the_figure(old, new, match):
