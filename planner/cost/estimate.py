@@ -255,6 +255,20 @@ def price_stages(
     return out
 
 
+def receiver_pays_p2p(plan: Plan, priced: _Priced, runtime: Runtime) -> _Priced:
+    """Under a runtime whose p2p blocks both ends (Runtime.p2p_blocks_receiver: DeepSpeed's broadcasts in a
+    two-rank group), each stage but the first also spends its incoming boundary's exposed transfer (the
+    activation it receives, the gradient it sends back: the previous stage's p2p_s_fixed), so a boundary
+    costs both of its stages; 1F1B / GPipe only (interleaved chunks of one rank are not neighbours)."""
+    if not runtime.p2p_blocks_receiver or len(plan.stages) < 2 or plan.schedule == "interleaved-1f1b":
+        return priced
+    coeffs = [
+        [c if i == 0 else c._replace(p2p_s_fixed=c.p2p_s_fixed + row[i - 1].p2p_s_fixed) for i, c in enumerate(row)]
+        for row in priced.coeffs
+    ]
+    return _Priced(coeffs, priced.specs)
+
+
 class _Pipe(NamedTuple):
     """The pipelined part: per replica and pipeline rank the time of one micro-batch (rank_tau), the CPU work
     of one micro-batch (mb_work), each replica's pipeline time, the critical replica rc and the stretch of
@@ -515,6 +529,7 @@ def estimate(
         # a rank pays the per-micro-batch cost once, not once a chunk (planner.cost.stage.Overheads)
         overheads = overheads._replace(microbatch_s=overheads.microbatch_s / plan.virtual_stages)
     priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule), overheads)
+    priced = receiver_pays_p2p(plan, priced, runtime)
     pipe = pipeline_times(plan, priced.coeffs, calibration)
     parts, jt = stage_tails(plan, priced.coeffs, pipe.rc)
     share_pipe, share_opt = cpu_share(plan, priced.coeffs, pipe, parts[jt][1])

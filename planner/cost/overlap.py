@@ -121,6 +121,9 @@ class Runtime:
     # with pp > 1 a tied embedding's gradient is all-reduced between the first and the last stage once a
     # step, after the schedule (planner.cost.stage.tied_embedding_sync_s)
     tied_embedding_allreduce: bool = False
+    # p2p is a blocking collective both ends take part in (a broadcast in the two stages' group): a
+    # boundary's transfer occupies the receiving stage as well as the sending one (planner.cost.estimate)
+    p2p_blocks_receiver: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""

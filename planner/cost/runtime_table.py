@@ -38,6 +38,7 @@ OVERLAP_OPTIONAL_FLAGS = (
     "p2p_sends_attention_mask",
     "p2p_grad_whole",
     "tied_embedding_allreduce",
+    "p2p_blocks_receiver",
 )
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")

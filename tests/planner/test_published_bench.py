@@ -205,3 +205,28 @@ def test_pipelined_amp_rows_all_reduce_the_tied_embedding_between_first_and_last
     assert dp_comm(piped, True) - dp_comm(piped, False) == pytest.approx(sync, rel=1e-3)
     flat = dict(AMP, micro_batch="1")
     assert dp_comm(flat, True) == dp_comm(flat, False)
+
+
+def test_deepspeed_p2p_blocks_the_receiving_stage_too():
+    """tp1 pp2 dp8, micro-batch 1, 4 micro-batches: stage 0 on nodes 0-1, stage 1 (the head's, the slowest)
+    on nodes 2-3. Each boundary moves 2 MiB of activation + the 2 MiB fp16 mask forward and 2 MiB of
+    gradient back on one GPU's NIC share (587.5 MB/s, 50 µs a message): 2·50e-6 + 6,291,456 / 587.5e6
+    = 10.809 ms a micro-batch. DeepSpeed's broadcasts block the receiver as well, so the last stage,
+    which sends nothing, spends 4 × 10.809 ms = 43.2 ms on p2p; without it, none."""
+    from dataclasses import replace
+
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under
+
+    row = dict(AMP, micro_batch="1", tp="1", pp="2", dp="8", measurement_kind="measured real trial")
+    case = bench.build_case(dict(row, iteration_time_s="1.28"))
+
+    def cost(blocks: bool):
+        prof = replace(case.profile, overlap=replace(case.profile.overlap, p2p_blocks_receiver=blocks))
+        return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False)
+
+    boundary = 2 * 50e-6 + (2 * 2_097_152 + 2_097_152) / (50e9 / 8 / 4 * 4.7 / 12.5)
+    assert boundary == pytest.approx(10.809e-3, rel=1e-4)
+    both, sender = cost(True), cost(False)
+    assert both.pp_comm_s == pytest.approx(4 * boundary, rel=1e-6)
+    assert sender.pp_comm_s == 0.0
+    assert both.step_time_s > sender.step_time_s
