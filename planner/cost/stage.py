@@ -162,7 +162,7 @@ def p2p_boundary_bytes(hidden_bytes: float, tp: int, next_tp: int, seq: int, rt:
     `p2p_grad_whole`: the gradient goes back whole on every tp rank (DeepSpeed's is_grad_partitioned
     = False: only the forward activation is a PartitionedTensor)."""
     part = hidden_bytes / min(tp, next_tp)
-    fwd = part + (2.0 * seq * seq if rt.p2p_sends_attention_mask else 0.0)
+    fwd = part + (DTYPE_BYTES["fp16"] * seq * seq if rt.p2p_sends_attention_mask else 0.0)
     bwd = hidden_bytes if rt.p2p_grad_whole else part
     return fwd, bwd
 
