@@ -18,7 +18,7 @@ from typing import NamedTuple
 from planner.cost import formulas as F
 from planner.cost.completion import ProfileNeed, complete_profiles
 from planner.cost.compute import Device, KernelEfficiency, compute_peak_flop_per_s
-from planner.cost.devices import DeviceIndex, intra_link
+from planner.cost.devices import DeviceIndex, Link, intra_link
 from planner.cost.fitted import DEFAULT_KERNELS
 from planner.cost.memory import Stack
 from planner.cost.overlap import MESHPLAN, Runtime
@@ -198,7 +198,18 @@ def _stage_context(
         runtime=rt,
         cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
         overheads=overheads,
+        tied_link=_tied_link(plan, idx, i, r, rt),
     )
+
+
+def _tied_link(plan: Plan, idx: DeviceIndex, i: int, r: int, rt: Runtime) -> Link | None:
+    """The path between replica r's first- and last-stage leaders, for the first and the last stage of a
+    pipeline under a runtime that all-reduces a tied embedding between them (stage.tied_embedding_sync_s)."""
+    last = len(plan.stages) - 1
+    if not rt.tied_embedding_allreduce or plan.pp <= 1 or i not in (0, last):
+        return None
+    a, b = plan.stages[0].replica_devices(r)[0], plan.stages[last].replica_devices(r)[0]
+    return idx.link(a, b)
 
 
 class _Priced(NamedTuple):
@@ -242,6 +253,20 @@ def price_stages(
         out.coeffs.append(row)
         out.specs.append(srow)
     return out
+
+
+def receiver_pays_p2p(plan: Plan, priced: _Priced, runtime: Runtime) -> _Priced:
+    """Under a runtime whose p2p blocks both ends (Runtime.p2p_blocks_receiver: DeepSpeed's broadcasts in a
+    two-rank group), each stage but the first also spends its incoming boundary's exposed transfer (the
+    activation it receives, the gradient it sends back: the previous stage's p2p_s_fixed), so a boundary
+    costs both of its stages; 1F1B / GPipe only (interleaved chunks of one rank are not neighbours)."""
+    if not runtime.p2p_blocks_receiver or len(plan.stages) < 2 or plan.schedule == "interleaved-1f1b":
+        return priced
+    coeffs = [
+        [c if i == 0 else c._replace(p2p_s_fixed=c.p2p_s_fixed + row[i - 1].p2p_s_fixed) for i, c in enumerate(row)]
+        for row in priced.coeffs
+    ]
+    return _Priced(coeffs, priced.specs)
 
 
 class _Pipe(NamedTuple):
@@ -504,6 +529,7 @@ def estimate(
         # a rank pays the per-micro-batch cost once, not once a chunk (planner.cost.stage.Overheads)
         overheads = overheads._replace(microbatch_s=overheads.microbatch_s / plan.virtual_stages)
     priced = price_stages(plan, model, idx, table, calibration, kernels, runtime.for_schedule(plan.schedule), overheads)
+    priced = receiver_pays_p2p(plan, priced, runtime)
     pipe = pipeline_times(plan, priced.coeffs, calibration)
     parts, jt = stage_tails(plan, priced.coeffs, pipe.rc)
     share_pipe, share_opt = cpu_share(plan, priced.coeffs, pipe, parts[jt][1])

@@ -79,7 +79,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from planner.cost.runtime_table import OVERLAP_FLAGS, OVERLAP_FRACTIONS, OVERLAP_ROWS
+from planner.cost.runtime_table import OVERLAP_FLAGS, OVERLAP_FRACTIONS, OVERLAP_OPTIONAL_FLAGS, OVERLAP_ROWS
 from planner.errors import MeshplanError
 
 
@@ -110,6 +110,20 @@ class Runtime:
     fused_block: bool = False
     # the caching allocator runs with expandable segments (formulas.FRAGMENTATION_FRACTION_EXPANDABLE)
     expandable_segments: bool = False
+    # unsharded gradients are all-reduced as fp32 copies (DeepSpeed's fp32_allreduce: 4 bytes a gradient
+    # on the wire whatever the training dtype; planner.cost.stage.grad_wire_bytes)
+    grad_allreduce_fp32: bool = False
+    # what crosses a stage boundary beyond 1/tp of the activation and of its gradient
+    # (planner.cost.stage.p2p_boundary_bytes): the fp16 [1, 1, s, s] attention mask with every forward
+    # send, and the gradient sent whole on every tp rank
+    p2p_sends_attention_mask: bool = False
+    p2p_grad_whole: bool = False
+    # with pp > 1 a tied embedding's gradient is all-reduced between the first and the last stage once a
+    # step, after the schedule (planner.cost.stage.tied_embedding_sync_s)
+    tied_embedding_allreduce: bool = False
+    # p2p is a blocking collective both ends take part in (a broadcast in the two stages' group): a
+    # boundary's transfer occupies the receiving stage as well as the sending one (planner.cost.estimate)
+    p2p_blocks_receiver: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""
@@ -140,6 +154,7 @@ def _from_row(row: dict) -> Runtime:
         source=row["source"],
         **{f: float(row[f]) for f in OVERLAP_FRACTIONS},
         **{f: row[f] for f in OVERLAP_FLAGS},
+        **{f: row[f] for f in OVERLAP_OPTIONAL_FLAGS if f in row},
     )
 
 

@@ -31,6 +31,15 @@ OVERLAP_FLAGS = (
     "overlaps_on_cpu",
     "fp8_weight_cached",
 )
+# Flags a row may leave out (absent = false), each with its `_source` where given: mechanisms only a
+# few stacks have, so the other rows need not state them.
+OVERLAP_OPTIONAL_FLAGS = (
+    "grad_allreduce_fp32",
+    "p2p_sends_attention_mask",
+    "p2p_grad_whole",
+    "tied_embedding_allreduce",
+    "p2p_blocks_receiver",
+)
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")
 KERNEL_KINDS = ("gemm", "attention")
@@ -39,10 +48,13 @@ RUNTIME_COUNTS = ("kernels_per_block", "step_kernels")  # positive integers
 FILE = "data/runtimes.toml"
 
 
-def _check_row(kind: str, row: dict[str, Any], figures: tuple[str, ...], plain: tuple[str, ...]) -> str:
+def _check_row(
+    kind: str, row: dict[str, Any], figures: tuple[str, ...], plain: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> str:
     name = row.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{FILE}: an [[{kind}]] row has no name")
+    figures = (*figures, *(f for f in optional if f in row))
     want = {*plain, *figures, *(f"{f}_source" for f in figures)}
     missing, extra = sorted(want - row.keys()), sorted(row.keys() - want)
     if missing or extra:
@@ -67,12 +79,12 @@ def parse_table(text: str) -> tuple[Rows, Rows, Rows]:
     doc = tomllib.loads(text)
     overlaps: dict[str, dict[str, Any]] = {}
     for row in doc.get("overlap", []):
-        name = _check_row("overlap", row, OVERLAP_FRACTIONS + OVERLAP_FLAGS, ("name", "source"))
+        name = _check_row("overlap", row, OVERLAP_FRACTIONS + OVERLAP_FLAGS, ("name", "source"), OVERLAP_OPTIONAL_FLAGS)
         for f in OVERLAP_FRACTIONS:
             v = row[f]
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
                 raise _bad("overlap", name, f, v, "a fraction in [0, 1]")
-        for f in OVERLAP_FLAGS:
+        for f in (*OVERLAP_FLAGS, *(f for f in OVERLAP_OPTIONAL_FLAGS if f in row)):
             if not isinstance(row[f], bool):
                 raise _bad("overlap", name, f, row[f], "true or false")
         if name in overlaps:

@@ -89,6 +89,9 @@ class StageContext(NamedTuple):
     runtime: OV.Runtime = OV.MESHPLAN  # what overlaps which compute (planner.cost.overlap)
     cp_link: Link | None = None  # the ring of the stage's cp group (stack.cp > 1)
     overheads: Overheads = NO_OVERHEADS  # the runtime's fixed costs (Overheads)
+    # the first or last stage of a pipeline whose runtime syncs a tied embedding (tied_embedding_sync_s):
+    # the path between the two stages' ranks; None elsewhere (the search prices no runtime that has it)
+    tied_link: Link | None = None
 
 
 class StageCoeffs(NamedTuple):
@@ -149,12 +152,37 @@ def _row(profiles: ProfileTable, ctx: StageContext, layer: str, recompute: bool)
     return profiles.lookup(ProfileKey(ctx.kind, layer, ctx.mbs, ctx.seq, ctx.tp, recompute, ctx.dtype))  # type: ignore[arg-type]
 
 
-def boundary_p2p_s(hidden_bytes: float, tp: int, next_tp: int, link: Link, calib: Calibration | None) -> float:
-    """One micro-batch at a stage boundary: the activation forward and its gradient backward, where
-    with equal tp each rank sends 1/tp (Megatron's scatter/gather optimisation, Narayanan et al.
-    SC'21 §4.1), plus the schedule's own measured cost (planner.measure.calibrate.pipeline_overhead_s).
+def p2p_boundary_bytes(hidden_bytes: float, tp: int, next_tp: int, seq: int, rt: OV.Runtime) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends across a stage boundary per micro-batch. With equal tp
+    each rank sends 1/tp of the activation and of its gradient (Megatron's scatter/gather optimisation,
+    Narayanan et al. SC'21 §4.1). A runtime may send more (planner.cost.overlap.Runtime):
+    `p2p_sends_attention_mask`: the [1, 1, s, s] causal mask travels with every activation, cast to
+    fp16 (2·s² bytes: DeepSpeed's PipelineEngine casts it with .half() because NCCL sends no bool
+    tensors, Megatron-LM v1.1.5's GPT2ModelPipe passes it between stages), whole on every tp rank;
+    `p2p_grad_whole`: the gradient goes back whole on every tp rank (DeepSpeed's is_grad_partitioned
+    = False: only the forward activation is a PartitionedTensor)."""
+    part = hidden_bytes / min(tp, next_tp)
+    fwd = part + (DTYPE_BYTES["fp16"] * seq * seq if rt.p2p_sends_attention_mask else 0.0)
+    bwd = hidden_bytes if rt.p2p_grad_whole else part
+    return fwd, bwd
+
+
+def boundary_p2p_s(
+    hidden_bytes: float,
+    tp: int,
+    next_tp: int,
+    link: Link,
+    calib: Calibration | None,
+    rt: OV.Runtime = OV.MESHPLAN,
+    seq: int = 0,
+) -> float:
+    """One micro-batch at a stage boundary: the activation forward and its gradient backward, each
+    one α–β message of `p2p_boundary_bytes` (what the runtime `rt` sends; `seq` its mask's size),
+    plus the schedule's own measured cost (planner.measure.calibrate.pipeline_overhead_s).
     stage_coeffs and the search's arrays price every boundary with this one function."""
-    p2p = 2 * F.p2p_s(hidden_bytes / min(tp, next_tp), link.bandwidth_bytes_per_s, link.latency_s)
+    fwd, bwd = p2p_boundary_bytes(hidden_bytes, tp, next_tp, seq, rt)
+    bw, lat = link.bandwidth_bytes_per_s, link.latency_s
+    p2p = F.p2p_s(fwd, bw, lat) + F.p2p_s(bwd, bw, lat)
     return p2p + (calib.pipeline_overhead_s if calib is not None else 0.0)
 
 
@@ -391,7 +419,24 @@ def _p2p_s(ctx: StageContext, model: ModelSpec, hidden_bytes: float) -> float:
     if ctx.next_link is None:
         return 0.0
     wide = hidden_bytes if ctx.next_mbs <= ctx.mbs else flops.block_input_bytes(model, ctx.next_mbs, ctx.seq, ctx.dtype)
-    return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib)
+    return boundary_p2p_s(wide, ctx.tp, ctx.next_tp, ctx.next_link, ctx.calib, ctx.runtime, ctx.seq)
+
+
+def tied_embedding_sync_s(ctx: StageContext, model: ModelSpec) -> float:
+    """Once a step, on the first and the last stage of a pipeline under a runtime that keeps a tied
+    embedding on both (planner.cost.overlap.Runtime.tied_embedding_allreduce): one all-reduce of the
+    embedding's gradient (padded vocabulary × hidden / tp elements in the training dtype) between the two
+    stages' ranks over `ctx.tied_link`, a two-rank ring: bytes / bw + 2α (formulas.ring_allreduce_s),
+    or NCCL's choice for it on GPU links. 0 without pp, tying or the runtime's flag."""
+    link = ctx.tied_link
+    if link is None or ctx.pp <= 1 or not model.tied or not ctx.runtime.tied_embedding_allreduce:
+        return 0.0
+    if not (ctx.first or ctx.last):
+        return 0.0
+    nbytes = -(-model.padded_vocab * model.hidden // ctx.tp) * DTYPE_BYTES[ctx.dtype]
+    if N.uses_nccl(link):
+        return N.collective_s(BenchOp.ALL_REDUCE, nbytes, 2, link)
+    return F.ring_allreduce_s(nbytes, 2, link.bandwidth_bytes_per_s, link.latency_s)
 
 
 def _grad_ranks(ctx: StageContext) -> int:
@@ -429,13 +474,23 @@ def _dp_collectives(
     return tuple(OV.Collective(*f.coeffs(d)) if f is not None else c for f, c in zip(fits, ring, strict=True))  # type: ignore[return-value]
 
 
+def grad_wire_bytes(dtype: str, sharding: str, rt: OV.Runtime) -> int:
+    """Bytes one gradient element takes in the data-parallel collectives: the training dtype's, or 4
+    where the runtime all-reduces unsharded gradients as fp32 copies (DeepSpeed's fp32_allreduce:
+    engine.allreduce_bucket casts the flattened bucket with .float() before dist.all_reduce)."""
+    if rt.grad_allreduce_fp32 and sharding == "none":
+        return DTYPE_BYTES["fp32"]
+    return DTYPE_BYTES[dtype]
+
+
 def _dp_terms(ctx: StageContext, lt: LocalTerms, rt: OV.Runtime) -> OV.DpTerms:
     """The stage's exposed data-parallel time (planner.cost.overlap.dp_terms: what the runtime hides
     of each term, behind which compute; a calibrated runtime's measured overlap replaces its
-    fractions), plus, unsharded, GradSumSync's bucket copies after the backward."""
+    fractions), plus, unsharded, GradSumSync's bucket copies after the backward. Gradients travel at
+    `grad_wire_bytes` each (fp32 under a runtime that all-reduces fp32 copies)."""
     if _grad_ranks(ctx) <= 1:
         return OV.DpTerms()
-    e, cal = DTYPE_BYTES[ctx.dtype], ctx.calib
+    e, cal = grad_wire_bytes(ctx.dtype, ctx.sharding, rt), ctx.calib
     params_a = lt.num_params_per_block
     # FSDP2's own cost per module on each all-gather and reduce-scatter (calibrated CPU ranks;
     # planner.measure.calibrate.FsdpOverhead): the block, and the stage's embedding / head
@@ -543,7 +598,7 @@ def stage_coeffs(
         backward_s_fixed=lt.backward_s_fixed,
         grad_sync_s_fixed=dpt.e0,
         grad_sync_s_per_block=dpt.e1,
-        drain_s_fixed=dpt.g0,
+        drain_s_fixed=dpt.g0 + tied_embedding_sync_s(ctx, model),
         drain_s_per_block=dpt.g1,
         optimizer_s_fixed=o0,
         optimizer_s_per_block=o1,

@@ -324,7 +324,9 @@ class Pricer:
                 ln = cross_node_link([self.classes[ca].spec, self.classes[cb].spec])
             else:
                 ln = self.intra[ca] if same_node else self.inter[ca]
-            v = self.p2p_memo[key] = boundary_p2p_s(self.hidden_bytes(mbs), tpa, tpb, ln, self.calib)
+            v = self.p2p_memo[key] = boundary_p2p_s(
+                self.hidden_bytes(mbs), tpa, tpb, ln, self.calib, self.runtime, self.seq
+            )
         return v
 
     def p2p_keep(self, schedule: str) -> list[float] | None:

@@ -123,10 +123,12 @@ AMP = dict(
 
 def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
     amp = bench.build_case(AMP)
-    assert amp.family == "amp-deepspeed" and amp.measured_s is None and amp.profile.name == "deepspeed"
+    assert amp.family == "amp-deepspeed" and amp.measured_s is None and amp.profile.name == "deepspeed-amp"
     assert amp.model.num_heads == 16 and amp.model.ffn == 4096 and amp.plan.dtype == "fp16"
     # line rate per GPU at NCCL TCP sockets' achieved fraction (no EFA / GPUDirect RDMA on g4dn)
     assert amp.cluster.nodes[0].inter_link.bandwidth_bytes_per_s == pytest.approx(50e9 / 8 / 4 * 4.7 / 12.5)
+    # inside a node: the 50 Gb/s AMP's paper states for g4dn.12xlarge's PCIe, as achieved (no NCCL link factor)
+    assert amp.cluster.nodes[0].intra_link.bandwidth_bytes_per_s == 50e9 / 8
     ran = bench.build_case(dict(AMP, measurement_kind="measured real trial", iteration_time_s="1.32"))
     assert ran.measured_s == 1.32
     tt = dict(SC21, source="pytorch/torchtitan docs", gpu="H100-HBM2e-96GB-500W (Meta Grand Teton)", kv_heads="8")
@@ -137,3 +139,94 @@ def test_new_families_map_their_stack_and_a_failed_trial_has_no_measured_time():
     assert case.family == "torchtitan" and case.gpu == "H100-HBM2e-96GB-500W"
     assert (s0.recompute, s0.recompute_every, s0.sharding, s0.sequence_parallel) == ("full", 2, "zero3", True)
     assert case.model.family == "llama" and case.measured_s == pytest.approx(32 * 8192 / 13952)
+
+
+def test_amp_gradients_cross_the_network_as_fp32():
+    """AMP's ds_config.json sets fp32_allreduce: the whole gradient (356,968,448 parameters: 24 blocks of
+    12·1024² + 13·1024, the 52352 × 1024 padded embedding, 1024 × 1024 positions, the final norm) is
+    all-reduced as 4-byte elements over a 16-rank ring on 4 nodes, each node's NIC at NCCL sockets'
+    2.35 GB/s (50 Gb/s × 4.7 / 12.5): 2·15/16 · 356,968,448 · 4 B / 2.35e9 B/s = 1.1393 s (+ latency)."""
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under, profile_named
+    from planner.cost.stage import grad_wire_bytes
+
+    case = bench.build_case(dict(AMP, micro_batch="1", measurement_kind="measured real trial", iteration_time_s="1.32"))
+    rt = case.profile.overlap
+    assert (grad_wire_bytes("fp16", "none", rt), grad_wire_bytes("fp16", "zero1", rt)) == (4, 2)
+    assert grad_wire_bytes("fp16", "none", profile_named("deepspeed").overlap) == 2
+    fp32 = price_under(case.plan, case.model, case.cluster, case.profile, PRIOR_FIGURES, restack=False)
+    fp16 = price_under(case.plan, case.model, case.cluster, profile_named("deepspeed"), PRIOR_FIGURES, restack=False)
+    wire = 2 * 15 / 16 * 356_968_448 * 4 / (50e9 / 8 * 4.7 / 12.5)
+    assert wire == pytest.approx(1.1393, abs=1e-4)
+    assert fp32.dp_comm_s == pytest.approx(wire, rel=1e-3)  # the ring's latency is < 0.1 %
+    assert fp16.dp_comm_s == pytest.approx(wire / 2, rel=2e-3)
+    assert fp32.step_time_s - fp16.step_time_s == pytest.approx(fp32.dp_comm_s - fp16.dp_comm_s, rel=1e-9)
+
+
+def test_deepspeed_pipeline_sends_the_fp16_mask_forward_and_the_whole_gradient_back():
+    """DeepSpeed's PipelineEngine under GPT2ModelPipe: with tp = 4 each rank sends 1/4 of the 1 × 1024 × 1024
+    fp16 activation (524,288 B) plus the [1, 1, 1024, 1024] mask as fp16 (2,097,152 B), and receives the
+    gradient whole (2,097,152 B); Megatron's scatter/gather sends 524,288 B each way."""
+    from planner.cost.devices import Link
+    from planner.cost.overlap import MESHPLAN, RUNTIMES
+    from planner.cost.stage import boundary_p2p_s, p2p_boundary_bytes
+
+    amp = RUNTIMES["deepspeed-amp"]
+    hidden = 1 * 1024 * 1024 * 2
+    assert p2p_boundary_bytes(hidden, 4, 4, 1024, amp) == (524_288 + 2_097_152, 2_097_152)
+    assert p2p_boundary_bytes(hidden, 4, 4, 1024, MESHPLAN) == (524_288, 524_288)
+    assert p2p_boundary_bytes(hidden, 1, 1, 1024, amp) == (2 * 2_097_152, 2_097_152)
+    # one GPU's share of g4dn's NIC at NCCL sockets' rate, 50 µs a message: 2 messages
+    link = Link(50e9 / 8 / 4 * 4.7 / 12.5, 50e-6)
+    assert link.bandwidth_bytes_per_s == pytest.approx(587.5e6)
+    got = boundary_p2p_s(hidden, 4, 4, link, None, amp, 1024)
+    assert got == pytest.approx(2 * 50e-6 + (2_621_440 + 2_097_152) / 587.5e6)  # 8.132 ms
+    assert got == pytest.approx(8.1317e-3, rel=1e-4)
+    assert boundary_p2p_s(hidden, 4, 4, link, None) == pytest.approx(2 * 50e-6 + 2 * 524_288 / 587.5e6)
+
+
+def test_pipelined_amp_rows_all_reduce_the_tied_embedding_between_first_and_last_stage():
+    """pp = 4, dp = 4 on 4 nodes of 4 T4: stage 0 (node 0) and stage 3 (node 3) each hold the 52352 × 1024
+    word embedding; DeepSpeed all-reduces its fp16 gradient between them once a step: 107,216,896 B over a
+    two-rank ring on one GPU's share of the NIC (587.5 MB/s, 50 µs): 107,216,896 / 587.5e6 + 2 · 50e-6
+    = 0.18260 s. Without pipelining there is nothing to sync."""
+    from dataclasses import replace
+
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under
+
+    def dp_comm(row: dict, tied: bool) -> float:
+        case = bench.build_case(dict(row, measurement_kind="measured real trial", iteration_time_s="1.2"))
+        rt = replace(case.profile.overlap, tied_embedding_allreduce=tied)
+        prof = replace(case.profile, overlap=rt)
+        return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False).dp_comm_s
+
+    piped = dict(AMP, micro_batch="1", tp="1", pp="4", dp="4")
+    sync = 52352 * 1024 * 2 / (50e9 / 8 / 4 * 4.7 / 12.5) + 2 * 50e-6
+    assert sync == pytest.approx(0.18260, abs=1e-5)
+    assert dp_comm(piped, True) - dp_comm(piped, False) == pytest.approx(sync, rel=1e-3)
+    flat = dict(AMP, micro_batch="1")
+    assert dp_comm(flat, True) == dp_comm(flat, False)
+
+
+def test_deepspeed_p2p_blocks_the_receiving_stage_too():
+    """tp1 pp2 dp8, micro-batch 1, 4 micro-batches: stage 0 on nodes 0-1, stage 1 (the head's, the slowest)
+    on nodes 2-3. Each boundary moves 2 MiB of activation + the 2 MiB fp16 mask forward and 2 MiB of
+    gradient back on one GPU's NIC share (587.5 MB/s, 50 µs a message): 2·50e-6 + 6,291,456 / 587.5e6
+    = 10.809 ms a micro-batch. DeepSpeed's broadcasts block the receiver as well, so the last stage,
+    which sends nothing, spends 4 × 10.809 ms = 43.2 ms on p2p; without it, none."""
+    from dataclasses import replace
+
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under
+
+    row = dict(AMP, micro_batch="1", tp="1", pp="2", dp="8", measurement_kind="measured real trial")
+    case = bench.build_case(dict(row, iteration_time_s="1.28"))
+
+    def cost(blocks: bool):
+        prof = replace(case.profile, overlap=replace(case.profile.overlap, p2p_blocks_receiver=blocks))
+        return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False)
+
+    boundary = 2 * 50e-6 + (2 * 2_097_152 + 2_097_152) / (50e9 / 8 / 4 * 4.7 / 12.5)
+    assert boundary == pytest.approx(10.809e-3, rel=1e-4)
+    both, sender = cost(True), cost(False)
+    assert both.pp_comm_s == pytest.approx(4 * boundary, rel=1e-6)
+    assert sender.pp_comm_s == 0.0
+    assert both.step_time_s > sender.step_time_s

@@ -51,9 +51,30 @@ def test_every_figure_has_a_source_and_the_priced_values_are_the_tables():
             'tp_overlap_source = " "',
             r"\[\[overlap\]\] meshplan: tp_overlap needs a source string",
         ),
+        # an optional flag may be left out, but where given it is a boolean with its source
+        (
+            "grad_allreduce_fp32 = true",
+            "grad_allreduce_fp32 = 1",
+            r"deepspeed-amp: grad_allreduce_fp32 = 1, true or false",
+        ),
+        (
+            "grad_allreduce_fp32_source = ",
+            "grad_allreduce_fp32_src = ",
+            r"deepspeed-amp: missing \['grad_allreduce_fp32_source'\]",
+        ),
     ],
 )
 def test_a_bad_table_is_refused_naming_the_row_and_the_figure(old, new, match):
     assert old in TEXT
     with pytest.raises(ValueError, match=match):
         parse_table(TEXT.replace(old, new, 1))
+
+
+def test_an_optional_flag_left_out_is_false_and_the_amp_row_states_fp32_gradient_allreduce():
+    assert overlap.RUNTIMES["deepspeed-amp"].grad_allreduce_fp32 is True
+    assert "fp32_allreduce" in figure_source("overlap", "deepspeed-amp", "grad_allreduce_fp32")
+    assert not any(rt.grad_allreduce_fp32 for name, rt in overlap.RUNTIMES.items() if name != "deepspeed-amp")
+    assert "grad_allreduce_fp32" not in OVERLAP_ROWS["megatron-sc21"]
+    # published rows only: priced, not a user's choice
+    assert runtimes.profile_named("deepspeed-amp").overlap.name == "deepspeed-amp"
+    assert "deepspeed-amp" not in runtimes.RUNTIME_NAMES
