@@ -495,7 +495,9 @@ def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
 def _state_bytes(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[float, float]:
     """(per block, fixed) bytes of weights, gradients and optimizer states under the stage's ZeRO
     sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes), plus the fp8 weight copy a
-    weight-caching runtime holds once a step (memory.fp8_cached_weight_bytes)."""
+    weight-caching runtime holds once a step (memory.fp8_cached_weight_bytes), plus the gradient
+    packing buffer of a runtime that packs small gradients for sharding none over dp > 1
+    (memory.grad_pack_buffer_bytes)."""
     d = _grad_ranks(ctx)
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
     state_a = lt.num_params_per_block * bpp + M.fp8_cached_weight_bytes(model, ctx.tp, ctx.stack)
@@ -503,6 +505,8 @@ def _state_bytes(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[f
     if ctx.sharding == "zero3" and d > 1:
         largest = max([lt.num_params_per_block] + [float(p) for p in lt.const_params])
         state_b += M.zero3_working_bytes(largest, lt.num_params_per_block, ctx.dtype)
+    if ctx.sharding == "none" and d > 1 and ctx.runtime.grad_buckets_packed:
+        state_b += M.grad_pack_buffer_bytes(model, ctx.tp, ctx.dtype, F.GRAD_BUCKET_BYTES)
     return state_a, state_b
 
 

@@ -148,6 +148,9 @@ class Calibration:
     pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
     fsdp: FsdpOverhead | None = None  # FSDP2's own cost per sharded module, beyond its collectives
     lockstep_slowdown: float = 1.0  # ranks that meet after every chunk of work vs running free
+    # resident bytes of a rank before its plan allocates (discovery: worker.netbench.runtime_rss_bytes),
+    # replacing formulas.RUNTIME_RESERVE_BYTES_CPU's stand-in; None: not measured
+    runtime_reserve_bytes: int | None = None
     source: str = ""
 
     def fit(self, op: BenchOp) -> CollectiveFit | None:
@@ -252,6 +255,7 @@ def cpu_calibration(
     measurements: Iterable[Mapping] = (),
     adam_fsdp_s_per_param: float | None = None,
     adam_num_ranks: int = 1,
+    runtime_reserve_bytes: int | None = None,
 ) -> Calibration:
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
     (plus, optionally, the measured optimizer step per parameter, and the snapshot's measurement rows
@@ -275,5 +279,6 @@ def cpu_calibration(
         pipeline_overhead_s=pipeline_overhead,
         fsdp=fsdp,
         lockstep_slowdown=lockstep,
+        runtime_reserve_bytes=runtime_reserve_bytes,
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, lockstep {lockstep:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )
