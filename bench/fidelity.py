@@ -229,10 +229,10 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 
 
 def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
-    """Discovery's FSDP2 and concurrency bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
-    bench_concurrency), the kept time of each (op, size) across rounds, for planner.measure.calibrate's
-    fsdp_overhead_from and measured_slowdowns; [] when none."""
-    kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS)
+    """Discovery's FSDP2, concurrency and all-reduce rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
+    bench_concurrency, bench_collectives), the kept time of each (op, size) across rounds, for
+    planner.measure.calibrate's fsdp_overhead_from, measured_slowdowns and small_allreduce_from; [] when none."""
+    kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS + (BenchOp.ALL_REDUCE,))
     return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
 
 

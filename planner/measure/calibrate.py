@@ -151,10 +151,20 @@ class Calibration:
     # resident bytes of a rank before its plan allocates (discovery: worker.netbench.runtime_rss_bytes),
     # replacing formulas.RUNTIME_RESERVE_BYTES_CPU's stand-in; None: not measured
     runtime_reserve_bytes: int | None = None
+    # one all-reduce of discovery's smallest message over num_ranks ranks: what a scalar all-reduce
+    # costs (the α–β fits run through the large sizes and misprice a few bytes); None: not measured
+    small_allreduce_s: float | None = None
     source: str = ""
 
     def fit(self, op: BenchOp) -> CollectiveFit | None:
         return dict(self.collectives).get(op)
+
+    def scalar_allreduce_s(self, group_size: int) -> float | None:
+        """A few bytes all-reduced over `group_size` ranks: the measured small all-reduce, scaled by the
+        ring's step count (d − 1)/(N − 1) as CollectiveFit.coeffs scales α; None when not measured."""
+        if self.small_allreduce_s is None or self.num_ranks <= 1:
+            return None
+        return self.small_allreduce_s * max(0, group_size - 1) / (self.num_ranks - 1)
 
     def slowdown(self, real_group: bool = False) -> float:
         """What multiplies a profiled time on these ranks: the contention slowdown, and the lockstep
@@ -243,6 +253,15 @@ def collective_fits(
     return out
 
 
+def small_allreduce_from(measurements: Iterable[Mapping]) -> float | None:
+    """The time of the smallest all-reduce message among a snapshot's measurement rows (None without any)."""
+    rows = [m for m in measurements if m["op"] == BenchOp.ALL_REDUCE]
+    if not rows:
+        return None
+    smallest = min(int(m["message_bytes"]) for m in rows)
+    return statistics.median(float(m["time_s"]) for m in rows if int(m["message_bytes"]) == smallest)
+
+
 def cpu_calibration(
     single_rank_flop_per_s: float,
     per_rank_flop_per_s: Iterable[float],
@@ -280,5 +299,6 @@ def cpu_calibration(
         fsdp=fsdp,
         lockstep_slowdown=lockstep,
         runtime_reserve_bytes=runtime_reserve_bytes,
+        small_allreduce_s=small_allreduce_from(measurements),
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, lockstep {lockstep:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )
