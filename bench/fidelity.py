@@ -251,11 +251,19 @@ def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> 
 
 
 def profile_keys_for(plans: list[Plan]) -> list:
-    mbs = sorted({p.micro_batch_size for p in plans})
-    keys = []
-    for tp in sorted({s.tp for p in plans for s in p.stages}):
-        keys += profile_keys("cpu", mbs, [SEQ], [tp], "fp32", (False, True))
-    return keys
+    """The layer shapes the plans price with (planner.cost.estimate.plan_profile_needs), every layer
+    kind of each, without recompute as well (the embedding and head never recompute): no more, so a
+    round of the five item-7 plans profiles 10 shapes, not the grid's 24."""
+    from planner.cost.estimate import plan_profile_needs
+
+    needs = {n for p in plans for n in plan_profile_needs(p)}
+    keys = {
+        k
+        for n in needs
+        for k in profile_keys("cpu", [n.mbs], [n.seq], [n.tp], n.dtype, sorted({False, n.recompute}))
+        if k.layer_kind == "block" or not k.recompute
+    }
+    return sorted(keys, key=lambda k: (k.tp, k.micro_batch_size, k.layer_kind, k.recompute))
 
 
 def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> None:
