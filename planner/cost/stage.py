@@ -522,8 +522,11 @@ def _grad_norm_s(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[f
       (flops.layer_tensors of its blocks, embedding and head);
     - one all-reduce of three scalars over the world (norm², the non-finite flag and the logged loss),
       booked on every stage (an interleaved rank holding several stages pays it once: ~α over).
+    CPU ranks only: gloo's scalar all-reduce costs ~0.1–0.5 ms (discovery's smallest all-reduce), a
+    sharded stage's dozens of them a visible share of its step. On GPUs each is an NCCL launch of
+    ~10–20 µs that nothing here has measured; left out there, GPU prices and picks unchanged.
     """
-    if ctx.runtime.name != OV.MESHPLAN.name:
+    if ctx.runtime.name != OV.MESHPLAN.name or ctx.kind != "cpu":
         return 0.0, 0.0
     d = _grad_ranks(ctx)
     fsdp = ctx.sharding != "none" and d > 1
@@ -532,8 +535,8 @@ def _grad_norm_s(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[f
     per_block = flops.tp_sharded_tensors(model) * ar_tp + lt.block_tensors * ar_dp
     fixed = sum(lt.const_tensors) * ar_dp
     world = ctx.pp * d * ctx.tp
-    link = ctx.dp_link if d > 1 else ctx.tp_link if ctx.tp > 1 else ctx.next_link or ctx.tp_link
-    fixed += _scalar_allreduce_s(ctx, world, link) if world > 1 else 0.0
+    # priced on the stage's own group link (a scalar: latency only), the same for every stage of a pipeline
+    fixed += _scalar_allreduce_s(ctx, world, ctx.dp_link if d > 1 else ctx.tp_link) if world > 1 else 0.0
     return per_block, fixed
 
 
