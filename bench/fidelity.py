@@ -1,6 +1,8 @@
 """Fidelity of the time model: predicted vs measured step time of real torchrun runs on this machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 5] [--steps 10] [--state-dir DIR] [--replay]
+    # issue #42 item 7: the five plans, three rounds (~3 min a round on a quiet 2-core VM, ~9–11 min at load 9–17)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py --plans dp2 pp2 tp2 zero3 recompute --rounds 3 --keep best --steps 8
 
 Every round measures, in this order:
 1. Discover: worker.netbench under torchrun at 1, 2 and 4 ranks (per-rank matmul rate, memory
@@ -21,7 +23,10 @@ profiles go into a DuckDB file in the state folder; `--replay` re-prices a state
 Prediction: planner.cost.estimate on the cluster discovered at the plan's rank count plus the
 profiles, with the calibration from discovery (planner.measure.calibrate; nothing fitted on these runs),
 and without it. Printed: plan, predicted, measured, error %, then MAPE and Spearman ρ for the cost
-model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate)).
+model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate));
+and peak memory: estimate's peak_memory_bytes against the ranks' peak RSS before the final checkpoint
+(`run_peak_memory`), per pipeline rank, the one furthest off shown. Discovery runs at one rank and at
+each rank count the chosen plans use; profiling covers the layer shapes they price with.
 
 The model: GPT, d=256, 4 heads, 8 layers, seq 128, vocab 512. A block's fwd+bwd at mbs=1 is ~10 ms on
 one core, so per-micro-batch gloo and pipelining overheads (~0.1–1 ms) are visible but do not
