@@ -1,6 +1,8 @@
 """Fidelity of the time model: predicted vs measured step time of real torchrun runs on this machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py [--rounds 5] [--steps 10] [--state-dir DIR] [--replay]
+    # issue #42 item 7: the five plans, three rounds (~3 min a round on a quiet 2-core VM, ~9–11 min at load 9–17)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/fidelity.py --plans dp2 pp2 tp2 zero3 recompute --rounds 3 --keep best --steps 8
 
 Every round measures, in this order:
 1. Discover: worker.netbench under torchrun at 1, 2 and 4 ranks (per-rank matmul rate, memory
@@ -21,7 +23,10 @@ profiles go into a DuckDB file in the state folder; `--replay` re-prices a state
 Prediction: planner.cost.estimate on the cluster discovered at the plan's rank count plus the
 profiles, with the calibration from discovery (planner.measure.calibrate; nothing fitted on these runs),
 and without it. Printed: plan, predicted, measured, error %, then MAPE and Spearman ρ for the cost
-model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate)).
+model and for the same-run baseline: FLOPs only (model training FLOPs / (ranks × per-rank matmul rate));
+and peak memory: estimate's peak_memory_bytes against the ranks' peak RSS before the final checkpoint
+(`run_peak_memory`), per pipeline rank, the one furthest off shown. Discovery runs at one rank and at
+each rank count the chosen plans use; profiling covers the layer shapes they price with.
 
 The model: GPT, d=256, 4 heads, 8 layers, seq 128, vocab 512. A block's fwd+bwd at mbs=1 is ~10 ms on
 one core, so per-micro-batch gloo and pipelining overheads (~0.1–1 ms) are visible but do not
@@ -122,6 +127,33 @@ def fidelity_plans() -> dict[str, dict]:
     }
 
 
+# `--plans` names: issue #42 item 7's five plans, each one of fidelity_plans()
+PLAN_ALIASES = {
+    "dp2": "dp2 none mbs2",
+    "pp2": "pp2 1f1b mbs2 m4",
+    "tp2": "tp2 mbs2",
+    "zero3": "dp2 zero3 mbs4",
+    "recompute": "pp2 1f1b rec mbs2",
+}
+
+
+def select_plans(names: list[str] | None, only: list[str] | None) -> list[str]:
+    """The plan names to run: `--plans` aliases (PLAN_ALIASES) or full names, else `--only`, else all;
+    an unknown name exits with one line naming the flag, the value and the choices."""
+    specs = fidelity_plans()
+    if names is None and only is None:
+        return list(specs)
+    out = []
+    for n in names if names is not None else only:
+        full = PLAN_ALIASES.get(n, n)
+        if full not in specs:
+            raise SystemExit(
+                f"--plans {n!r}: no such plan; choose from {', '.join(PLAN_ALIASES)} or {', '.join(specs)}"
+            )
+        out.append(full)
+    return out
+
+
 def make_plan(name: str, f: dict) -> Plan:
     return parse_plan(
         {
@@ -202,10 +234,10 @@ def collective_fit_rows(state: Path, num_ranks: int) -> list[dict]:
 
 
 def overhead_rows_for(state: Path, num_ranks: int) -> list[dict]:
-    """Discovery's FSDP2 and concurrency bench rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
-    bench_concurrency), the kept time of each (op, size) across rounds, for planner.measure.calibrate's
-    fsdp_overhead_from and measured_slowdowns; [] when none."""
-    kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS)
+    """Discovery's FSDP2, concurrency and all-reduce rows at `num_ranks` ranks (worker.netbench.bench_fsdp,
+    bench_concurrency, bench_collectives), the kept time of each (op, size) across rounds, for
+    planner.measure.calibrate's fsdp_overhead_from, measured_slowdowns and small_allreduce_from; [] when none."""
+    kept = kept_times(state, num_ranks, FSDP_OPS + CONCURRENCY_OPS + (BenchOp.ALL_REDUCE,))
     return [{"op": op, "message_bytes": size, "time_s": t} for (op, size), t in kept.items()]
 
 
@@ -224,11 +256,19 @@ def pipeline_overhead_for(state: Path, num_ranks: int, cluster: ClusterSpec) -> 
 
 
 def profile_keys_for(plans: list[Plan]) -> list:
-    mbs = sorted({p.micro_batch_size for p in plans})
-    keys = []
-    for tp in sorted({s.tp for p in plans for s in p.stages}):
-        keys += profile_keys("cpu", mbs, [SEQ], [tp], "fp32", (False, True))
-    return keys
+    """The layer shapes the plans price with (planner.cost.estimate.plan_profile_needs), every layer
+    kind of each, without recompute as well (the embedding and head never recompute): no more, so a
+    round of the five item-7 plans profiles 10 shapes, not the grid's 24."""
+    from planner.cost.estimate import plan_profile_needs
+
+    needs = {n for p in plans for n in plan_profile_needs(p)}
+    keys = {
+        k
+        for n in needs
+        for k in profile_keys("cpu", [n.mbs], [n.seq], [n.tp], n.dtype, sorted({False, n.recompute}))
+        if k.layer_kind == "block" or not k.recompute
+    }
+    return sorted(keys, key=lambda k: (k.tp, k.micro_batch_size, k.layer_kind, k.recompute))
 
 
 def profile_pass(state: Path, plans: list[Plan], rnd: int, timeout_s: float) -> None:
@@ -350,6 +390,24 @@ def measure(plan: Plan, name: str, state: Path, steps: int, timeout_s: float) ->
     return run_step_time_s(run_dir)
 
 
+def run_peak_memory(run_dir: Path) -> list[int]:
+    """Per pipeline rank, the largest peak RSS (telemetry `memory_bytes`, `cpu_max_rss`: what
+    planner.cost.estimate's peak_memory_bytes prices on CPU ranks) of its ranks, read on the
+    second-to-last step: the last step's row is written after worker.train's final checkpoint,
+    which is no part of a training step."""
+    per_rank: dict[int, tuple[int, int, int]] = {}  # rank -> (step, memory, pipeline rank)
+    for f in rundir.telemetry_files(run_dir):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        last = max(r["step"] for r in rows)
+        for r in rows:
+            if r["step"] < last or len(rows) == 1:
+                prev = per_rank.get(r["rank"])
+                if prev is None or r["step"] > prev[0]:
+                    per_rank[r["rank"]] = (r["step"], r["memory_bytes"], r["stage"] % r["pp"])
+    pp = max(j for _, _, j in per_rank.values()) + 1
+    return [max(mem for _, mem, j in per_rank.values() if j == k) for k in range(pp)]
+
+
 def _all_steps(run_dir: Path, steps: int) -> bool:
     files = rundir.telemetry_files(run_dir)
     return bool(files) and all(len(f.read_text().splitlines()) == steps for f in files)
@@ -409,7 +467,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="rounds of discover + profile + every plan's run")
     ap.add_argument("--steps", type=int, default=10, help="steps per run (the first 2 are warm-up)")
     ap.add_argument("--state-dir", default="", help="keep DuckDB + runs here (default: a temp folder)")
-    ap.add_argument("--only", nargs="*", default=None, help="plan names to run")
+    ap.add_argument("--only", nargs="*", default=None, help="plan names to run (full names)")
+    ap.add_argument("--plans", nargs="*", default=None, help=f"plans to run: {', '.join(PLAN_ALIASES)} (or full names)")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     ap.add_argument("--replay", action="store_true", help="re-price the snapshots, profiles and runs in --state-dir")
     ap.add_argument("--keep", choices=("median", "best"), default="median", help="which round of each quantity is kept")
@@ -423,13 +482,15 @@ def main() -> None:
     t0 = time.perf_counter()
     print(f"state {state}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     specs = fidelity_plans()
-    names = [n for n in specs if args.only is None or n in args.only]
+    names = select_plans(args.plans, args.only)
     plans = {n: make_plan(n, specs[n]) for n in names}
     # Each round measures everything once, in the same order: a quiet spell of the shared machine
     # can then serve hardware, profiles and runs alike, and each keeps one round's value (--keep).
+    # one rank alone (the single-rank rate) and every rank count a chosen plan runs on
+    counts = sorted({1} | {p.num_devices for p in plans.values()})
     done = len(list(state.glob("discover-1-*")))  # rounds add to those the state folder holds
     for rnd in range(done, done + (0 if args.replay else args.rounds)):
-        for n in (1, 2, 4):
+        for n in counts:
             discover_pass(state, n, rnd, args.timeout_s)
         profile_pass(state, list(plans.values()), rnd, args.timeout_s)
         (state / f"optimizer-{rnd}.json").write_text(json.dumps(measure_optimizer()))
@@ -450,7 +511,7 @@ def main() -> None:
     clusters: dict[int, ClusterSpec] = {}
     calibs: dict[int, Calibration] = {}
     single = 0.0
-    for n in (1, 2, 4):
+    for n in counts:
         stored = load_snapshot(db, best_snapshot(db, state, n))
         clusters[n] = stored.cluster
         rates = stored.devices["measured_flop_per_s"].to_list()
@@ -461,6 +522,8 @@ def main() -> None:
             f"{node.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s memory, send/recv α "
             f"{node.intra_link.latency_s * 1e6:.0f} µs {node.intra_link.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
         )
+        if stored.runtime_rss_bytes:
+            line += f", a rank's runtime {stored.runtime_rss_bytes / 2**20:.0f} MiB resident"
         if n > 1:
             fits = collective_fit_rows(state, n)
             pipe = pipeline_overhead_for(state, n, clusters[n])
@@ -476,6 +539,7 @@ def main() -> None:
                 overhead_rows_for(state, n),
                 adam.get("fsdp"),
                 int(adam.get("num_ranks", 1)),
+                stored.runtime_rss_bytes,
             )
             ar = calibs[n].fit(BenchOp.ALL_REDUCE)
             line += f"; contention {calibs[n].compute_slowdown:.2f}, lockstep {calibs[n].lockstep_slowdown:.2f}"
@@ -495,33 +559,64 @@ def main() -> None:
     print(f"profiled {sum(1 for r in table if not r.estimated)} layer shapes\n")
 
     measured: dict[str, list[float]] = {n: [] for n in names}
+    memory: dict[str, list[list[int]]] = {n: [] for n in names}
     by_fp = {plans[n].fingerprint(): n for n in names}
     for d in sorted(state.glob("run-*"), key=lambda d: d.stat().st_mtime):  # run folders in launch order
         hit = by_fp.get(Plan.model_validate_json(rundir.plan_path(d).read_text()).fingerprint())
         if hit is not None and rundir.telemetry_dir(d).is_dir():
             measured[hit].append(run_step_time_s(d))
+            memory[hit].append(run_peak_memory(d))
 
     rows = []
     for n in names:
         plan, cluster = plans[n], clusters[plans[n].num_devices]
-        pred = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=calibs[plan.num_devices]).step_time_s
+        priced = estimate(plan, FIDELITY_MODEL, cluster, table, calibration=calibs[plan.num_devices])
         raw = estimate(plan, FIDELITY_MODEL, cluster, table).step_time_s
-        rows.append((n, plan.num_devices, pred, raw, flops_only_s(plan, cluster), keep(measured[n]), measured[n]))
+        # memory: per pipeline rank, the kept round (the smallest peak under --keep best: a neighbour
+        # cannot lower a process's RSS); the table shows the pipeline rank furthest off
+        mem = keep(memory[n], max) if memory[n] else [0] * plan.pp
+        pm = list(priced.peak_memory_bytes)
+        j = max(range(plan.pp), key=lambda k: abs(pm[k] - mem[k]) / max(mem[k], 1))
+        rows.append(
+            dict(
+                name=n,
+                ranks=plan.num_devices,
+                pred=priced.step_time_s,
+                raw=raw,
+                flops=flops_only_s(plan, cluster),
+                meas=keep(measured[n]),
+                rounds=measured[n],
+                pred_mem=pm[j],
+                meas_mem=mem[j],
+                mem_stage=j,
+            )
+        )
+    mib = 2**20
     head = (
         f"{'plan':<24}{'ranks':>6}{'predicted s':>13}{'measured s':>12}{'error %':>9}{'uncalib s':>11}{'err %':>8}"
-        f"{'FLOPs-only s':>14}{'err %':>8}  rounds s"
+        f"{'FLOPs-only s':>14}{'err %':>8}{'pred MiB':>10}{'meas MiB':>10}{'err %':>8}  rounds s"
     )
     print(head)
     print("-" * len(head))
-    for n, k, p, u, b, m, ms in rows:
+    for r in rows:
+        m, mm = r["meas"], max(r["meas_mem"], 1)
         print(
-            f"{n:<24}{k:>6}{p:>13.4f}{m:>12.4f}{100 * (p - m) / m:>+9.1f}{u:>11.4f}{100 * (u - m) / m:>+8.1f}"
-            f"{b:>14.4f}{100 * (b - m) / m:>+8.1f}  " + " ".join(f"{x:.3f}" for x in ms)
+            f"{r['name']:<24}{r['ranks']:>6}{r['pred']:>13.4f}{m:>12.4f}{100 * (r['pred'] - m) / m:>+9.1f}"
+            f"{r['raw']:>11.4f}{100 * (r['raw'] - m) / m:>+8.1f}{r['flops']:>14.4f}{100 * (r['flops'] - m) / m:>+8.1f}"
+            f"{r['pred_mem'] / mib:>10.1f}{r['meas_mem'] / mib:>10.1f}{100 * (r['pred_mem'] - mm) / mm:>+8.1f}  "
+            + " ".join(f"{x:.3f}" for x in r["rounds"])
         )
-    meas = [r[5] for r in rows]
-    for label, col in (("cost model (calibrated)", 2), ("cost model (uncalibrated)", 3), ("FLOPs only (baseline)", 4)):
+    meas = [r["meas"] for r in rows]
+    for label, col in (
+        ("cost model (calibrated)", "pred"),
+        ("cost model (uncalibrated)", "raw"),
+        ("FLOPs only (baseline)", "flops"),
+    ):
         pred = [r[col] for r in rows]
         print(f"{label:<26}: MAPE {mape(pred, meas):5.1f} %   Spearman ρ {spearman(pred, meas):+.3f}")
+    if all(r["meas_mem"] for r in rows):
+        pm = [float(r["pred_mem"]) for r in rows]
+        print(f"{'peak memory (calibrated)':<26}: MAPE {mape(pm, [float(r['meas_mem']) for r in rows]):5.1f} %")
     print(
         f"targets: MAPE ≤ 10 %, ρ ≥ 0.9; load average at end {os.getloadavg()[0]:.2f}; "
         f"wall {time.perf_counter() - t0:.0f} s"

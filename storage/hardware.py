@@ -39,6 +39,15 @@ class HardwareSnapshot:
     fits: pl.DataFrame
     unsupported: pl.DataFrame
     cores_per_node: int | None = None  # a probed node's CPU cores (the smallest node's); None if described
+    # resident bytes of a rank with the training runtime imported and its process group up, before it
+    # allocates anything (worker.netbench; the largest node's); None if described or probed before it
+    runtime_rss_bytes: int | None = None
+
+
+def _runtime_rss_bytes(snapshot_json: str | None) -> int | None:
+    nodes = json.loads(snapshot_json).get("nodes", {}) if snapshot_json else {}
+    rss = [int(n["runtime_rss_bytes"]) for n in nodes.values() if n.get("runtime_rss_bytes")]
+    return max(rss) if rss else None
 
 
 def _cores_per_node(snapshot_json: str | None) -> int | None:
@@ -202,6 +211,7 @@ def load_snapshot(db_path: str | Path, fingerprint: str) -> HardwareSnapshot:
         fits=frames["hardware_fits"],
         unsupported=frames["hardware_unsupported"],
         cores_per_node=_cores_per_node(snapshot_json),
+        runtime_rss_bytes=_runtime_rss_bytes(snapshot_json),
     )
 
 

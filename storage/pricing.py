@@ -55,7 +55,9 @@ def snapshot_calibration(db_path: str | Path, model: ModelSpec, snap: HardwareSn
     None for GPU clusters (the datasheet model with NCCL's overlap holds there) or unmeasured ones.
     Contention and lockstep come from discovery's concurrency bench (one rank alone, the ranks
     together, in lockstep; snapshots without it: contention 1, as the ranks were only probed together);
-    the node's core count prices ranks that share cores (processor sharing in `estimate`)."""
+    the node's core count prices ranks that share cores (processor sharing in `estimate`); the resident
+    bytes of a rank before its plan allocates, where discovery measured them, are the runtime reserve
+    of its peak memory."""
     from storage.profiles import load_optimizer_profile
 
     rates = [r for r in snap.devices["measured_flop_per_s"].to_list() if r]
@@ -76,6 +78,7 @@ def snapshot_calibration(db_path: str | Path, model: ModelSpec, snap: HardwareSn
         measurements,
         adam.get("fsdp"),
         int(adam.get("num_ranks", 1)),
+        snap.runtime_rss_bytes,
     )
 
 

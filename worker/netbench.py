@@ -33,7 +33,7 @@ import torch.distributed as dist
 from planner.errors import MeshplanError
 from planner.measure.ops import BenchOp, NetbenchSpec
 from worker.probe import GPU_MIN_MATMUL, cuda_devices, host_info, median_time_s, nvlink_topology, probe_device
-from worker.telemetry import sync_device
+from worker.telemetry import resident_bytes, sync_device
 
 SNAPSHOT_VERSION = 1
 # Pairs to ping-pong: every pair on small worlds; beyond that rank 0 to each rank plus ring neighbours.
@@ -318,6 +318,9 @@ def assemble(per_rank: list[dict[str, Any]], backend: str, sizes: list[int]) -> 
     for r in per_rank:
         nodes.setdefault(r["node"], {**r["host"], "gpus": r["gpus"], "nvlink": r["nvlink"], "ranks": []})
         nodes[r["node"]]["ranks"].append(r["rank"])
+        if r.get("runtime_rss_bytes"):  # the node's largest rank
+            node = nodes[r["node"]]
+            node["runtime_rss_bytes"] = max(node.get("runtime_rss_bytes", 0), r["runtime_rss_bytes"])
     measurements = []
     for row in per_rank[0]["collectives"]:
         # A collective finishes when its slowest rank does.
@@ -354,6 +357,34 @@ def assemble(per_rank: list[dict[str, Any]], backend: str, sizes: list[int]) -> 
     }
 
 
+def runtime_rss_bytes(device: str) -> int:
+    """Resident bytes of a training rank before its plan allocates anything: this rank, its process
+    group up, with the training runtime's modules imported (worker.train's: torch.distributed's
+    pipelining, tensor and FSDP packages, ~90 MB beyond torch alone on CPU) and its kernels run once
+    (two AdamW steps of the `tiny` preset: the library code pages a first forward, backward and
+    optimizer step touch, ~13 MB, and the runtime's first-use buffers, ~7 MB on CPU; the preset's own
+    tensors are a few hundred kB). Every training rank holds these on top of what its plan allocates;
+    planner.cost.formulas.runtime_reserve_bytes is the datasheet stand-in where nothing was measured.
+    On a GPU the CUDA context lives outside the resident set: 0 there (the datasheet reserve holds)."""
+    if device != "cpu":
+        return 0
+    import worker.train  # noqa: F401  (imported for what it makes resident)
+    from planner.specs.model import get_model
+    from worker.model import Decoder, init_weights, loss_fn
+
+    spec = get_model("tiny")
+    model = Decoder(spec, layers=(0, spec.num_layers), first=True, last=True)
+    init_weights(model, 0, spec.num_layers)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  # worker.options.make_optimizer's
+    for step in range(2):
+        x = torch.randint(0, spec.vocab_size, (2, spec.seq_len), generator=torch.Generator().manual_seed(step))
+        loss_fn(model(x), x).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    del model, opt
+    return resident_bytes()
+
+
 def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
@@ -367,6 +398,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
     try:
         rank = dist.get_rank()
         dist.barrier()
+        rss = runtime_rss_bytes(device)
         probe = probe_device(device, matmul_size, repeats)
         collectives, unsupported = bench_collectives(sizes, repeats, device)
         pairs = bench_pairs(sizes, repeats, device)
@@ -382,6 +414,7 @@ def run(out: Path, sizes: list[int], repeats: int, matmul_size: int) -> None:
             "gpus": cuda_devices() if cuda else [],
             "nvlink": nvlink_topology() if cuda and local_rank == 0 else None,
             "probe": probe,
+            "runtime_rss_bytes": rss,
             "collectives": collectives,
             "unsupported": unsupported,
             "pairs": pairs,

@@ -60,6 +60,15 @@ class ComputeTimer:
         return total
 
 
+def resident_bytes() -> int:
+    """This process's resident set now (/proc/self/statm's resident pages; elsewhere the peak, ru_maxrss)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def memory_bytes(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"

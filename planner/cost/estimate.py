@@ -401,10 +401,11 @@ def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> 
 
 
 def memory_per_stage(
-    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION
+    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION, reserve_bytes: int | None = None
 ) -> tuple[list[int], list[int]]:
     """Per pipeline rank: the peak memory (formulas.peak_memory_bytes of the allocated bytes: blocks, fixed
-    terms and the largest workspace) on its worst replica, and the smallest device memory it runs on."""
+    terms and the largest workspace; `reserve_bytes` a measured runtime reserve) on its worst replica, and
+    the smallest device memory it runs on."""
     ns = [s.num_layers for s in plan.stages]
     peak_mem, cap_mem = [], []
     for j in range(plan.pp):
@@ -419,7 +420,8 @@ def memory_per_stage(
                 seen.add(key)
                 alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
                 alloc += max(co[i].workspace_bytes for i in own)
-                worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)))
+                peak = F.peak_memory_bytes(alloc, spec.device_kind, fragmentation, reserve_bytes)
+                worst_peak = max(worst_peak, int(peak))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
         cap_mem.append(int(worst_cap or 0))
@@ -542,7 +544,8 @@ def estimate(
         step += step_s
     crit = critical_terms(plan, priced.coeffs, pipe)
     frag = F.FRAGMENTATION_FRACTION_EXPANDABLE if runtime.expandable_segments else F.FRAGMENTATION_FRACTION
-    peak_mem, cap_mem = memory_per_stage(plan, priced, frag)
+    reserve = calibration.runtime_reserve_bytes if calibration is not None else None
+    peak_mem, cap_mem = memory_per_stage(plan, priced, frag, reserve)
     terms = {
         "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
         "pipeline bubble": crit.bubble,

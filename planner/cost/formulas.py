@@ -208,13 +208,23 @@ def adam_step_s(
     return num_params * bytes_per_param / memory_bandwidth_bytes_per_s
 
 
-def runtime_reserve_bytes(device_kind: str) -> int:
-    """Bytes a device loses before the plan allocates anything (see RUNTIME_RESERVE_BYTES_*)."""
+def runtime_reserve_bytes(device_kind: str, measured: int | None = None) -> int:
+    """Bytes a device loses before the plan allocates anything: `measured` where discovery measured
+    it (planner.measure.calibrate.Calibration.runtime_reserve_bytes: a CPU rank's resident set with
+    the training runtime imported), else RUNTIME_RESERVE_BYTES_*."""
+    if measured is not None:
+        return measured
     return RUNTIME_RESERVE_BYTES_CPU if device_kind == "cpu" else RUNTIME_RESERVE_BYTES_GPU
 
 
-def peak_memory_bytes(allocated_bytes: float, device_kind: str, fragmentation: float = FRAGMENTATION_FRACTION) -> float:
+def peak_memory_bytes(
+    allocated_bytes: float,
+    device_kind: str,
+    fragmentation: float = FRAGMENTATION_FRACTION,
+    reserve_bytes: int | None = None,
+) -> float:
     """Reserved bytes at the peak: allocations × (1 + fragmentation) + the runtime reserve
     (`fragmentation`: FRAGMENTATION_FRACTION, or FRAGMENTATION_FRACTION_EXPANDABLE for a runtime that
-    runs the allocator with expandable segments)."""
-    return allocated_bytes * (1 + fragmentation) + runtime_reserve_bytes(device_kind)
+    runs the allocator with expandable segments; `reserve_bytes`: a measured reserve, as
+    runtime_reserve_bytes takes it)."""
+    return allocated_bytes * (1 + fragmentation) + runtime_reserve_bytes(device_kind, reserve_bytes)

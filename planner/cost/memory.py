@@ -307,3 +307,22 @@ def zero3_working_bytes(largest_params: float, neighbour_params: float, dtype: s
     the next): 2·P_x + P_neighbour e-byte values, largest for the stage's largest module x (a block,
     or a tied / untied embedding table) next to a block: 3·P_block for a stage of blocks alone."""
     return (2 * largest_params + neighbour_params) * DTYPE_BYTES[dtype]
+
+
+def grad_pack_buffer_bytes(m: ModelSpec, tp: int, dtype: str, bucket_bytes: float) -> float:
+    """The flat buffer a runtime that packs small gradients into buckets (worker.parallel.GradSumSync,
+    `Runtime.grad_buckets_packed`) keeps for the whole run: one buffer, reused by every bucket and
+    step, as large as the largest bucket. A bucket closes once it holds `bucket_bytes` or more, so it
+    is at most bucket_bytes plus the last small gradient added (< bucket_bytes + the largest small
+    tensor), and never more than all the model's small gradients on this tp rank (flops.layer_params
+    of the layers whose largest tensor is below bucket_bytes, as planner.cost.stage._packed_bytes
+    counts them). A stage's own share is not known per block count (coefficients stay a·n + b), so
+    the whole model's small gradients bound it: exact for a one-stage plan, at most one bucket over
+    for a pipeline stage."""
+    e = DTYPE_BYTES[dtype]
+    counts = {"block": m.num_layers, "embedding": 1, "head": 1}
+    small = [(n * flops.layer_params(k, m, tp) * e, flops.largest_tensor_params(k, m, tp) * e)
+             for k, n in counts.items() if n and flops.largest_tensor_params(k, m, tp) * e < bucket_bytes]  # fmt: skip
+    if not small:
+        return 0.0
+    return min(sum(b for b, _ in small), bucket_bytes + max(t for _, t in small))

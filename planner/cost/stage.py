@@ -547,10 +547,60 @@ def _optimizer_s(ctx: StageContext, lt: LocalTerms) -> tuple[float, float]:
     return F.adam_step_s(params[0] / shard, bw, adam_b), F.adam_step_s(params[1] / shard, bw, adam_b)
 
 
+def _scalar_allreduce_s(ctx: StageContext, n: int, link: Link) -> float:
+    """One all-reduce of a 4-byte scalar over n ranks: discovery's smallest all-reduce where calibrated
+    (Calibration.scalar_allreduce_s), else the calibrated fit, else NCCL's or the ring's price."""
+    if n <= 1:
+        return 0.0
+    small = ctx.calib.scalar_allreduce_s(n) if ctx.calib is not None else None
+    if small is not None:
+        return small
+    fit = ctx.calib.fit(BenchOp.ALL_REDUCE) if ctx.calib is not None else None
+    if fit is not None:
+        return fit.time_s(4.0, n)
+    if N.uses_nccl(link):
+        return N.collective_s(BenchOp.ALL_REDUCE, 4.0, n, link)
+    return F.allreduce_s(4.0, n, link.bandwidth_bytes_per_s, link.latency_s, link.num_nodes)
+
+
+def _grad_norm_s(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[float, float]:
+    """(per block, fixed) seconds of the collectives of meshplan's per-step gradient norm; 0 under
+    other runtimes.
+
+    worker.train takes the whole model's gradient norm every step, between the gradient sync and
+    the optimizer step (worker/clip.py global_grad_norm: the divergence check, and clipping when
+    asked). Its `torch.linalg.vector_norm` of each gradient reads the rank's gradient bytes once
+    (~1 % of an optimizer step, which reads and writes them and three states: left out). What waits:
+    - a gradient that is a sharded DTensor has a partial norm, made whole by `full_tensor`: one
+      all-reduce of a scalar per such tensor over its mesh: the tp group for the block's tp-sharded
+      linears (flops.tp_sharded_tensors), the dp group for every FSDP2-sharded tensor of the stage
+      (flops.layer_tensors of its blocks, embedding and head);
+    - one all-reduce of three scalars over the world (norm², the non-finite flag and the logged loss),
+      booked on every stage (an interleaved rank holding several stages pays it once: ~α over).
+    CPU ranks only: gloo's scalar all-reduce costs ~0.1–0.5 ms (discovery's smallest all-reduce), a
+    sharded stage's dozens of them a visible share of its step. On GPUs each is an NCCL launch of
+    ~10–20 µs that nothing here has measured; left out there, GPU prices and picks unchanged.
+    """
+    if ctx.runtime.name != OV.MESHPLAN.name or ctx.kind != "cpu":
+        return 0.0, 0.0
+    d = _grad_ranks(ctx)
+    fsdp = ctx.sharding != "none" and d > 1
+    ar_tp = _scalar_allreduce_s(ctx, ctx.tp, ctx.tp_link) if ctx.tp > 1 else 0.0
+    ar_dp = _scalar_allreduce_s(ctx, d, ctx.dp_link) if fsdp else 0.0
+    per_block = flops.tp_sharded_tensors(model) * ar_tp + lt.block_tensors * ar_dp
+    fixed = sum(lt.const_tensors) * ar_dp
+    world = ctx.pp * d * ctx.tp
+    # priced on the stage's own group link (a scalar: latency only), the same for every stage of a pipeline
+    fixed += _scalar_allreduce_s(ctx, world, ctx.dp_link if d > 1 else ctx.tp_link) if world > 1 else 0.0
+    return per_block, fixed
+
+
 def _state_bytes(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[float, float]:
     """(per block, fixed) bytes of weights, gradients and optimizer states under the stage's ZeRO
     sharding, plus ZeRO-3's working buffers (memory.zero3_working_bytes), plus the fp8 weight copy a
-    weight-caching runtime holds once a step (memory.fp8_cached_weight_bytes)."""
+    weight-caching runtime holds once a step (memory.fp8_cached_weight_bytes), plus the gradient
+    packing buffer of a runtime that packs small gradients for sharding none over dp > 1
+    (memory.grad_pack_buffer_bytes)."""
     d = _grad_ranks(ctx)
     bpp = F.state_bytes_per_param(ctx.dtype, ctx.sharding, d)
     state_a = lt.num_params_per_block * bpp + M.fp8_cached_weight_bytes(model, ctx.tp, ctx.stack)
@@ -558,6 +608,8 @@ def _state_bytes(ctx: StageContext, lt: LocalTerms, model: ModelSpec) -> tuple[f
     if ctx.sharding == "zero3" and d > 1:
         largest = max([lt.num_params_per_block] + [float(p) for p in lt.const_params])
         state_b += M.zero3_working_bytes(largest, lt.num_params_per_block, ctx.dtype)
+    if ctx.sharding == "none" and d > 1 and ctx.runtime.grad_buckets_packed:
+        state_b += M.grad_pack_buffer_bytes(model, ctx.tp, ctx.dtype, F.GRAD_BUCKET_BYTES)
     return state_a, state_b
 
 
@@ -584,6 +636,9 @@ def stage_coeffs(
         p2p_b *= 1 - rt.p2p_overlap
     dpt = _dp_terms(ctx, lt, rt)
     o1, o0 = _optimizer_s(ctx, lt)
+    # the gradient norm: after the gradient sync, before the optimizer step, booked with the drain
+    n1, n0 = _grad_norm_s(ctx, lt, model)
+    dpt = OV.DpTerms(dpt.zero3_a, dpt.zero3_b, dpt.e0, dpt.e1, dpt.g0 + n0, dpt.g1 + n1)
     state_a, state_b = _state_bytes(ctx, lt, model)
     act_a, act_b = lt.activation_bytes_per_block, lt.activation_bytes_fixed
     return StageCoeffs(

@@ -148,10 +148,23 @@ class Calibration:
     pipeline_overhead_s: float = 0.0  # per micro-batch and stage boundary, beyond the p2p's α–β
     fsdp: FsdpOverhead | None = None  # FSDP2's own cost per sharded module, beyond its collectives
     lockstep_slowdown: float = 1.0  # ranks that meet after every chunk of work vs running free
+    # resident bytes of a rank before its plan allocates (discovery: worker.netbench.runtime_rss_bytes),
+    # replacing formulas.RUNTIME_RESERVE_BYTES_CPU's stand-in; None: not measured
+    runtime_reserve_bytes: int | None = None
+    # one all-reduce of discovery's smallest message over num_ranks ranks: what a scalar all-reduce
+    # costs (the α–β fits run through the large sizes and misprice a few bytes); None: not measured
+    small_allreduce_s: float | None = None
     source: str = ""
 
     def fit(self, op: BenchOp) -> CollectiveFit | None:
         return dict(self.collectives).get(op)
+
+    def scalar_allreduce_s(self, group_size: int) -> float | None:
+        """A few bytes all-reduced over `group_size` ranks: the measured small all-reduce, scaled by the
+        ring's step count (d − 1)/(N − 1) as CollectiveFit.coeffs scales α; None when not measured."""
+        if self.small_allreduce_s is None or self.num_ranks <= 1:
+            return None
+        return self.small_allreduce_s * max(0, group_size - 1) / (self.num_ranks - 1)
 
     def slowdown(self, real_group: bool = False) -> float:
         """What multiplies a profiled time on these ranks: the contention slowdown, and the lockstep
@@ -240,6 +253,15 @@ def collective_fits(
     return out
 
 
+def small_allreduce_from(measurements: Iterable[Mapping]) -> float | None:
+    """The time of the smallest all-reduce message among a snapshot's measurement rows (None without any)."""
+    rows = [m for m in measurements if m["op"] == BenchOp.ALL_REDUCE]
+    if not rows:
+        return None
+    smallest = min(int(m["message_bytes"]) for m in rows)
+    return statistics.median(float(m["time_s"]) for m in rows if int(m["message_bytes"]) == smallest)
+
+
 def cpu_calibration(
     single_rank_flop_per_s: float,
     per_rank_flop_per_s: Iterable[float],
@@ -252,6 +274,7 @@ def cpu_calibration(
     measurements: Iterable[Mapping] = (),
     adam_fsdp_s_per_param: float | None = None,
     adam_num_ranks: int = 1,
+    runtime_reserve_bytes: int | None = None,
 ) -> Calibration:
     """The calibration of `num_ranks` CPU ranks from two discoveries: one rank alone, and `num_ranks` ranks
     (plus, optionally, the measured optimizer step per parameter, and the snapshot's measurement rows
@@ -275,5 +298,7 @@ def cpu_calibration(
         pipeline_overhead_s=pipeline_overhead,
         fsdp=fsdp,
         lockstep_slowdown=lockstep,
+        runtime_reserve_bytes=runtime_reserve_bytes,
+        small_allreduce_s=small_allreduce_from(measurements),
         source=f"discovery: {num_ranks} ranks, slowdown {slowdown:.2f}, lockstep {lockstep:.2f}, gloo fits for {', '.join(sorted(ops)) or 'none'}",
     )

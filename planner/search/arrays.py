@@ -82,7 +82,8 @@ class Pricer:
         self.link_intern: dict[Link, Link] = {}
         # per class, looked up once: every stage of every candidate needs them (each is a catalog lookup)
         self.capacity_bytes = [c.memory_bytes for c in self.classes]
-        self.reserve_bytes = [F.runtime_reserve_bytes(c.kind) for c in self.classes]
+        measured = self.calib.runtime_reserve_bytes if self.calib is not None else None  # as estimate takes it
+        self.reserve_bytes = [F.runtime_reserve_bytes(c.kind, measured) for c in self.classes]
         self.kinds = [c.kind for c in self.classes]
         self.intra = [c.intra for c in self.classes]
         self.inter = [c.inter for c in self.classes]

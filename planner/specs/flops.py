@@ -83,6 +83,16 @@ def layer_tensors(kind: LayerKind, m: ModelSpec) -> int:
     return 3 if gpt else 2
 
 
+def tp_sharded_tensors(m: ModelSpec) -> int:
+    """Parameter tensors of a block that tensor parallelism shards (worker.parallel.apply_tp): the
+    column-parallel linears' weights and biases (q, k, v and the MLP's up projections: GPT's w1 with
+    its bias, Llama's w1 and w3) and the row-parallel linears' weights (o and the down projection;
+    their biases stay replicated). GPT: 3·2 + 2 + 2 = 10; Llama without q/k/v biases: 3 + 2 + 2 = 7."""
+    qkv = 3 * (2 if m.has_qkv_bias else 1)
+    up = 2  # GPT: w1's weight and bias; Llama: w1 and w3 (no biases)
+    return qkv + up + 2
+
+
 def largest_tensor_params(kind: LayerKind, m: ModelSpec, tp: int = 1) -> int:
     """Parameters of a layer's largest weight on one tp rank (worker/model.py's shapes: a block's
     h×max(h, ffn) projection, the padded-vocabulary embedding or head)."""

@@ -69,6 +69,9 @@ def test_two_simulated_nodes_measure_an_inter_node_link(tmp_path):
     assert sorted(snap["nodes"]) == ["sim0", "sim1"] and snap["world_size"] == 2 and snap["backend"] == "gloo"
     # c10d rendezvous assigns node ranks by arrival, so either launcher may hold rank 0.
     assert {r["node"] for r in snap["ranks"]} == {"sim0", "sim1"}
+    # each node's resident runtime (worker.netbench.runtime_rss_bytes): torch, the training runtime's
+    # modules and a warm-up step, ~330 MB on CPU; storage reads it as the measured runtime reserve
+    assert all(200 * 2**20 < n["runtime_rss_bytes"] < 2**30 for n in snap["nodes"].values())
     pairs = [m for m in snap["measurements"] if m["op"] == "send_recv"]
     assert pairs and {m["link_class"] for m in pairs} == {INTER}
     assert {m["message_bytes"] for m in pairs} == {1024, 65536, 1048576}
