@@ -118,23 +118,31 @@ def _place(plan: Plan, idx: DeviceIndex, i: int, r: int, fast: _Fast | None = No
     `fast`: the plan's pp, slices per stage and device → group table (`_fast`), for a caller that
     places every stage of every replica (price_stages: a 16,384-GPU plan's 100,000 placements)."""
     f = fast or _fast(plan, idx)
-    stages, pp, s, gof = plan.stages, f.pp, plan.stages[i], f.group_of
+    stages, pp, s, gof, gidx = plan.stages, f.pp, plan.stages[i], f.group_of, f.group_index
     q = f.slices[i % pp]  # runtime.pipeline_replicas: replicas r·q … (r + 1)·q − 1 of the stage
-    subs = [s.replica_devices(j) for j in range(r * q, (r + 1) * q)]
-    devs = subs[0]
-    ginfo = [gof[d] for sub in subs for d in sub]
+    # replicas r·q … (r + 1)·q − 1 (StagePlan.replica_devices) are one run of the stage's device ids
+    w, ids = s.tp * s.cp, s.device_ids
+    flat = ids[r * q * w : (r + 1) * q * w]
+    devs = flat[:w]
+    # the groups of every device, each once, in the order their first devices come
+    seen: dict[int, object] = {}
+    for d in flat:
+        g = gidx[d]
+        if g not in seen:
+            seen[g] = gof[d]
+    ginfo = list(seen.values())
 
     def node(d: int) -> int:  # DeviceIndex.node
         g = gof[d]
         return g.first_node + (d - g.first_id) // g.spec.num_devices
 
-    same_node = (s.tp == 1 and s.cp == 1) or len({node(d) for d in devs}) == 1
+    same_node = (w == 1) or len({node(d) for d in devs}) == 1
     nxt = stages[i + 1] if i + 1 < len(stages) else None
     nkey, b0 = None, devs[0]
     if nxt is not None:
         b0 = nxt.replica_devices(r * f.slices[(i + 1) % pp])[0]
-        nkey = (node(devs[0]) == node(b0), ginfo[0].index, gof[b0].index)
-    key = (i, tuple(sorted({g.index for g in ginfo})), same_node, nkey, plan.num_microbatches(r))
+        nkey = (node(devs[0]) == node(b0), gidx[devs[0]], gidx[b0])
+    key = (i, tuple(sorted(seen)), same_node, nkey, plan.num_microbatches(r))
     return _Place(devs, ginfo, nxt, b0, key)
 
 
@@ -142,12 +150,13 @@ class _Fast(NamedTuple):
     pp: int
     slices: list[int]  # runtime.num_slices of each pipeline rank
     group_of: list  # DeviceIndex.group of every device id
+    group_index: list[int]  # its index
 
 
 def _fast(plan: Plan, idx: DeviceIndex) -> _Fast:
     pp = plan.pp
     group_of = [g for g in idx.groups for _ in range(g.spec.count * g.spec.num_devices)]
-    return _Fast(pp, [num_slices(plan, k) for k in range(pp)], group_of)
+    return _Fast(pp, [num_slices(plan, k) for k in range(pp)], group_of, [g.index for g in group_of])
 
 
 def _stage_context(

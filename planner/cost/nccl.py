@@ -212,10 +212,25 @@ def choose(op: str, nbytes: float, n: int, link: Link) -> Choice:
     """NCCL's choice for `op` ("all_reduce", "all_gather", "reduce_scatter") of `nbytes` (the whole
     buffer: all-gather's output, reduce-scatter's input) over n ranks on `link` (a ring's Link:
     num_nodes, intra_hw, arch and its NCCL-rated bus bandwidth): the lowest predicted time."""
+    key = (op, nbytes, n, link)
+    out = _CHOICES.get(key)
+    if out is not None:
+        return out
     if op not in OPS:
         raise ValueError(f"collective {op!r}: one of {', '.join(OPS)}")
     cands = [_candidate(op, a, p, nbytes, n, link) for a in ALGORITHMS for p in PROTOCOLS if _enabled(a, p, op, link)]
-    return min(cands, key=lambda c: c.time_s(nbytes))
+    out = min(cands, key=lambda c: c.time_s(nbytes))
+    if len(_CHOICES) >= _CHOICES_MAX:
+        _CHOICES.clear()
+    _CHOICES[key] = out
+    return out
+
+
+# choose's answers, memoised: a pure function of its arguments (Link is a frozen value and TUNING a
+# module constant), asked ~8,000 times a search for a few hundred distinct rings and messages
+# (every stage context of every dp, sharding and ring prices three collectives); bounded by clearing
+_CHOICES: dict[tuple, Choice] = {}
+_CHOICES_MAX = 65536
 
 
 def collective_s(op: str, nbytes: float, n: int, link: Link) -> float:

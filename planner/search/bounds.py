@@ -138,6 +138,9 @@ class Bounds:
         self._local: dict[tuple, tuple[np.ndarray, float]] = {}
         self._mem: dict[tuple, tuple[np.ndarray, ...]] = {}
         self._end: dict[tuple, tuple[float, ...]] = {}
+        self._local_l: dict[tuple, tuple[list, float]] = {}
+        self._infl: dict[tuple, list[float]] = {}
+        self._rooms: dict[tuple, list[float]] = {}
         # shape_bounds drops shapes whose memory cannot hold the model in any setting, as
         # optimistic / optimistic_replicas would find when expanded (a node with no child): not
         # under a calibration with FSDP overheads (those bounds cut nothing there), and pipelines
@@ -367,28 +370,42 @@ class Bounds:
         pr, L = self.pr, self.L
         pp = sum(sg.stages for sg in segs)
         nmax = max(1, L - pp + 1)
-        # the stages of a segment share one context but at the pipeline's ends (Pricer.segment_rows)
-        lo = pr.pipeline_rows(segs, mbs, self.recs[-1], sharding, dp)[0]
-        k = pr.inflight(schedule, pp, m, v)
-        mem_a, mem_b = lo[:, 6] + k * lo[:, 7], lo[:, 8] + k * lo[:, 9]
-        room = (pr.room_bytes(segs) - lo[:, 10]) - mem_b
+        # the stages of a segment share one context but at the pipeline's ends (Pricer.segment_rows);
+        # plain Python floats on these few stages (numpy's per-call cost is most of a node's bound)
+        lo = pr.pipeline_rows(segs, mbs, self.recs[-1], sharding, dp)[0].tolist()
+        k = self._inflight(schedule, pp, m, v)
+        room = self._room(segs)
         # floor(peak(n)) ≤ capacity ⟺ n < room / mem_a; + 1 absorbs the rounding of this formula
-        free = mem_a > 0  # a stage whose allocation does not grow with n takes up to nmax blocks
-        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
-        cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+        cap = _caps(room, [r[10] for r in lo], [r[6] + ki * r[7] for r, ki in zip(lo, k, strict=True)],
+                    [r[8] + ki * r[9] for r, ki in zip(lo, k, strict=True)], nmax)  # fmt: skip
         if min(cap) < 1 or sum(cap) < L:
             return None  # as capped_row answers, before pricing the other recompute contexts
         if len(self.recs) == 1:
-            return lo[:, 0].tolist(), lo[:, 1].tolist(), cap, None
-        hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0]
-        a, b = np.minimum(lo[:, 0], hi[:, 0]).tolist(), np.minimum(lo[:, 1], hi[:, 1]).tolist()
+            return [r[0] for r in lo], [r[1] for r in lo], cap, None
+        hi = pr.pipeline_rows(segs, mbs, self.recs[0], sharding, dp)[0].tolist()
+        la, lb, ha, hb = [r[0] for r in lo], [r[1] for r in lo], [r[0] for r in hi], [r[1] for r in hi]
+        a = [x if x <= y else y for x, y in zip(la, ha, strict=True)]  # np.minimum's pick (no NaN here)
+        b = [x if x <= y else y for x, y in zip(lb, hb, strict=True)]
         # the no-recompute rows and caps, for bounds per recompute prefix (prefix_row_bound)
-        mem_a, mem_b = hi[:, 6] + k * hi[:, 7], hi[:, 8] + k * hi[:, 9]
-        room = (pr.room_bytes(segs) - hi[:, 10]) - mem_b
-        free = mem_a > 0
-        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
-        cap_none = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
-        return a, b, cap, (lo[:, 0].tolist(), lo[:, 1].tolist(), hi[:, 0].tolist(), hi[:, 1].tolist(), cap_none)
+        cap_none = _caps(room, [r[10] for r in hi], [r[6] + ki * r[7] for r, ki in zip(hi, k, strict=True)],
+                         [r[8] + ki * r[9] for r, ki in zip(hi, k, strict=True)], nmax)  # fmt: skip
+        return a, b, cap, (la, lb, ha, hb, cap_none)
+
+    def _inflight(self, schedule: str, pp: int, m: int, v: int = 1) -> list[float]:
+        """Pricer.inflight as a list, memoised."""
+        key = (schedule, pp, m, v)
+        out = self._infl.get(key)
+        if out is None:
+            out = self._infl[key] = self.pr.inflight(schedule, pp, m, v).tolist()
+        return out
+
+    def _room(self, segs: list[SegmentSpec]) -> list[float]:
+        """Pricer.room_bytes as a list, memoised."""
+        key = tuple((sg.cls, sg.stages) for sg in segs)
+        out = self._rooms.get(key)
+        if out is None:
+            out = self._rooms[key] = self.pr.room_bytes(segs).tolist()
+        return out
 
     def optimistic(
         self,
@@ -414,8 +431,8 @@ class Bounds:
             return 0.0, [0.0] * len(ws)
         pp = sum(sg.stages for sg in segs)
         n = len(segs)
-        parts = [self._local_rows(sg, mbs, j == 0, j == n - 1, pp) for j, sg in enumerate(segs)]
-        rows = parts[0][0] if n == 1 else np.concatenate([r for r, _ in parts])
+        parts = [self._local_list(sg, mbs, j == 0, j == n - 1, pp) for j, sg in enumerate(segs)]
+        rows = parts[0][0] if n == 1 else [r for rs, _ in parts for r in rs]
         slopes = [x for _, x in parts]
         L = self.L
         pipes = [
@@ -426,16 +443,15 @@ class Bounds:
             return math.inf, pipes
         # ZeRO shards over every rank holding the parameters: dp × cp (planner.cost.stage._grad_ranks)
         bpp = min(F.state_bytes_per_param(self.dtype, s, dp * self.pr.stack.cp) for s in shardings)
-        k = self.pr.inflight(schedule, pp, m)
-        mem_a, mem_b = rows[:, 2] * bpp + k * rows[:, 4], rows[:, 3] * bpp + k * rows[:, 5]
-        room = (self.pr.room_bytes(segs) - rows[:, 6]) - mem_b
+        # plain Python floats on these few stages, as pipeline_caps
+        k = self._inflight(schedule, pp, m)
+        room, ws_b = self._room(segs), [r[6] for r in rows]
         nmax = max(1, L - pp + 1)
-        free = mem_a > 0
-        per = np.divide(room, mem_a, out=np.full_like(room, float(nmax)), where=free)
-        cap = np.where(free, np.clip(np.floor(per) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+        cap = _caps(room, ws_b, [r[2] * bpp + ki * r[4] for r, ki in zip(rows, k, strict=True)],
+                    [r[3] * bpp + ki * r[5] for r, ki in zip(rows, k, strict=True)], nmax)  # fmt: skip
         if min(cap) < 1 or sum(cap) < L:
             return math.inf, pipes
-        a, b = rows[:, 0].tolist(), rows[:, 1].tolist()
+        a, b = [r[0] for r in rows], [r[1] for r in rows]
         if ws:
             # interleaved ranks at their own in-flight counts (explore.Explorer._interleaved_node says
             # why); rank 0's slope is its interior one: the first segment's smallest
@@ -443,11 +459,9 @@ class Bounds:
             out = []
             for p, w in zip(pipes, ws, strict=True):
                 v = round(1.0 / w)
-                kk = self.pr.inflight("interleaved-1f1b", pp, m, v)
-                ma, mb = rows[:, 2] * bpp + kk * rows[:, 4], rows[:, 3] * bpp + kk * rows[:, 5]
-                left = (self.pr.room_bytes(segs) - rows[:, 6]) - mb
-                q = np.divide(left, ma, out=np.full_like(left, float(nmax)), where=ma > 0)
-                c = np.where(ma > 0, np.clip(np.floor(q) + 1, 0, nmax), nmax).astype(np.int64).tolist()
+                kk = self._inflight("interleaved-1f1b", pp, m, v)
+                c = _caps(room, ws_b, [r[2] * bpp + ki * r[4] for r, ki in zip(rows, kk, strict=True)],
+                          [r[3] * bpp + ki * r[5] for r, ki in zip(rows, kk, strict=True)], nmax)  # fmt: skip
                 out.append(max(p, interleaved_row(a_il, b, c, L, v, m)))
             pipes = out
         return capped_row(a, b, cap, L, 1.0, m - 1.0), pipes
@@ -535,6 +549,15 @@ class Bounds:
             out = self._local[key] = (np.array([vals[e] for e in ends]), slope)
         return out
 
+    def _local_list(self, sg: SegmentSpec, mbs: int, first: bool, last: bool, pp: int) -> tuple[list, float]:
+        """`_local_rows` as a list of row tuples (the same floats), memoised."""
+        key = (sg.cls, sg.tp, sg.stages, mbs, first, last, pp > 1)
+        out = self._local_l.get(key)
+        if out is None:
+            rows, slope = self._local_rows(sg, mbs, first, last, pp)
+            out = self._local_l[key] = ([tuple(r) for r in rows.tolist()], slope)
+        return out
+
     def _end_row(self, cls: int, tp: int, mbs: int, first: bool, last: bool, pp: int) -> tuple[float, ...]:
         """`_local_row`, memoised on Pricer.local's key (pp matters only through a last stage's pp > 1):
         every segment length of a class × tp × mbs reads the same few rows."""
@@ -561,6 +584,25 @@ class Bounds:
         pp, dp, L = segs[0].stages, sum(counts), self.L
         a = [self.slope(sg, True, True, pp, mbs, sharding, dp, False) for sg in segs]
         return pool_bound([L * x for x in a], [L * x / pp for x in a], counts, total_mb)
+
+
+def _caps(room: list[float], ws: list[float], mem_a: list[float], mem_b: list[float], nmax: int) -> list[int]:
+    """Per stage, the most blocks its allocation mem_a·n + mem_b + ws fits in `room`, + 1 (the rounding
+    of that formula), within [0, nmax]; nmax where the allocation does not grow with n. The numpy
+    expression clip(floor((room − ws − mem_b) / mem_a) + 1, 0, nmax) in plain Python floats."""
+    out = []
+    for r, w, ma, mb in zip(room, ws, mem_a, mem_b, strict=True):
+        if not ma > 0:
+            out.append(nmax)
+            continue
+        q = ((r - w) - mb) / ma
+        if q >= nmax:  # inf included
+            out.append(nmax)
+        elif q < -1:  # -inf included
+            out.append(0)
+        else:
+            out.append(min(max(math.floor(q) + 1, 0), nmax))
+    return out
 
 
 def capped_split_bound(s: StageArrays, num_layers: int, w_sum: float, w_max: float) -> float:
