@@ -157,6 +157,9 @@ G4DN_INTRA = LinkSpec(
     latency_s=10e-6,
     source="AMP (Li et al., NeurIPS'22) §5: g4dn.12xlarge, 50 Gbps PCIe intra-node bandwidth",
 )
+# A T4 with ECC on (AWS's default) reports 15,109 MiB in nvidia-smi on a g4dn.12xlarge, not the
+# datasheet's 16 GiB (ray-project/ray#15495, nvidia-smi output of that instance): the capacity of AMP's rows.
+T4_ECC_MEMORY_BYTES = 15109 * 2**20
 ASSUMED_LINKS = (
     "MPT H100 sections and torchtitan state no fabric: DGX H100's 8 × 400 Gb/s NDR per node (MPT H100), "
     "Selene-like 8 × HDR (torchtitan A100), 8 × 400G RoCE (torchtitan Grand Teton) assumed; AMP rows: heads "
@@ -265,6 +268,7 @@ def build_case(row: dict[str, str]) -> Case:
         count=gpus // per_node,
         intra_link=G4DN_INTRA if gpu == "T4" else LINK_PRESETS[INTRA[arch]],
         inter_link=inter_link(row, family),
+        device_memory_bytes=T4_ECC_MEMORY_BYTES if gpu == "T4" else None,
     )
     fp8 = "fp8" in row["precision"] or "float8" in row["precision"]
     if fp8 and node.peak_fp8_flop_per_s is None and node.gpu is not None and node.gpu.architecture == "Hopper":

@@ -199,6 +199,7 @@ def _stage_context(
         cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
         overheads=overheads,
         tied_link=_tied_link(plan, idx, i, r, rt),
+        stale_outputs=F.stale_output_copies(plan.num_microbatches(r)) if rt.last_stage_keeps_outputs else 0,
     )
 
 
@@ -401,10 +402,11 @@ def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> 
 
 
 def memory_per_stage(
-    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION
+    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION, eager_context: bool = False
 ) -> tuple[list[int], list[int]]:
     """Per pipeline rank: the peak memory (formulas.peak_memory_bytes of the allocated bytes: blocks, fixed
-    terms and the largest workspace) on its worst replica, and the smallest device memory it runs on."""
+    terms and the largest workspace, + formulas.EAGER_MODULE_LOADING_BYTES on GPUs under a runtime that
+    loads CUDA modules eagerly) on its worst replica, and the smallest device memory it runs on."""
     ns = [s.num_layers for s in plan.stages]
     peak_mem, cap_mem = [], []
     for j in range(plan.pp):
@@ -419,7 +421,10 @@ def memory_per_stage(
                 seen.add(key)
                 alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
                 alloc += max(co[i].workspace_bytes for i in own)
-                worst_peak = max(worst_peak, int(F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)))
+                peak = F.peak_memory_bytes(alloc, spec.device_kind, fragmentation)
+                if eager_context and spec.device_kind != "cpu":
+                    peak += F.EAGER_MODULE_LOADING_BYTES
+                worst_peak = max(worst_peak, int(peak))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
         cap_mem.append(int(worst_cap or 0))
@@ -542,7 +547,7 @@ def estimate(
         step += step_s
     crit = critical_terms(plan, priced.coeffs, pipe)
     frag = F.FRAGMENTATION_FRACTION_EXPANDABLE if runtime.expandable_segments else F.FRAGMENTATION_FRACTION
-    peak_mem, cap_mem = memory_per_stage(plan, priced, frag)
+    peak_mem, cap_mem = memory_per_stage(plan, priced, frag, runtime.eager_module_loading)
     terms = {
         "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
         "pipeline bubble": crit.bubble,
