@@ -273,7 +273,7 @@ def test_eager_module_loading_and_t4_ecc_capacity():
         return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False)
 
     eager, lazy = cost(True), cost(False)
-    assert [e - z for e, z in zip(eager.peak_memory_bytes, lazy.peak_memory_bytes)] == pytest.approx(
+    assert [e - z for e, z in zip(eager.peak_memory_bytes, lazy.peak_memory_bytes, strict=True)] == pytest.approx(
         [379_584_512] * 4, abs=1
     )
     assert set(eager.memory_capacity_bytes) == {15109 * 2**20}
