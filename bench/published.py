@@ -464,13 +464,17 @@ def table(results: list[Result]) -> str:
 
 
 def row_lines(results: list[Result]) -> str:
-    lines = [f"{'run':58} {'measured s':>10} {'predicted':>10} {'err%':>7}  bottleneck"]
+    """Per run: measured and predicted step, error, the worst stage's peak memory against its device's
+    capacity (GiB), and the bottleneck."""
+    lines = [f"{'run':58} {'measured s':>10} {'predicted':>10} {'err%':>7} {'peak/cap GiB':>13}  bottleneck"]
     for r in results:
         c = r.cost
         m = r.case.measured_s
         err = f"{100 * r.error:>+7.1f}" if m is not None else "   fail"
+        j = max(range(len(c.peak_memory_bytes)), key=lambda k: c.peak_memory_bytes[k] / c.memory_capacity_bytes[k])
+        mem = f"{c.peak_memory_bytes[j] / 2**30:.2f}/{c.memory_capacity_bytes[j] / 2**30:.2f}"
         lines.append(
-            f"{r.case.run_id:58} {m or float('nan'):>10.3f} {c.step_time_s:>10.3f} {err}  "
+            f"{r.case.run_id:58} {m or float('nan'):>10.3f} {c.step_time_s:>10.3f} {err} {mem:>13}  "
             f"{c.bottleneck}{'' if c.feasible else ' (OOM)'}"
         )
     return "\n".join(lines)
