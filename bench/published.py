@@ -157,6 +157,9 @@ G4DN_INTRA = LinkSpec(
     latency_s=10e-6,
     source="AMP (Li et al., NeurIPS'22) §5: g4dn.12xlarge, 50 Gbps PCIe intra-node bandwidth",
 )
+# A T4 with ECC on (AWS's default) reports 15,109 MiB in nvidia-smi on a g4dn.12xlarge, not the
+# datasheet's 16 GiB (ray-project/ray#15495, nvidia-smi output of that instance): the capacity of AMP's rows.
+T4_ECC_MEMORY_BYTES = 15109 * 2**20
 ASSUMED_LINKS = (
     "MPT H100 sections and torchtitan state no fabric: DGX H100's 8 × 400 Gb/s NDR per node (MPT H100), "
     "Selene-like 8 × HDR (torchtitan A100), 8 × 400G RoCE (torchtitan Grand Teton) assumed; AMP rows: heads "
@@ -265,6 +268,7 @@ def build_case(row: dict[str, str]) -> Case:
         count=gpus // per_node,
         intra_link=G4DN_INTRA if gpu == "T4" else LINK_PRESETS[INTRA[arch]],
         inter_link=inter_link(row, family),
+        device_memory_bytes=T4_ECC_MEMORY_BYTES if gpu == "T4" else None,
     )
     fp8 = "fp8" in row["precision"] or "float8" in row["precision"]
     if fp8 and node.peak_fp8_flop_per_s is None and node.gpu is not None and node.gpu.architecture == "Hopper":
@@ -460,13 +464,17 @@ def table(results: list[Result]) -> str:
 
 
 def row_lines(results: list[Result]) -> str:
-    lines = [f"{'run':58} {'measured s':>10} {'predicted':>10} {'err%':>7}  bottleneck"]
+    """Per run: measured and predicted step, error, the worst stage's peak memory against its device's
+    capacity (GiB), and the bottleneck."""
+    lines = [f"{'run':58} {'measured s':>10} {'predicted':>10} {'err%':>7} {'peak/cap GiB':>13}  bottleneck"]
     for r in results:
         c = r.cost
         m = r.case.measured_s
         err = f"{100 * r.error:>+7.1f}" if m is not None else "   fail"
+        j = max(range(len(c.peak_memory_bytes)), key=lambda k: c.peak_memory_bytes[k] / c.memory_capacity_bytes[k])
+        mem = f"{c.peak_memory_bytes[j] / 2**30:.2f}/{c.memory_capacity_bytes[j] / 2**30:.2f}"
         lines.append(
-            f"{r.case.run_id:58} {m or float('nan'):>10.3f} {c.step_time_s:>10.3f} {err}  "
+            f"{r.case.run_id:58} {m or float('nan'):>10.3f} {c.step_time_s:>10.3f} {err} {mem:>13}  "
             f"{c.bottleneck}{'' if c.feasible else ' (OOM)'}"
         )
     return "\n".join(lines)

@@ -208,6 +208,7 @@ def _stage_context(
         cp_link=idx.ring_link([place.devs[c * s.tp] for c in range(s.cp)]) if s.cp > 1 else None,
         overheads=overheads,
         tied_link=_tied_link(plan, idx, i, r, rt),
+        stale_outputs=F.stale_output_copies(plan.num_microbatches(r)) if rt.last_stage_keeps_outputs else 0,
     )
 
 
@@ -410,11 +411,16 @@ def critical_terms(plan: Plan, coeffs: list[list[StageCoeffs]], pipe: _Pipe) -> 
 
 
 def memory_per_stage(
-    plan: Plan, priced: _Priced, fragmentation: float = F.FRAGMENTATION_FRACTION, reserve_bytes: int | None = None
+    plan: Plan,
+    priced: _Priced,
+    fragmentation: float = F.FRAGMENTATION_FRACTION,
+    reserve_bytes: int | None = None,
+    eager_context: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Per pipeline rank: the peak memory (formulas.peak_memory_bytes of the allocated bytes: blocks, fixed
-    terms and the largest workspace; `reserve_bytes` a measured runtime reserve) on its worst replica, and
-    the smallest device memory it runs on."""
+    terms and the largest workspace; `reserve_bytes` a measured runtime reserve; +
+    formulas.EAGER_MODULE_LOADING_BYTES on GPUs under a runtime that loads CUDA modules eagerly) on its
+    worst replica, and the smallest device memory it runs on."""
     ns = [s.num_layers for s in plan.stages]
     peak_mem, cap_mem = [], []
     for j in range(plan.pp):
@@ -430,6 +436,8 @@ def memory_per_stage(
                 alloc = sum(co[i].memory_bytes_per_block * ns[i] + co[i].memory_bytes_fixed for i in own)
                 alloc += max(co[i].workspace_bytes for i in own)
                 peak = F.peak_memory_bytes(alloc, spec.device_kind, fragmentation, reserve_bytes)
+                if eager_context and spec.device_kind != "cpu":
+                    peak += F.EAGER_MODULE_LOADING_BYTES
                 worst_peak = max(worst_peak, int(peak))
             worst_cap = cap if worst_cap is None else min(worst_cap, cap)
         peak_mem.append(worst_peak)
@@ -554,7 +562,7 @@ def estimate(
     crit = critical_terms(plan, priced.coeffs, pipe)
     frag = F.FRAGMENTATION_FRACTION_EXPANDABLE if runtime.expandable_segments else F.FRAGMENTATION_FRACTION
     reserve = calibration.runtime_reserve_bytes if calibration is not None else None
-    peak_mem, cap_mem = memory_per_stage(plan, priced, frag, reserve)
+    peak_mem, cap_mem = memory_per_stage(plan, priced, frag, reserve, runtime.eager_module_loading)
     terms = {
         "compute": crit.compute + pipe.stretch + share_pipe,  # shared cores stretch the compute
         "pipeline bubble": crit.bubble,

@@ -27,6 +27,10 @@ GRAD_BUCKET_BYTES = 25 * 2**20
 # Hopper) and is not part of it. CPU ranks only pay for the Python/torch runtime.
 RUNTIME_RESERVE_BYTES_GPU = int(1.0 * 2**30)
 RUNTIME_RESERVE_BYTES_CPU = int(0.25 * 2**30)
+# What eager module loading adds to the CUDA context (Runtime.eager_module_loading: CUDA runtime
+# < 11.7, PyTorch < 1.13 load every kernel of every library at context creation): pytorch/pytorch#86509
+# measured torch's context at 666,632,192 bytes eager and 287,047,680 bytes with CUDA_MODULE_LOADING=LAZY.
+EAGER_MODULE_LOADING_BYTES = 666_632_192 - 287_047_680
 # The one fragmentation constant: PyTorch's caching allocator rounds blocks (512 B; > 1 MiB to
 # 2 MiB multiples) and keeps freed blocks cached in their segments, so reserved exceeds allocated;
 # 5–15% in long runs (PyTorch CUDA-semantics notes, "memory management"), charged at 10%. An
@@ -171,6 +175,15 @@ def inflight_microbatches(schedule: str, stage: int, pp: int, m: int, virtual_st
         return float(min(pp - stage, m))
     chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, m * virtual_stages)
     return chunks / virtual_stages
+
+
+def stale_output_copies(num_microbatches: int) -> int:
+    """Last-stage outputs a DeepSpeed PipelineEngine still references during a forward
+    (Runtime.last_stage_keeps_outputs): its last stage has num_pipe_buffers = max(2, min(2, m)) = 2
+    buffers used in turn (micro-batch k in buffer k mod 2), and an output is dropped only when the next
+    forward into its buffer stores its own, after computing it. So micro-batch k's forward runs while
+    the outputs of k − 1 and k − 2 are held: min(m − 1, 2) copies at the peak."""
+    return max(0, min(num_microbatches - 1, 2))
 
 
 def state_bytes_per_param(dtype: str, sharding: str, dp: int) -> float:

@@ -300,6 +300,13 @@ def head_bytes(
     return max(0.0, kept + (k1 - k0) * elems), max(0.0, workspace + (w1 - w0) * elems)
 
 
+def kept_output_bytes(m: ModelSpec, batch: int, seq: int, tp: int, dtype: str, stack: Stack) -> float:
+    """The last stage's output as a pipeline engine keeps it in its buffer: the loss's input, b·s·V/t
+    logits on one rank at the bytes the loss kernel keeps per element (flops.loss_logit_bytes: Megatron's
+    vocab-parallel loss turns the fp32 copy into the softmax in place, 4 bytes)."""
+    return flops.loss_logit_bytes(stack.loss, dtype)[0] * batch * seq * m.padded_vocab / tp
+
+
 def zero3_working_bytes(largest_params: float, neighbour_params: float, dtype: str) -> float:
     """FSDP / ZeRO-3 keeps whole only the layers in flight, never the stage. The peak is in backward:
     the layer being differentiated, its unsharded gradient before the reduce-scatter, and the

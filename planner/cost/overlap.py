@@ -124,6 +124,14 @@ class Runtime:
     # p2p is a blocking collective both ends take part in (a broadcast in the two stages' group): a
     # boundary's transfer occupies the receiving stage as well as the sending one (planner.cost.estimate)
     p2p_blocks_receiver: bool = False
+    # the last stage's output (the loss's fp32 logits) stays referenced by the engine's pipe buffer after
+    # its backward until the next forward into that buffer overwrites it: with two buffers used in turn,
+    # a forward holds the outputs of the two micro-batches before it (formulas.stale_output_copies,
+    # memory.kept_output_bytes)
+    last_stage_keeps_outputs: bool = False
+    # CUDA modules loaded eagerly at context creation (CUDA runtime < 11.7 / PyTorch < 1.13): a larger
+    # context outside the allocator (formulas.EAGER_MODULE_LOADING_BYTES)
+    eager_module_loading: bool = False
 
     def for_schedule(self, schedule: str) -> Runtime:
         """The runtime as it runs `schedule` (Megatron overlaps p2p in the interleaved schedule only)."""

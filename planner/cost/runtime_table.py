@@ -39,6 +39,8 @@ OVERLAP_OPTIONAL_FLAGS = (
     "p2p_grad_whole",
     "tied_embedding_allreduce",
     "p2p_blocks_receiver",
+    "last_stage_keeps_outputs",
+    "eager_module_loading",
 )
 RUNTIME_WORDS = {"attention": ("sdpa", "flash", "eager"), "loss": ("torch", "vocab-parallel", "fused")}
 RUNTIME_FLAGS = ("dropout", "fp8", "sequence_parallel")

@@ -92,6 +92,9 @@ class StageContext(NamedTuple):
     # the first or last stage of a pipeline whose runtime syncs a tied embedding (tied_embedding_sync_s):
     # the path between the two stages' ranks; None elsewhere (the search prices no runtime that has it)
     tied_link: Link | None = None
+    # the last stage's earlier outputs its runtime still holds at a forward (formulas.stale_output_copies
+    # under Runtime.last_stage_keeps_outputs; 0 elsewhere, and in the search)
+    stale_outputs: int = 0
 
 
 class StageCoeffs(NamedTuple):
@@ -641,6 +644,9 @@ def stage_coeffs(
     dpt = OV.DpTerms(dpt.zero3_a, dpt.zero3_b, dpt.e0, dpt.e1, dpt.g0 + n0, dpt.g1 + n1)
     state_a, state_b = _state_bytes(ctx, lt, model)
     act_a, act_b = lt.activation_bytes_per_block, lt.activation_bytes_fixed
+    stale_b = 0.0
+    if ctx.stale_outputs and ctx.last:
+        stale_b = ctx.stale_outputs * M.kept_output_bytes(model, ctx.mbs, ctx.seq, ctx.tp, ctx.dtype, ctx.stack)
     return StageCoeffs(
         compute_s_per_block=lt.compute_s_per_block,
         compute_s_fixed=lt.compute_s_fixed,
@@ -664,7 +670,7 @@ def stage_coeffs(
         activation_bytes_per_block=act_a,
         activation_bytes_fixed=act_b,
         memory_bytes_per_block=state_a + ctx.inflight * act_a,
-        memory_bytes_fixed=state_b + ctx.inflight * act_b,
+        memory_bytes_fixed=state_b + ctx.inflight * act_b + stale_b,
         workspace_bytes=lt.workspace_bytes,
         cp_comm_s_per_block=cp_a,
     )

@@ -230,3 +230,50 @@ def test_deepspeed_p2p_blocks_the_receiving_stage_too():
     assert both.pp_comm_s == pytest.approx(4 * boundary, rel=1e-6)
     assert sender.pp_comm_s == 0.0
     assert both.step_time_s > sender.step_time_s
+
+
+def test_deepspeed_last_stage_keeps_its_earlier_outputs():
+    """DeepSpeed's last stage keeps the fp32 logits of the micro-batches before it in its two pipe buffers
+    (Runtime.last_stage_keeps_outputs): min(m − 1, 2) copies at a forward. AMP's trial 47 shape (tp1 pp16
+    dp1, micro-batch 16, 2 micro-batches): one copy of 16 · 1024 · 52352 (padded vocab) fp32 logits =
+    3,430,940,672 B, × 1.1 (formulas.FRAGMENTATION_FRACTION) on the last stage's peak, nothing elsewhere."""
+    from dataclasses import replace
+
+    from planner.cost import formulas as F
+    from planner.cost.memory import Stack, kept_output_bytes
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under
+
+    assert [F.stale_output_copies(m) for m in (1, 2, 3, 8)] == [0, 1, 2, 2]
+    row = dict(AMP, micro_batch="16", tp="1", pp="16", dp="1")
+    case = bench.build_case(row)
+    logits = 4 * 16 * 1024 * 52352
+    assert logits == 3_430_940_672
+    assert kept_output_bytes(case.model, 16, 1024, 1, "fp16", Stack(loss="vocab-parallel")) == logits
+
+    def peaks(keeps: bool) -> tuple[int, ...]:
+        prof = replace(case.profile, overlap=replace(case.profile.overlap, last_stage_keeps_outputs=keeps))
+        return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False).peak_memory_bytes
+
+    kept, freed = peaks(True), peaks(False)
+    assert kept[-1] - freed[-1] == pytest.approx(1.1 * logits, abs=2)
+    assert kept[:-1] == freed[:-1]
+
+
+def test_eager_module_loading_and_t4_ecc_capacity():
+    """A stack from before lazy CUDA module loading (AMP's) loses 666,632,192 − 287,047,680 = 379,584,512 B
+    more to the CUDA context on every GPU (pytorch/pytorch#86509); a T4 with ECC holds 15,109 MiB."""
+    from dataclasses import replace
+
+    from planner.cost.runtimes import PRIOR_FIGURES, price_under
+
+    case = bench.build_case(dict(AMP, micro_batch="1", tp="1", pp="4", dp="4"))
+
+    def cost(eager: bool):
+        prof = replace(case.profile, overlap=replace(case.profile.overlap, eager_module_loading=eager))
+        return price_under(case.plan, case.model, case.cluster, prof, PRIOR_FIGURES, restack=False)
+
+    eager, lazy = cost(True), cost(False)
+    assert [e - z for e, z in zip(eager.peak_memory_bytes, lazy.peak_memory_bytes, strict=True)] == pytest.approx(
+        [379_584_512] * 4, abs=1
+    )
+    assert set(eager.memory_capacity_bytes) == {15109 * 2**20}
