@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM must unwind normally so an ephemeral Prefect server child is stopped, not orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # SIGKILL runs no handler: a watchdog stops what this command started once it is gone (launcher/lifeline.py)
-    from flows.server import tie_children
+    from flows.lifeline import tie_children
 
     tie_children()
     try:

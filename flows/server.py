@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from launcher import group
-from launcher.lifeline import tie_children  # noqa: F401 - the CLI's entry point ties what it starts to itself
 from planner.errors import MeshplanError
 from rundir import StateDir
 
@@ -36,7 +35,7 @@ def server_file(state_dir: str | Path) -> Path:
 
 
 def healthy(api_url: str, timeout_s: float = 1.0) -> bool:
-    import urllib.request  # here, not at the top: every command imports this module (tie_children) at start
+    import urllib.request  # here, not at the top: most commands never ask a server
 
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as r:

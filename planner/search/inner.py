@@ -69,11 +69,11 @@ def solve_split(
     # stages paced to B hold n_i ≤ (B − b_i)/a_i blocks and must hold L: B ≥ (L + Σ b/a) / Σ 1/a
     inv = 1.0 / s.a
     b_lo = max(b_lo, (num_layers + float((s.b * inv).sum())) / float(inv.sum()) * (1 - 1e-12))
-    bvals = np.unique(tau[ok])
+    bvals = sorted_unique(tau[ok])
     bvals = bvals[(bvals >= b_lo) & (bvals <= b_hi)]
     if len(bvals) == 0:
         return None
-    zvals = np.unique(zt[ok])
+    zvals = sorted_unique(zt[ok])
     if w_max > 0 and len(bvals) > 8:
         # a quick incumbent from the lowest B values narrows the window: cost ≥ S_min + (m−1)·B + Z_min
         first = _grid(s, tau, zt, caps, bvals[:8], np.array([np.inf]), num_layers, w_sum, w_max)
@@ -82,6 +82,18 @@ def solve_split(
             bvals = bvals[bvals <= b_hi * (1 + 1e-12)]
     best = _grid(s, tau, zt, caps, bvals, zvals, num_layers, w_sum, w_max)
     return best
+
+
+def sorted_unique(x: np.ndarray) -> np.ndarray:
+    """np.unique of a 1-d float array (sorted, each value once), without np.unique: it imports numpy.ma
+    on first use (~20 ms of a `meshplan plan` process) and checks for masks on every call."""
+    v = np.sort(x, axis=None)
+    if v.size < 2:
+        return v
+    keep = np.empty(v.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(v[1:], v[:-1], out=keep[1:])
+    return v[keep]
 
 
 def _grid(
@@ -99,7 +111,7 @@ def _grid(
     p, nmax = tau.shape
     if len(bvals) * len(zvals) > EXACT_GRID and len(zvals) > Z_SAMPLES:
         qs = np.quantile(zvals, np.linspace(0, 1, Z_SAMPLES))
-        zvals = np.unique(np.concatenate([qs, [np.inf]]))
+        zvals = sorted_unique(np.concatenate([qs, [np.inf]]))
     bg = np.repeat(bvals, len(zvals))
     zg = np.tile(zvals, len(bvals))
     lo = np.ones((len(bg), p), dtype=np.int64)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.cost.stage import StageCoeffs
-from planner.search.inner import StageArrays, solve_split
+from planner.search.inner import StageArrays, solve_split, sorted_unique
 from planner.search.space import Shape
 
 
@@ -27,7 +27,7 @@ def water_fill(S: list[float], X: list[float], counts: list[int], total: int) ->
     if total < sum(counts):
         return None
     finish = [S[c] + np.arange(total) * X[c] for c in range(len(S))]
-    cands = np.unique(np.concatenate(finish))
+    cands = sorted_unique(np.concatenate(finish))
 
     def capacity(t: float) -> int:
         return sum(n * int(np.searchsorted(f, t, side="right")) for f, n in zip(finish, counts, strict=True))

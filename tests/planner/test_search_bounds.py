@@ -251,3 +251,16 @@ def test_shapes_dropped_for_memory_have_no_child(monkeypatch):
     model = ModelSpec(name="m", num_layers=16, hidden=5120, num_heads=40, vocab_size=32000, seq_len=2048)
     search(model, cluster, global_batch=64, baselines=False)
     assert all(dropped > 0 and kept > 0 for dropped, kept in seen.values()), seen
+
+
+def test_sorted_unique_is_np_unique():
+    import numpy as np
+
+    from planner.search.inner import sorted_unique
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        x = rng.integers(0, 20, rng.integers(0, 30)).astype(float) / 3
+        x[rng.random(x.size) < 0.1] = np.inf
+        x[rng.random(x.size) < 0.05] = -0.0
+        assert np.array_equal(sorted_unique(x), np.unique(x))
