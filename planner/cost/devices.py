@@ -82,10 +82,18 @@ class DeviceIndex:
         (cross_node_link); across unlike nodes, one NIC share per rank (rings over unlike nodes are
         not rail-aligned, so nothing better is assumed). Node groups that differ only in name and
         count are alike (node_kind): one group, as the search's device classes see them."""
-        nodes = [self.node(d) for d in device_ids]
+        # one pass, one bisect a device (a 16,384-GPU plan's dp rings hold thousands of ranks)
+        starts, groups, n = self._starts, self.groups, self.num_devices
+        nodes: list[int] = []
+        specs: dict[int, NodeSpec] = {}
+        for d in device_ids:
+            if not 0 <= d < n:
+                raise IndexError(d)
+            g = groups[bisect.bisect_right(starts, d) - 1]
+            nodes.append(g.first_node + (d - g.first_id) // g.spec.num_devices)
+            specs[g.kind] = g.spec
         if len(set(nodes)) == 1:
             return intra_link(self.group(device_ids[0]).spec)
-        specs = {self.group(d).kind: self.group(d).spec for d in device_ids}
         if len(specs) > 1:
             return cross_node_link(list(specs.values()))
         return cross_node_link(
