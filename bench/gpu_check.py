@@ -3,8 +3,9 @@
     .venv/bin/python bench/gpu_check.py [--device cuda|cpu] [--model gpt2-small] [--plans 3] [--steps 8]
 
 What a session with a CUDA machine runs (under 10 minutes on one H100), and what `--device cpu` runs
-the same way on CPU ranks (CUDA hidden; a test runs it small). Each step is the real CLI on a state
-folder of its own (`--state-dir`, default a temporary one):
+the same way on CPU ranks (CUDA hidden; a test runs it small, reporting to its session's Prefect
+server through `--prefect-api-url` instead of a temporary server a command). Each step is the real
+CLI on a state folder of its own (`--state-dir`, default a temporary one):
 1. `meshplan discover` (CPU: `--num-ranks 2`), 2. `meshplan profile --model M`,
 3. `meshplan plan --model M --top K`: the ranked plans (on 2+ GPUs they include tp / dp layouts),
 4. per plan, three predictions of the step time and peak memory: *catalog* (datasheet roofline,
@@ -110,13 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results")
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every meshplan call")
+    ap.add_argument(
+        "--prefect-api-url",
+        default=None,
+        help="a running Prefect server's API for every meshplan call (default: each call starts Prefect's temporary one)",
+    )
     args = ap.parse_args(argv)
     SETS[:] = args.set
     cpu = args.device == "cpu"
     model = args.model or ("tiny" if cpu else "gpt2-small")
     gb = args.global_batch or (4 if cpu else 16)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env.pop("PREFECT_API_URL", None)
+    env.pop("PREFECT_API_URL", None)  # a server inherited by accident is not used; one named with the flag is
+    if args.prefect_api_url:
+        env["PREFECT_API_URL"] = args.prefect_api_url
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:

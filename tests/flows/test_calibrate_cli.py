@@ -10,7 +10,7 @@ from planner.search import search
 from planner.specs.cluster import parse_cluster_toml
 from planner.specs.model import get_model
 from storage.db import query
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, session_prefect_api
 
 HEAD = "run_id,layers,hidden,heads,seq_len,vocab,global_batch,micro_batch,tp,pp,dp,gpu,num_gpus,gpus_per_node,iteration_time_s"
 ROWS = [
@@ -65,7 +65,7 @@ def test_one_cpu_runs_own_telemetry_is_too_few_to_calibrate_and_stores_nothing(t
     plan = search(get_model("tiny"), cluster, global_batch=4, top_k=1, time_budget_s=5.0, baselines=False).best
     (tmp_path / "p.json").write_text(plan.to_json())
     train = ["train", "--plan", str(tmp_path / "p.json"), "--steps", "4", "--data", "synthetic", "--no-replan"]
-    p = meshplan(tmp_path, *train, "--json", timeout=600)
+    p = meshplan(tmp_path, *train, "--json", timeout=600, prefect_api_url=session_prefect_api())
     assert p.returncode == 0, p.stderr[-3000:]
     db = tmp_path / "meshplan.duckdb"
     p = meshplan(tmp_path, "calibrate", "--cluster", cfile, "--json")

@@ -22,7 +22,7 @@ from planner.specs.config import TrainConfig
 from planner.specs.model import ModelSpec
 from storage.jobs import get_job, job_events, job_model
 from tests.flows.test_elastic_job import rank0_rows, wait_until
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, session_prefect_api
 from tests.worker.test_train_dist import assert_matches_reference
 
 pytestmark = [pytest.mark.dist, pytest.mark.flow]
@@ -135,7 +135,7 @@ def test_meshplan_train_trains_a_custom_models_plan_given_its_dimensions(tmp_pat
     wrong = [*DIMS[:1], "3", *DIMS[2:]]  # 3 layers: not the plan's model
     p = meshplan(tmp_path, *base, "--model", "custom", *wrong)
     assert p.returncode == 1 and p.stderr.startswith("error: --model") and "fingerprint" in p.stderr, p.stderr
-    p = meshplan(tmp_path, *base, "--model", "custom", *DIMS, "--json")
+    p = meshplan(tmp_path, *base, "--model", "custom", *DIMS, "--json", prefect_api_url=session_prefect_api())
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout[p.stdout.index("{") :])
     assert out["status"] == "completed" and len(out["losses"]) == 2

@@ -14,8 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.dist
 def test_gpu_check_runs_its_whole_path_on_cpu_ranks(tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--plans", "1", "--steps", "2"]
+    # its five commands report to the test session's Prefect server: no temporary server started per command
+    cmd += ["--prefect-api-url", PREFECT_API_URL.value()]
     cmd += ["--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "out")]
     # the smallest measurements that still run every stage (the bench's defaults measure properly)
     for kv in ("discover.repeats=1", "discover.message_sizes=[1024, 65536]", "discover.matmul_size=128",

@@ -12,12 +12,14 @@ import pytest
 
 from planner.specs.catalog import CATALOG
 from planner.specs.model import PRESETS
+from tests.support.cli import session_prefect_api
 
 LISTINGS = [("gpus",), ("models",), ("db",), ("jobs",), ("jobs", "--events")]
 
 
 def _cli(tmp_path, *args):
-    env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1")
+    # a command that runs a flow (discover) reports to the session's Prefect server instead of starting one
+    env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1", PREFECT_API_URL=session_prefect_api())
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr

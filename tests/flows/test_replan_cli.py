@@ -20,6 +20,7 @@ from planner.errors import MeshplanError
 from planner.specs.plan import parse_plan
 from storage.replan import load_decisions
 from storage.runs import finish_run, ingest_step_metrics, start_run
+from tests.support.cli import session_prefect_api
 from tests.support.served import serve_and_run_once
 
 MESHPLAN = [sys.executable, "-m", "cli"]
@@ -94,7 +95,7 @@ def test_replan_command_decides_and_records_for_a_stored_run(tmp_path):
     db = _stored_straggler_run(tmp_path)
     out = subprocess.run(
         [*MESHPLAN, "--state-dir", str(tmp_path), "replan", "--run-id", "stored"],
-        env=_env(),
+        env=_env(PREFECT_API_URL=session_prefect_api()),  # the session's server: none started for the command
         capture_output=True,
         text=True,
         timeout=180,

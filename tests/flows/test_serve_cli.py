@@ -14,7 +14,7 @@ import pytest
 from launcher import group
 from planner.serve.workload import ServedModel, Workload, make_trace
 from tests.support import procs
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, session_prefect_api
 
 CPU2 = """name = "cpu-2"
 [[nodes]]
@@ -99,8 +99,9 @@ def test_serve_replays_a_gamma_trace_on_a_two_stage_pipeline_like_the_simulator(
     args += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
     import os
 
+    # the serve flow reports to the session's Prefect server (PREFECT_API_URL): no temporary server to start
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    env.pop("PREFECT_API_URL", None)
+    env["PREFECT_API_URL"] = session_prefect_api()
     proc = procs.start([*env_cmd, *args], env=env, capture=True)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -224,8 +225,9 @@ def test_serve_runs_a_tensor_parallel_group_and_answers_what_one_process_compute
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
     cmd += ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
     cmd += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
+    # the serve flow reports to the session's Prefect server (PREFECT_API_URL): no temporary server to start
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    env.pop("PREFECT_API_URL", None)
+    env["PREFECT_API_URL"] = session_prefect_api()
     tokens = [(7 * i + 3) % sm.spec.vocab_size for i in range(sm.tokens)]
     whole = Decoder(sm.spec)
     init_weights(whole, 0, sm.spec.num_layers)
@@ -299,8 +301,9 @@ def test_serve_mixes_a_tp1_and_a_tp2_group_and_drops_at_the_tp_lead(tmp_path) ->
     cmd = [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), "serve"]
     cmd += ["--placement", str(tmp_path / "placement.json"), "--cluster", str(tmp_path / "cpu.toml")]
     cmd += ["--replay", str(tmp_path / "trace.csv"), "--port", str(port)]
+    # the serve flow reports to the session's Prefect server (PREFECT_API_URL): no temporary server to start
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    env.pop("PREFECT_API_URL", None)
+    env["PREFECT_API_URL"] = session_prefect_api()
     tokens = [(5 * i + 2) % 256 for i in range(16)]
     want = {}
     for n in ("a", "c"):

@@ -26,7 +26,7 @@ from planner.specs.model import get_model
 from storage.jobs import get_job, job_events, submit_job
 from tests.flows.test_elastic_job import rank0_rows, wait_until
 from tests.support import procs
-from tests.support.cli import meshplan
+from tests.support.cli import meshplan, session_prefect_api
 from tests.support.reference import train_reference
 from tests.support.slurm import SlurmCluster, slurm_missing
 from tests.worker.conftest import plan_dict
@@ -92,8 +92,10 @@ def test_two_node_plan_trains_through_slurm_resumes_when_requeued_and_matches_on
         "train", "--plan", str(_plan(tmp_path)), "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
         "--steps", "30", "--run-id", "q",
     ]  # fmt: skip
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
-    env.pop("PREFECT_API_URL", None)
+    # the session's Prefect server, as a user's PREFECT_API_URL: no temporary server started for it
+    env = dict(
+        os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1", PREFECT_API_URL=session_prefect_api()
+    )
     proc = procs.start(cmd, env=env, capture=True, merge_stderr=True)
     run_dir = tmp_path / "runs" / "q"
     try:
@@ -124,6 +126,7 @@ def test_a_run_past_its_timeout_is_cancelled(tmp_path, slurm):
     out = meshplan(
         tmp_path, *SGD, "--set", "train.timeout_s=4", "train", "--plan", str(_plan(tmp_path)), "--executor", "slurm",
         "--nnodes", "2", "--nproc-per-node", "1", "--steps", "100000", "--run-id", "t", timeout=200,
+        prefect_api_url=session_prefect_api(),
     )  # fmt: skip
     assert out.returncode != 0
     assert "cancelled" in out.stdout + out.stderr
@@ -133,11 +136,13 @@ def test_a_run_past_its_timeout_is_cancelled(tmp_path, slurm):
 def test_readme_sequence_discovery_of_two_nodes_then_plan_then_train_on_them(tmp_path, slurm):
     """The README's Slurm sequence as written: `discover --executor slurm --nodes 2` measures both
     nodes into one snapshot; `plan --out` plans on every discovered device (nodes × ranks a node, what
-    `train --executor slurm` is given) and says the launch; `train` of that plan on 2 nodes × 1 runs."""
+    `train --executor slurm` is given) and says the launch; `train` of that plan on 2 nodes × 1 runs.
+    The three commands report to the session's Prefect server (PREFECT_API_URL), not one they start each."""
+    api = session_prefect_api()
     out = meshplan(
         tmp_path, "--set", "discover.repeats=2", "--set", "discover.message_sizes=[1024, 65536]",
         "--set", "discover.matmul_size=128", "discover", "--executor", "slurm", "--nodes", "2", "--num-ranks", "1",
-        "--json", timeout=240,
+        "--json", timeout=240, prefect_api_url=api,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     summary = json.loads(out.stdout)
@@ -146,14 +151,14 @@ def test_readme_sequence_discovery_of_two_nodes_then_plan_then_train_on_them(tmp
     assert any(f["link_class"] == "inter-node" for f in summary["fits"]), summary["fits"]
 
     plan = tmp_path / "plan.json"
-    out = meshplan(tmp_path, "plan", "--model", "tiny", "--budget", "2", "--out", str(plan))
+    out = meshplan(tmp_path, "plan", "--model", "tiny", "--budget", "2", "--out", str(plan), prefect_api_url=api)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "launch: --nnodes 2 --nproc-per-node 1" in out.stdout, out.stdout
     devices = sorted(d for s in json.loads(plan.read_text())["stages"] for d in s["device_ids"])
     assert devices == [0, 1]
     out = meshplan(
         tmp_path, *SGD, "train", "--plan", str(plan), "--executor", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
-        "--steps", "2", "--run-id", "readme", timeout=240,
+        "--steps", "2", "--run-id", "readme", timeout=240, prefect_api_url=api,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert [r["step"] for r in rank0_rows(tmp_path / "runs" / "readme")] == [0, 1]

@@ -9,11 +9,17 @@ import sys
 from pathlib import Path
 
 
-def meshplan(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def meshplan(
+    tmp_path: Path, *args: str, timeout: float = 300, prefect_api_url: str | None = None
+) -> subprocess.CompletedProcess:
     """`python -m cli --state-dir tmp_path ARGS` with its own Prefect home, one thread, and no
-    Prefect server inherited (each command finds its own, as a user's shell would)."""
+    Prefect server inherited (each command finds its own, as a user's shell would) unless
+    `prefect_api_url` names one, as a user's PREFECT_API_URL does: pass `session_prefect_api()` where
+    what the test proves is not Prefect's temporary server, to spare the command starting one."""
     env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"), OMP_NUM_THREADS="1")
     env.pop("PREFECT_API_URL", None)
+    if prefect_api_url:
+        env["PREFECT_API_URL"] = prefect_api_url
     return subprocess.run(
         [sys.executable, "-m", "cli", "--state-dir", str(tmp_path), *args],
         capture_output=True,
@@ -21,6 +27,16 @@ def meshplan(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Com
         timeout=timeout,
         env=env,
     )
+
+
+def session_prefect_api() -> str:
+    """The API URL of the Prefect server this test process runs its flows on (tests/flows: the session's
+    prefect_test_harness server)."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "no Prefect server in this test process (tests/flows/conftest.py starts one)"
+    return url
 
 
 def meshplan_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
