@@ -327,9 +327,7 @@ def command_line(draw: st.DrawFn, command: str, files: Files, cheap: bool = Fals
                     st.integers(0, 20).map(lambda k: [f"select * from range({k})"]),
                     # past the row cap (MAX_DB_ROWS and its note), as CSV: a 10,000-row rich table took ~2 s
                     # of CPU an example, and Hypothesis draws the bound 0 of integers(0, 20) often
-                    st.sampled_from(["csv", "json"]).map(
-                        lambda f: ["select * from range(10000000)", "--format", f]
-                    ),
+                    st.sampled_from(["csv", "json"]).map(lambda f: ["select * from range(10000000)", "--format", f]),
                 )
             ),
         ]
