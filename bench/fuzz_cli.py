@@ -25,8 +25,9 @@ its first start migrates a fresh SQLite DB, which under load took past the 60 s 
 
 `--budget-s` bounds a worker's wall time: each command gets a share of it in proportion to the
 estimated cost of its targets (`COST` per example in process, `PROCESS_COST` per process), split
-between its in-process examples and its processes in the same proportion; time a command leaves
-unused passes on to the next. Under a budget too small for every target, every command reaches
+between its processes (run first) and its in-process examples in the same proportion, each part at
+least its slice; time a command leaves unused passes on to the next, time it overran is taken from
+the commands after it. Under a budget too small for every target, every command reaches
 about the same fraction of its targets (the table says how many ran; the rest were drawn, not run).
 
 The generator tries what users do (tests/support/fuzz_cli.py): binary and non-UTF-8 files, a
@@ -211,28 +212,56 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
     os.environ["PREFECT_HOME"] = str(root / "prefect")
     os.chdir(root)  # relative paths the generator writes (missing.json, ...) stay in here
     files = Files(root)
-    rows = []
     seed_db(files)
     warm = warm_prefect(files) if FLOWS & set(commands) else None
+    server = ui_server(files) if FLOWS & set(commands) and args.subprocess else None
+    try:
+        return fuzz_commands(commands, files, args, warm)
+    finally:
+        if server is not None:
+            from flows.server import stop_server
+
+            stop_server(server, files.state)
+
+
+def ui_server(files: Files) -> group.Process:
+    """The state folder's Prefect server, as `meshplan ui` leaves one running: the flow commands'
+    processes send their runs there, as a user's do while the UI is open, instead of each starting a
+    temporary server (≈ 10 s each quiet, 60 s under load: 2 discover processes in 120 s). Its own
+    Prefect home: the worker's temporary server has the worker's SQLite file."""
+    from flows.server import start_server
+    from tests.support.served import free_port
+
+    home = os.environ["PREFECT_HOME"]
+    os.environ["PREFECT_HOME"] = str(files.root / "prefect-ui")
+    try:
+        return start_server(files.state, port=free_port(), wait_s=300)
+    finally:
+        os.environ["PREFECT_HOME"] = home
+
+
+def fuzz_commands(commands: list[str], files: Files, args: argparse.Namespace, warm: float | None) -> list[dict]:
+    rows = []
     end = time.perf_counter() + (args.budget_s or float("inf"))
     cost_in = {c: examples(c, args) * COST.get(c, DEFAULT_COST) for c in commands}
     cost_sub = {c: args.subprocess * PROCESS_COST.get(c, DEFAULT_PROCESS_COST) for c in commands}
     for i, command in enumerate(commands):
         n = examples(command, args)
         # --budget-s: what is left, shared by the commands left in proportion to their estimated cost;
-        # within a command, in process and processes in the same proportion (see the docstring)
+        # within a command, processes first, each part its slice at least (an example or a process
+        # past its slice's end only delays the commands after it: they share what is left)
         left = end - time.perf_counter()
         share = left * (cost_in[command] + cost_sub[command]) / sum(cost_in[c] + cost_sub[c] for c in commands[i:])
-        now = time.perf_counter()
-        until_in = now + share * cost_in[command] / (cost_in[command] + cost_sub[command] or 1)
-        until_sub = now + share
-        t0, c0 = time.perf_counter(), time.process_time()
-        counts, crashes = fuzz(command, files, n, args.seed, until_in)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        slice_sub = share * cost_sub[command] / (cost_in[command] + cost_sub[command] or 1)
         t1 = time.perf_counter()
         sub, sub_crashes = (
-            fuzz_subprocess(command, files, args.subprocess, args.seed, until_sub) if args.subprocess else ({}, [])
+            fuzz_subprocess(command, files, args.subprocess, args.seed, t1 + slice_sub) if args.subprocess else ({}, [])
         )
+        sub_wall = time.perf_counter() - t1
+        t0, c0 = time.perf_counter(), time.process_time()
+        until_in = max(t1 + share, t0 + share - slice_sub)
+        counts, crashes = fuzz(command, files, n, args.seed, until_in) if n else (Counter(), [])
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         rows.append(
             {
                 "command": command,
@@ -241,7 +270,7 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
                 "cpu_s": cpu,
                 "warm_s": warm,
                 "sub": dict(sub),
-                "sub_wall_s": time.perf_counter() - t1,
+                "sub_wall_s": sub_wall,
                 "crashes": crashes + [f"(process) {c}" for c in sub_crashes],
             }
         )
