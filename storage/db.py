@@ -132,6 +132,7 @@ def _turn(path: Path, read_only: bool, wait_s: float) -> Iterator[None]:
     Shared by this process's threads (a connection opened while another of this process is open, as
     DuckDB itself allows, joins its turn); a folder where the lock files cannot be made leaves
     DuckDB's lock alone."""
+    path = path.resolve()  # one key per file however it is spelled: a nested turn joins, never waits on itself
     key = str(path.with_name(path.name + ".lock"))
     with _held_guard:
         entry = _held.get(key)
