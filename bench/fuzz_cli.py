@@ -39,12 +39,14 @@ the whole time, as a user's other shell would: every job either process queued m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -71,6 +73,7 @@ from tests.support.fuzz_cli import (  # noqa: E402
 
 LIGHT = {"discover"}  # a valid line runs a Prefect flow: --light examples when given
 FLOWS = {"discover", "replan", "schedule", "schedule-cluster"}  # may start Prefect's temporary server
+SERVES = {"schedule", "schedule-cluster"}  # with a `meshplan ui` server, a valid line serves until Ctrl-C
 # wall seconds of one in-process example (measured 2026-12-07, 60 examples each, load ~10 on 2 cores):
 # only their ratios matter, to share a budget and balance workers
 COST = {
@@ -235,9 +238,32 @@ def ui_server(files: Files) -> group.Process:
     home = os.environ["PREFECT_HOME"]
     os.environ["PREFECT_HOME"] = str(files.root / "prefect-ui")
     try:
-        return start_server(files.state, port=free_port(), wait_s=300)
+        proc = start_server(files.state, port=free_port(), wait_s=300)
     finally:
         os.environ["PREFECT_HOME"] = home
+    with server_shown(files, False):  # hidden until a command's processes may use it
+        pass
+    return proc
+
+
+@contextlib.contextmanager
+def server_shown(files: Files, show: bool) -> Iterator[None]:
+    """The state folder's Prefect server, where commands find it (<state>/prefect-server.json), for
+    the processes of a command that may use it; hidden the rest of the time (ui_server). Never for
+    `schedule`/`schedule-cluster`: with a server, a valid line serves its schedule until Ctrl-C, as
+    it should (a 180 s "hang" in the first run with the server); without, it is refused in one line
+    (run `meshplan ui` first). Nor in process: the CLI would keep its address in os.environ."""
+    from flows.server import server_file
+
+    f = server_file(files.state)
+    aside = f.with_name(f.name + ".hidden")
+    if show and aside.exists():
+        aside.replace(f)
+    try:
+        yield
+    finally:
+        if f.exists():
+            f.replace(aside)
 
 
 def fuzz_commands(commands: list[str], files: Files, args: argparse.Namespace, warm: float | None) -> list[dict]:
@@ -254,9 +280,12 @@ def fuzz_commands(commands: list[str], files: Files, args: argparse.Namespace, w
         share = left * (cost_in[command] + cost_sub[command]) / sum(cost_in[c] + cost_sub[c] for c in commands[i:])
         slice_sub = share * cost_sub[command] / (cost_in[command] + cost_sub[command] or 1)
         t1 = time.perf_counter()
-        sub, sub_crashes = (
-            fuzz_subprocess(command, files, args.subprocess, args.seed, t1 + slice_sub) if args.subprocess else ({}, [])
-        )
+        with server_shown(files, command not in SERVES):
+            sub, sub_crashes = (
+                fuzz_subprocess(command, files, args.subprocess, args.seed, t1 + slice_sub)
+                if args.subprocess
+                else ({}, [])
+            )
         sub_wall = time.perf_counter() - t1
         t0, c0 = time.perf_counter(), time.process_time()
         until_in = max(t1 + share, t0 + share - slice_sub)
