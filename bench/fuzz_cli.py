@@ -1,7 +1,7 @@
 """Drive every `meshplan` command with generated options and files; print outcomes per command.
 
     PYTHONPATH=. python bench/fuzz_cli.py [--examples 2000] [--commands plan,submit] [--seed 0]
-        [--jobs 4] [--subprocess 50] [--concurrent]
+        [--jobs 4] [--subprocess 50] [--budget-s 3600] [--concurrent]
 
 The same generator and oracle as tests/flows/test_cli_fuzz.py (tests/support/fuzz_cli.py), with
 many more examples. Each command line runs in process (the CLI's own entry, `run_cli`, whose
@@ -15,13 +15,20 @@ Prefect's 120 s allowance to start its temporary server) to check real process b
 Prints a table: ok / one-line error / crash per command, and the first crashes in full.
 Exit 1 when anything crashed, hung or the database was damaged.
 
-Fewer examples (the table says how many ran), each one a launch's validation path in process:
-- discover: 300 (`--light`): every valid line records a cluster through a Prefect flow (≈ 1–2 s).
-- train, run, profile, ui: every line carries a value that must be refused before anything starts
-  (tests/support/fuzz_cli.py), so they run the full count, in process, on their validation path only.
+Every command runs the full count (`--examples`) in process; `--light N` lowers discover's
+(each valid line records a cluster through a Prefect flow, ≈ 0.5–1.5 s). train, run, profile and ui:
+every line carries a value that must be refused before anything starts (tests/support/fuzz_cli.py),
+so they run on their validation path only.
 Prefect's temporary server starts once per worker before the clock (a warm-up discover, no alarm):
 its first start migrates a fresh SQLite DB, which under load took past the 60 s an example gets
 (the one "discover hang" seen was this, not meshplan).
+
+`--budget-s` bounds a worker's wall time: each command gets a share of it in proportion to the
+estimated cost of its targets (`COST` per example in process, `PROCESS_COST` per process), split
+between its processes (run first) and its in-process examples in the same proportion, each part at
+least its slice; time a command leaves unused passes on to the next, time it overran is taken from
+the commands after it. Under a budget too small for every target, every command reaches
+about the same fraction of its targets (the table says how many ran; the rest were drawn, not run).
 
 The generator tries what users do (tests/support/fuzz_cli.py): binary and non-UTF-8 files, a
 folder where a file goes, inf/NaN/huge numbers in files and options, plans made for another
@@ -32,12 +39,14 @@ the whole time, as a user's other shell would: every job either process queued m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -62,10 +71,19 @@ from tests.support.fuzz_cli import (  # noqa: E402
     outcome,
 )
 
-LIGHT = {"discover"}  # a valid line runs a Prefect flow: --light examples
+LIGHT = {"discover"}  # a valid line runs a Prefect flow: --light examples when given
 FLOWS = {"discover", "replan", "schedule", "schedule-cluster"}  # may start Prefect's temporary server
-# rough cost of one example (s, quiet machine), to balance the workers
-COST = {"plan": 0.3, "serve-simulate": 0.3, "replan": 0.4, "schedule": 0.3, "discover": 1.0, "db": 0.1}
+SERVES = {"schedule", "schedule-cluster"}  # with a `meshplan ui` server, a valid line serves until Ctrl-C
+# wall seconds of one in-process example (measured 2026-12-07, 60 examples each, load ~10 on 2 cores):
+# only their ratios matter, to share a budget and balance workers
+COST = {
+    "plan": 0.29, "discover": 0.46, "jobs": 0.13, "cancel": 0.13, "replan": 0.11, "db": 0.1, "gpus": 0.09,
+    "models": 0.06, "compare": 0.06, "simulate": 0.06, "train": 0.06,
+}  # fmt: skip
+DEFAULT_COST = 0.05
+# wall seconds of one `python -m cli` process (one that runs a flow starts its own Prefect server)
+PROCESS_COST = {"discover": 6.0, "replan": 2.0, "schedule": 2.0, "schedule-cluster": 2.0}
+DEFAULT_PROCESS_COST = 1.2
 SUBPROCESS_TIMEOUT_S = 180
 
 
@@ -197,22 +215,82 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
     os.environ["PREFECT_HOME"] = str(root / "prefect")
     os.chdir(root)  # relative paths the generator writes (missing.json, ...) stay in here
     files = Files(root)
-    rows = []
     seed_db(files)
     warm = warm_prefect(files) if FLOWS & set(commands) else None
+    server = ui_server(files) if FLOWS & set(commands) and args.subprocess else None
+    try:
+        return fuzz_commands(commands, files, args, warm)
+    finally:
+        if server is not None:
+            from flows.server import stop_server
+
+            stop_server(server, files.state)
+
+
+def ui_server(files: Files) -> group.Process:
+    """The state folder's Prefect server, as `meshplan ui` leaves one running: the flow commands'
+    processes send their runs there, as a user's do while the UI is open, instead of each starting a
+    temporary server (≈ 10 s each quiet, 60 s under load: 2 discover processes in 120 s). Its own
+    Prefect home: the worker's temporary server has the worker's SQLite file."""
+    from flows.server import start_server
+    from tests.support.served import free_port
+
+    home = os.environ["PREFECT_HOME"]
+    os.environ["PREFECT_HOME"] = str(files.root / "prefect-ui")
+    try:
+        proc = start_server(files.state, port=free_port(), wait_s=300)
+    finally:
+        os.environ["PREFECT_HOME"] = home
+    with server_shown(files, False):  # hidden until a command's processes may use it
+        pass
+    return proc
+
+
+@contextlib.contextmanager
+def server_shown(files: Files, show: bool) -> Iterator[None]:
+    """The state folder's Prefect server, where commands find it (<state>/prefect-server.json), for
+    the processes of a command that may use it; hidden the rest of the time (ui_server). Never for
+    `schedule`/`schedule-cluster`: with a server, a valid line serves its schedule until Ctrl-C, as
+    it should (a 180 s "hang" in the first run with the server); without, it is refused in one line
+    (run `meshplan ui` first). Nor in process: the CLI would keep its address in os.environ."""
+    from flows.server import server_file
+
+    f = server_file(files.state)
+    aside = f.with_name(f.name + ".hidden")
+    if show and aside.exists():
+        aside.replace(f)
+    try:
+        yield
+    finally:
+        if f.exists():
+            f.replace(aside)
+
+
+def fuzz_commands(commands: list[str], files: Files, args: argparse.Namespace, warm: float | None) -> list[dict]:
+    rows = []
     end = time.perf_counter() + (args.budget_s or float("inf"))
+    cost_in = {c: examples(c, args) * COST.get(c, DEFAULT_COST) for c in commands}
+    cost_sub = {c: args.subprocess * PROCESS_COST.get(c, DEFAULT_PROCESS_COST) for c in commands}
     for i, command in enumerate(commands):
-        n = args.light if command in LIGHT else args.examples
-        # --budget-s: what is left shared by the commands left; a command stops when its share is spent
-        share = (end - time.perf_counter()) / (len(commands) - i)
-        until_in, until_sub = time.perf_counter() + 0.85 * share, time.perf_counter() + share
-        t0, c0 = time.perf_counter(), time.process_time()
-        counts, crashes = fuzz(command, files, n, args.seed, until_in)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        n = examples(command, args)
+        # --budget-s: what is left, shared by the commands left in proportion to their estimated cost;
+        # within a command, processes first, each part its slice at least (an example or a process
+        # past its slice's end only delays the commands after it: they share what is left)
+        left = end - time.perf_counter()
+        share = left * (cost_in[command] + cost_sub[command]) / sum(cost_in[c] + cost_sub[c] for c in commands[i:])
+        slice_sub = share * cost_sub[command] / (cost_in[command] + cost_sub[command] or 1)
         t1 = time.perf_counter()
-        sub, sub_crashes = (
-            fuzz_subprocess(command, files, args.subprocess, args.seed, until_sub) if args.subprocess else ({}, [])
-        )
+        with server_shown(files, command not in SERVES):
+            sub, sub_crashes = (
+                fuzz_subprocess(command, files, args.subprocess, args.seed, t1 + slice_sub)
+                if args.subprocess
+                else ({}, [])
+            )
+        sub_wall = time.perf_counter() - t1
+        t0, c0 = time.perf_counter(), time.process_time()
+        until_in = max(t1 + share, t0 + share - slice_sub)
+        counts, crashes = fuzz(command, files, n, args.seed, until_in) if n else (Counter(), [])
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         rows.append(
             {
                 "command": command,
@@ -221,7 +299,7 @@ def worker(commands: list[str], root: Path, args: argparse.Namespace) -> list[di
                 "cpu_s": cpu,
                 "warm_s": warm,
                 "sub": dict(sub),
-                "sub_wall_s": time.perf_counter() - t1,
+                "sub_wall_s": sub_wall,
                 "crashes": crashes + [f"(process) {c}" for c in sub_crashes],
             }
         )
@@ -262,9 +340,17 @@ def stop_submitter(proc: group.Process, stop: Path) -> tuple[set[str], int]:
     return {ln.split()[1] for ln in lines if ln.startswith("ok ")}, sum(1 for ln in lines if not ln.startswith("ok "))
 
 
+def examples(command: str, args: argparse.Namespace) -> int:
+    """In-process examples to run for `command` (--light for discover when given, else --examples)."""
+    return args.light if command in LIGHT and args.light is not None else args.examples
+
+
 def split(commands: list[str], n: int, args: argparse.Namespace) -> list[list[str]]:
     """Commands over n workers, the costliest first onto the least loaded (longest-processing-time)."""
-    cost = {c: COST.get(c, 0.08) * (args.light if c in LIGHT else args.examples) for c in commands}
+    cost = {
+        c: COST.get(c, DEFAULT_COST) * examples(c, args) + args.subprocess * PROCESS_COST.get(c, DEFAULT_PROCESS_COST)
+        for c in commands
+    }
     bins: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(max(1, n))]
     for c in sorted(commands, key=cost.get, reverse=True):
         i = min(range(len(bins)), key=lambda k: bins[k][0])
@@ -275,7 +361,7 @@ def split(commands: list[str], n: int, args: argparse.Namespace) -> list[list[st
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--examples", type=int, default=2000, help="generated command lines per command, in process")
-    ap.add_argument("--light", type=int, default=300, help="examples for discover (a Prefect flow per valid line)")
+    ap.add_argument("--light", type=int, help="fewer examples for discover (a Prefect flow per valid line)")
     ap.add_argument("--subprocess", type=int, default=50, help="more lines per command as real processes")
     ap.add_argument("--commands", default=",".join(COMMANDS), help="comma-separated subset")
     ap.add_argument("--seed", type=int, default=0)
@@ -303,7 +389,8 @@ def main() -> int:
             root, out = base / f"w{i}", base / f"w{i}.json"
             root.mkdir(exist_ok=True)
             cmd = [sys.executable, __file__, "--worker", ",".join([str(root), str(out), *cmds])]
-            cmd += ["--examples", str(args.examples), "--light", str(args.light), "--seed", str(args.seed)]
+            cmd += ["--examples", str(args.examples), "--seed", str(args.seed)]
+            cmd += ["--light", str(args.light)] if args.light is not None else []
             cmd += ["--subprocess", str(args.subprocess), "--budget-s", str(args.budget_s)]
             procs.append((group.start(cmd), out, cmds))
         rows = []

@@ -3,7 +3,9 @@
 A launch (launcher.launch.Launch) on N nodes becomes one batch script (`sbatch_script`):
 - `--nodes N --ntasks-per-node 1`: one torchrun agent a node, started by `srun`;
 - the rendezvous on the first allocated node (`scontrol show hostnames $SLURM_JOB_NODELIST`, its
-  `NodeAddr`), on a port derived from the job id;
+  `NodeAddr`), on a port free there when the job starts: the batch script runs on that node and
+  probes 20000–39999 from a random point (`_FREE_PORT`), so two jobs on one head node (or two test
+  clusters on one machine, whose job ids both start at 1) do not meet on one port;
 - torchrun's *static* rendezvous with `--node-rank $SLURM_NODEID`, as the several-node path of
   launcher.launch: it numbers global ranks node-major (node_rank × nproc + local_rank) and in the
   allocation's node order, deterministically — the plan's device ids are those global ranks, so a
@@ -103,7 +105,9 @@ def batch_script(
         f"cd {shlex.quote(os.getcwd())}",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MESHPLAN_HEAD_ADDR=$(scontrol show node \"$head_node\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
-        "export MESHPLAN_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        f"MESHPLAN_PORT=$({shlex.quote(python)} -c {shlex.quote(_FREE_PORT)})",  # `export X=$(...)` would hide a failure
+        "export MESHPLAN_PORT",
+        'echo "meshplan: rendezvous on $MESHPLAN_HEAD_ADDR:$MESHPLAN_PORT"',
         'case "$MESHPLAN_HEAD_ADDR" in 127.*|localhost) export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo ;; esac',
         "meshplan_node() {  # on every node: the run folder must be there, then its torchrun agent",
         f"  if [ ! -e {check} ]; then",
@@ -118,6 +122,27 @@ def batch_script(
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c meshplan_node",
     ]
     return "\n".join(lines) + "\n"
+
+
+# run by the batch script on the first allocated node (where Slurm runs it, and where the rendezvous
+# listens): a port of 20000-39999 nobody listens on, from a random start (the job id alone gave two
+# overlapping clusters' job 1 the same port: EADDRINUSE)
+_FREE_PORT = """
+import random, socket
+start = random.randrange(20000)
+for k in range(20000):
+    port = 20000 + (start + k) % 20000
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    raise SystemExit("meshplan: no free port in 20000-39999 on the head node")
+""".strip()
 
 
 def _slurm(*cmd: str, timeout_s: float = SLURM_COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:

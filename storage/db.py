@@ -1,5 +1,14 @@
 """Open the DuckDB file briefly, apply migrations once, retry when another process holds the lock.
 
+Turns: DuckDB's lock on the file refuses at once (no queue), so a process polling for it can starve
+while another writes back to back — each gap between that one's connections shorter than the
+poll's sleep (two writers under load: one waited past LOCK_WAIT_S and failed). A connection first
+takes its turn (`_turn`): a blocking flock on `<file>.lock` (shared for read-only, exclusive for a
+writer), taken while holding a turnstile, an flock on `<file>.turn`, so a process that has just let
+go cannot take it back ahead of one already waiting (Linux wakes flock waiters but does not queue
+them: the one that let go, still running, won the race). DuckDB's own lock stays the guard against
+other programs (polled in `_open`).
+
 Damage is named, never a traceback: a file DuckDB cannot read (garbage, truncated, bad checksums)
 or a table of the schema that is gone raises StoreDamagedError — the file, what is wrong, and how
 to recover — which the CLI prints as one line. Recovery needs a copy: the file is backed up to
@@ -9,9 +18,12 @@ and `restore` (`meshplan db --restore`) brings the newest copy back, keeping the
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -109,6 +121,91 @@ def _open(path: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnecti
             delay = min(delay * 2, 0.5)
 
 
+_held: dict[str, list[int]] = {}  # lock file -> [its descriptor, connections of this process in the turn]
+_held_guard = threading.Lock()
+
+
+@contextmanager
+def _turn(path: Path, read_only: bool, wait_s: float) -> Iterator[None]:
+    """This process's turn at the store among meshplan processes (see the module docstring).
+
+    Shared by this process's threads (a connection opened while another of this process is open, as
+    DuckDB itself allows, joins its turn); a folder where the lock files cannot be made leaves
+    DuckDB's lock alone."""
+    path = path.resolve()  # one key per file however it is spelled: a nested turn joins, never waits on itself
+    key = str(path.with_name(path.name + ".lock"))
+    with _held_guard:
+        entry = _held.get(key)
+        if entry:
+            entry[1] += 1
+    if not entry:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(key, flags, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            turnstile = os.open(str(path.with_name(path.name + ".turn")), flags, 0o644)
+        except OSError:
+            os.close(fd)
+            yield
+            return
+        if not _take(fd, turnstile, fcntl.LOCK_SH if read_only else fcntl.LOCK_EX, wait_s):
+            raise StoreLockedError(f"{path} stayed locked by another process for {wait_s:.0f} s; wait for it to finish")
+        os.close(turnstile)
+        with _held_guard:
+            entry = _held.get(key)
+            if entry:  # another thread of this process got its turn meanwhile (both shared): join it
+                entry[1] += 1
+                os.close(fd)
+            else:
+                _held[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        with _held_guard:
+            entry = _held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                os.close(entry[0])  # lets go of the flock
+
+
+def _take(fd: int, turnstile: int, mode: int, wait_s: float) -> bool:
+    """flock `fd` in `mode` through the turnstile, waiting up to `wait_s`; False when it timed out
+    (the descriptors then belong to the waiter left behind, which closes them once it returns)."""
+    try:  # nobody waiting and nobody holding: at once
+        fcntl.flock(turnstile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    # a blocking flock cannot time out, and SIGALRM is not for the threads Prefect runs tasks in:
+    # the waiting is a helper thread's
+    got, guard, abandoned = threading.Event(), threading.Lock(), [False]
+
+    def wait() -> None:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)  # in the queue: whoever comes next waits behind us
+        fcntl.flock(fd, mode)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        with guard:
+            if abandoned[0]:
+                os.close(fd)
+                os.close(turnstile)
+            else:
+                got.set()
+
+    threading.Thread(target=wait, name="meshplan-store-turn", daemon=True).start()
+    if got.wait(wait_s):
+        return True
+    with guard:
+        if got.is_set():
+            return True
+        abandoned[0] = True
+    return False
+
+
 @contextmanager
 def connect(
     path: str | Path, read_only: bool = False, wait_s: float = LOCK_WAIT_S
@@ -121,8 +218,18 @@ def connect(
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.exists():
         raise FileNotFoundError(f"no meshplan database at {path}; run `meshplan discover` first")
-    existed = path.is_file() and path.stat().st_size > 0
-    con = _open(path, read_only, wait_s)
+    deadline = time.monotonic() + wait_s
+    with _turn(path, read_only, wait_s):
+        existed = path.is_file() and path.stat().st_size > 0
+        con = _open(path, read_only, max(0.0, deadline - time.monotonic()))
+        with _connection(con, path, read_only, existed) as c:
+            yield c
+
+
+@contextmanager
+def _connection(
+    con: duckdb.DuckDBPyConnection, path: Path, read_only: bool, existed: bool
+) -> Iterator[duckdb.DuckDBPyConnection]:
     try:
         if not read_only and str(path.resolve()) not in _migrated:
             migrate(con, before=(lambda: backup(con, path, "before-migration")) if existed else None)

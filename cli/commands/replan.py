@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.app import app, db_path, load_settings, prefect_env
+from cli.app import app, check_id, db_path, load_settings, prefect_env
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -104,6 +104,7 @@ def replan_every(
     if ctx.info_name == "schedule":
         typer.echo("note: `meshplan schedule` is now `meshplan replan-every` (the old name will go)", err=True)
     seconds = parse_every(every)
+    check_id("--run-id", run_id)  # the run may start later, but its id must be one a run can have
     cfg = load_settings()
     check_run(cfg, None, cluster)  # the run itself may start after its schedule is served
     prefect_env(cfg)

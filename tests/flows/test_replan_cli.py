@@ -135,3 +135,16 @@ def test_replan_every_serves_an_interval_deployment_that_runs_on_demand(tmp_path
     serve_and_run_once(tmp_path, command, "replan/t", _env(PREFECT_RUNNER_POLL_FREQUENCY="1"), 3600)
     decisions = load_decisions(tmp_path / "meshplan.duckdb", "stored")
     assert decisions["source"].to_list() == ["replan_flow"]  # the served run decided and recorded
+
+
+def test_replan_every_refuses_a_run_id_no_run_can_have(tmp_path, monkeypatch, capsys):
+    """The run may start after its schedule is served, but not under an id no run can have: the
+    fuzz's `schedule --run-id ''` served a schedule for no run until stopped (with a `meshplan ui`
+    server); refused first, in one line naming --run-id, server or not."""
+    from tests.support.cli import meshplan_main
+
+    for bad in ("", "../x", "a b"):
+        for command in ("replan-every", "schedule"):
+            rc, _, err = meshplan_main(monkeypatch, capsys, "--state-dir", str(tmp_path), command, "--run-id", bad)
+            lines = [ln for ln in err.splitlines() if not ln.startswith("note: ")]
+            assert rc == 1 and len(lines) == 1 and lines[0].startswith(f"error: --run-id='{bad}'"), err

@@ -107,7 +107,19 @@ class SlurmCluster:
         )
         self.conf.write_text("\n".join(lines) + "\n")
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 60.0, tries: int = 3) -> None:
+        """Start the daemons on fresh free ports; a daemon that exits (its port taken by another
+        process between the probe and its bind: another test run's cluster) starts them all again
+        on new ports, up to `tries` times."""
+        for attempt in range(1, tries + 1):
+            why = self._start_once(timeout_s)
+            if why is None:
+                return
+            self.stop()
+            if attempt == tries:
+                raise RuntimeError(f"the test Slurm cluster did not come up ({why}); logs in {self.root / 'log'}")
+
+    def _start_once(self, timeout_s: float) -> str | None:
         self.write_conf()
         log = self.root / "log" / "daemons.out"
         self.procs.append(
@@ -120,10 +132,12 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.idle_nodes() == set(self.nodes):
-                return
+                return None
+            dead = [p.args for p in self.procs if p.poll() is not None]
+            if dead:
+                return f"{dead[0][0]} exited"
             time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"the test Slurm cluster did not come up in {timeout_s:.0f} s; logs in {self.root / 'log'}")
+        return f"not up in {timeout_s:.0f} s"
 
     def run(self, *cmd: str, check: bool = True) -> str:
         out = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True, timeout=30)
