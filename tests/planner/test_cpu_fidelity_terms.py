@@ -14,8 +14,7 @@ from planner.cost.overlap import RUNTIMES
 from planner.measure.calibrate import Calibration, cpu_calibration, small_allreduce_from
 from planner.specs.flops import tp_sharded_tensors
 from planner.specs.model import ModelSpec, get_model
-from planner.specs.plan import parse_plan
-from tests.planner.test_calibrate import cpu_cluster, plan
+from tests.planner.test_calibrate import cpu_cluster, plan, tp_plan
 
 BUCKET = 25 * 2**20
 # the fidelity bench's model (bench/fidelity.py): 8 blocks of 789,760 parameters (12h² + 13h at h = 256),
@@ -53,24 +52,6 @@ def test_unsharded_dp_peak_holds_the_pack_buffer_and_the_measured_reserve():
     # ZeRO shards the gradients through FSDP2: no packing buffer (its own working buffers instead)
     one = estimate(plan(dp=1), model, cpu_cluster(1), calibration=Calibration(num_ranks=1)).peak_memory_bytes[0]
     assert none > one  # the buffer is charged only where replicas sum gradients through GradSumSync
-
-
-def tp_plan() -> object:
-    return parse_plan(
-        {
-            "version": 1,
-            "model": "tiny",
-            "cluster": "cpu",
-            "global_batch_size": 2,
-            "seq_len": 64,
-            "micro_batch_size": 2,
-            "schedule": "1f1b",
-            "dtype": "fp32",
-            "stages": [{"layer_start": 0, "layer_end": 4, "device_ids": [0, 1], "tp": 2}],
-            "batch_shares": [2],
-        },
-        "tp",
-    )
 
 
 def test_gradient_norm_all_reduces_a_scalar_per_tp_sharded_tensor_and_once_over_the_world():
