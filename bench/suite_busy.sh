@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite N times in a row with the other core kept busy (issue #36).
-# A fresh clone of HEAD, the README's set-up, then the README's test command N times beside one
+# A fresh clone of HEAD, the README's set-up and main job (as .ci/run), then the README's test command N times beside one
 # process that spins a core for the whole time; stops at the first failure. Prints one line a run.
 #   bench/suite_busy.sh [RUNS=3] [LOG_DIR]
 set -uo pipefail
@@ -16,7 +16,10 @@ unset PREFECT_API_URL
 
 git clone -q "$repo" "$work/clone" && cd "$work/clone" || exit 1
 echo "commit $(git rev-parse --short HEAD), logs in $logs"
-python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && .venv/bin/pip install -q -e '.[dev]' || exit 1
+python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && .venv/bin/pip install -q -e '.[dev]' \
+  && PREFECT_HOME="$work/prefect0" .venv/bin/meshplan --state-dir "$work/state" run >"$logs/main_job.txt" 2>&1 \
+  || { echo "set-up or the main job failed: $logs/main_job.txt"; exit 1; }
+echo "README command 1 (set-up and the main job): ok"
 
 python3 -c 'while True: pass' &   # the busy core, at the suite's own priority
 spin=$!
