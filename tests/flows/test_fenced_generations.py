@@ -21,11 +21,11 @@ import time
 import pytest
 
 from flows.scheduler import scheduler_flow
+from launcher.control import read_generation
 from launcher.group import RUN_TAG, labelled
 from launcher.launch import run_label
 from planner.specs.config import TrainConfig
 from planner.specs.model import get_model
-from rundir import segment_plan_path
 from storage.db import query
 from storage.jobs import get_job, submit_job
 from tests.flows.test_elastic_job import ATOL, CLUSTER, rank0_rows, wait_until
@@ -68,18 +68,19 @@ def test_a_sigkilled_runners_orphans_are_fenced_off_and_the_relaunch_matches_an_
         wait_until(lambda: len(rank0_rows(run_dir)) >= n + 5, "the orphaned ranks to keep training", 60)
         orphans = labelled(RUN_TAG, run_label(run_dir))
         assert orphans, "the runner's agent and ranks outlived it (the bug's setup)"
-        # frozen while the scheduler's round re-admits the job, thawed when the new runner has planned
-        # (its segment plan is rewritten, its launch follows): still training when that launch begins,
-        # however long the round and the runner's start took on a loaded machine
+        # frozen while the scheduler's round re-admits the job, thawed the moment the new runner's
+        # launch opens generation 2 (control.json), which then stops them: still training when the
+        # fence begins, however long the round and the runner's start took on a loaded machine. Not
+        # thawed when its plan is written: with the other core busy the launch came 7 s after that,
+        # and generation 1 trained its last 100 steps in 6 s (measured): no orphan was left to fence.
         for pid in orphans:
             os.kill(pid, signal.SIGSTOP)
-        planned = segment_plan_path(run_dir, 0).stat().st_mtime_ns
         thawed = False
         t_end = time.monotonic() + 300
         while get_job(db, "a")["state"] not in ("finished", "failed") and time.monotonic() < t_end:
             round_()  # requeues the job (its runner is gone), then admits it again
             if not thawed and get_job(db, "a")["runner_pid"] != runner:
-                wait_until(lambda: segment_plan_path(run_dir, 0).stat().st_mtime_ns != planned, "the new plan", 120)
+                wait_until(lambda: read_generation(run_dir) >= 2, "the relaunch to open generation 2", 120)
                 for pid in orphans:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
