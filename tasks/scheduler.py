@@ -98,10 +98,13 @@ def read_state(db_path: str, spec: ClusterSpec, speed: SpeedSource) -> tuple[Clu
     A resizing job holds its new allocation but is not offered to the round (its switch is under
     way); a running job's progress is its latest checkpoint's step."""
     cl = cluster_from_spec(spec)
-    queue = [job_from_row(r) for r in list_jobs(db_path, "queued").iter_rows(named=True)]
+    # one read, one snapshot: a runner can take its job resizing → running between two reads, and a
+    # job read once per state would then hold its allocation twice
+    rows = list(list_jobs(db_path).iter_rows(named=True))
+    queue = [job_from_row(r) for r in rows if r["state"] == "queued"]
     running = []
     for state in ("resizing", "running"):
-        for r in list_jobs(db_path, state).iter_rows(named=True):
+        for r in (r for r in rows if r["state"] == state):
             job, alloc = job_from_row(r), parse_alloc(r["allocation"])
             place = cl.place(alloc)
             price = speed.price(job, alloc)

@@ -55,6 +55,38 @@ def test_admitted_allocation_survives_in_the_queue_so_a_later_arrival_shrinks_th
     assert third.actions == [] and third.waiting == []
 
 
+def test_a_resize_finishing_while_the_round_reads_is_counted_once(tmp_path, monkeypatch) -> None:
+    """A runner takes its job resizing → running whenever its relaunch is up, also while a round
+    reads the queue. CI saw it on Slurm: a round read the shrunk job once as resizing and again as
+    running, held its node twice and failed ("running job b no longer fits"). Here the runner moves
+    at the worst moment — right after the round has read the job as resizing — and the round must
+    still place it once."""
+    import tasks.scheduler as ts
+    from planner.scheduler import PlannerSpeed
+    from planner.specs.cluster import parse_cluster_toml
+    from storage.jobs import transition
+
+    db, table = str(tmp_path / "m.duckdb"), tmp_path / "speed.csv"
+    table.write_text(TABLE)
+    kw = {"speed_table": str(table), "policy_options": {"relaunch_s": 5.0, "min_gain_s": 0.5}, "launch": False}
+    submit_job(db, "tiny", 8, 120, job_id="a", seq=32)
+    scheduler_flow(db, CPU4, "jct", **kw)
+    submit_job(db, "tiny", 8, 40, job_id="b", seq=32)
+    scheduler_flow(db, CPU4, "jct", **kw)  # a: resizing onto 2 of 4 ranks, b: running on the other 2
+    read = ts.list_jobs
+
+    def runner_moves(db_path, state=None):
+        out = read(db_path, state)
+        if "a" in out.filter(out["state"] == "resizing")["job_id"].to_list():
+            transition(db_path, "a", "running", "the runner relaunched it", "2xcpu/1")
+        return out
+
+    monkeypatch.setattr(ts, "list_jobs", runner_moves)
+    spec = parse_cluster_toml(open(CPU4).read(), CPU4)
+    cl, _, running = ts.read_state.fn(db, spec, PlannerSpeed.from_cluster(spec))
+    assert [r.job.job_id for r in running] == ["b"] and get_job(db, "a")["state"] == "running"
+
+
 def test_the_flow_decides_with_the_default_policy_the_simulator_runs(tmp_path) -> None:
     """No --policy: the round is srtf's (planner/scheduler/srtf.py, what bench/scheduler.py measures):
     a is admitted on its smallest allocation and grown while nobody waits; b, shorter, arrives and
