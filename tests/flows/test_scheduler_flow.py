@@ -1,6 +1,7 @@
 """scheduler_flow: a real Prefect run decides one round over the DuckDB queue and records it (no ranks: a GPU cluster)."""
 
 import os
+from pathlib import Path
 
 import pytest
 from prefect.artifacts import Artifact
@@ -82,8 +83,8 @@ def test_a_resize_finishing_while_the_round_reads_is_counted_once(tmp_path, monk
         return out
 
     monkeypatch.setattr(ts, "list_jobs", runner_moves)
-    spec = parse_cluster_toml(open(CPU4).read(), CPU4)
-    cl, _, running = ts.read_state.fn(db, spec, PlannerSpeed.from_cluster(spec))
+    spec = parse_cluster_toml(Path(CPU4).read_text(), CPU4)
+    _, _, running = ts.read_state.fn(db, spec, PlannerSpeed.from_cluster(spec))
     assert [r.job.job_id for r in running] == ["b"] and get_job(db, "a")["state"] == "running"
 
 
